@@ -1,0 +1,5 @@
+import sys
+
+from exactly_cli import main
+
+sys.exit(main())

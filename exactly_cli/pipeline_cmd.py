@@ -1,0 +1,186 @@
+"""`exactly run | recover | ledger | demo`: the pipeline from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from ledger.errors import ExactlyError
+from ledger.store import BusyError, LedgerStore
+from resources.config import PipelineConfig, load_config
+
+_DEMO_CONFIG = Path(__file__).resolve().parent.parent / "pipelines" / "pageviews.yaml"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="run micro-batches of a pipeline")
+    run.add_argument("-c", "--config", required=True, help="pipeline config file (YAML)")
+    how_many = run.add_mutually_exclusive_group()
+    how_many.add_argument("--batches", type=int, default=1, help="at most N batches (default 1)")
+    how_many.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help="run batches until the last stable offsets are reached",
+    )
+    run.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="commit a batch even when no partition has new offsets",
+    )
+    run.add_argument(
+        "--busy-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait while another live process owns a batch",
+    )
+    run.set_defaults(func=cmd_run)
+
+    recover = sub.add_parser("recover", help="finish prepared batches, abandon dead ones")
+    recover.add_argument("-c", "--config", required=True)
+    recover.set_defaults(func=cmd_recover)
+
+    ledger = sub.add_parser("ledger", help="show the batches of a pipeline")
+    ledger.add_argument("-c", "--config", required=True)
+    ledger.add_argument("--json", action="store_true", help="one JSON document")
+    ledger.add_argument("--limit", type=int, default=50)
+    ledger.set_defaults(func=cmd_ledger)
+
+    demo = sub.add_parser("demo", help="the main job on embedded defaults")
+    demo.add_argument("--events", type=int, default=20_000)
+    demo.add_argument("--data-dir", default="./data")
+    demo.set_defaults(func=cmd_demo)
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _with_busy_retry(action, timeout: float):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return action()
+        except BusyError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            _say(f"waiting: {exc}")
+            time.sleep(2.0)
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    *,
+    batches: int | None,
+    allow_empty: bool = False,
+    busy_timeout: float = 120.0,
+) -> int:
+    """Recover, then run batches; returns how many batches were committed."""
+    from jobs.micro_batch import build
+
+    tpc = build(config, log=_say)
+    for batch in _with_busy_retry(tpc.recover_and_commit, busy_timeout):
+        _say(f"recovered batch {batch.batch_id}: {batch.state}")
+    done = 0
+    while batches is None or done < batches:
+        report = _with_busy_retry(lambda: tpc.run_batch(allow_empty=allow_empty), busy_timeout)
+        if report is None:
+            _say(f"{config.pipeline}: caught up, nothing new to read")
+            break
+        _say(report.line())
+        done += 1
+    return done
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    if args.batches is not None and args.batches < 1 and not args.until_caught_up:
+        raise ExactlyError(f"--batches must be at least 1, not {args.batches}")
+    run_pipeline(
+        config,
+        batches=None if args.until_caught_up else args.batches,
+        allow_empty=args.allow_empty,
+        busy_timeout=args.busy_timeout,
+    )
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    from jobs.micro_batch import build
+
+    config = load_config(args.config)
+    finished = build(config, log=_say).recover_and_commit()
+    _say(f"{config.pipeline}: recovered {len(finished)} batch(es)")
+    return 0
+
+
+def cmd_ledger(args: argparse.Namespace) -> int:
+    config = load_config(args.config)
+    store = LedgerStore(config.ledger.url)
+    found = store.batches(pipeline=config.pipeline, limit=args.limit)
+    if args.json:
+        json.dump([b.as_dict() for b in found], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    _say(f"{'batch':>6} {'app_id':<20} {'state':<10} {'att':>3} {'records':>9}  ranges")
+    for b in found:
+        ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in b.ranges)
+        records = b.metrics.get("records_read", "")
+        _say(
+            f"{b.batch_id:>6} {b.app_id:<20} {b.state:<10} {b.attempt:>3} {records!s:>9}  {ranges}"
+        )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Embedded broker -> sample page views -> exactly-once batches -> Delta -> per-app counts."""
+    from jobs.examples.sample_data import pageviews
+    from resources.broker import AlreadyRunningError, EmbeddedBroker
+    from resources.kafka import KafkaClient
+
+    data = Path(args.data_dir)
+    broker = EmbeddedBroker(data / "kafka", 9092)
+    try:
+        started = time.perf_counter()
+        bootstrap = broker.start()
+        _say(
+            f"embedded Kafka broker started at {bootstrap} in {time.perf_counter() - started:.1f}s"
+        )
+    except AlreadyRunningError as exc:
+        bootstrap = exc.status.bootstrap
+        _say(f"embedded Kafka broker already running at {bootstrap}")
+    config = load_config(_DEMO_CONFIG)
+    client = KafkaClient(bootstrap)
+    client.create_topic(config.kafka.topic, partitions=3)
+    before = sum(
+        o.last_stable
+        for o in client.offsets(config.kafka.topic, client.partitions(config.kafka.topic)).values()
+    )
+    produced = client.produce(
+        config.kafka.topic, pageviews(args.events, start=before, malformed_every=1000)
+    )
+    _say(
+        f"produced {produced} page-view events to {config.kafka.topic} "
+        f"(every 1000th is malformed on purpose)"
+    )
+    run_pipeline(config, batches=None)
+    _print_counts(config)
+    _say("the broker keeps running for the Dagster UI; stop it with: exactly kafka stop")
+    return 0
+
+
+def _print_counts(config: PipelineConfig) -> None:
+    from jobs.micro_batch import SharedSpark
+
+    spark = SharedSpark(config.spark.master, config.spark.conf)()
+    table = spark.read.format("delta").load(config.delta.table_uri)
+    _say(f"\npage views per app in {config.delta.table_uri} (read through delta-spark):")
+    for row in table.groupBy("app").count().orderBy("app").collect():
+        _say(f"  {row['app']:<10} {row['count']:>8}")
+    try:
+        quarantined = spark.read.format("delta").load(config.delta.quarantine_uri).count()
+    except Exception:
+        quarantined = 0
+    _say(f"  {'quarantine':<10} {quarantined:>8}")

@@ -1,0 +1,166 @@
+"""The micro-batch job for one pipeline config: the protocol core wired to its edges.
+
+`build(config)` gives a `TwoPhaseCommit` whose offset source is Kafka, whose stager is the
+Spark stage job and whose publisher is the pair of Delta tables (data and quarantine). The
+CLI and the Dagster ops both go through here, so they run the same code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
+from ledger.protocol import Available, OffsetRange
+from ledger.store import Batch, LedgerStore, StagedFile
+from ledger.two_phase import PublishResult, StageOutput, TwoPhaseCommit
+from resources.config import PipelineConfig
+from resources.delta import DeltaTarget, decode_schema
+from resources.kafka import KafkaClient
+from resources.spark import build_session
+
+
+class KafkaOffsetSource:
+    """Offsets as Kafka reports them, and the advisory consumer-group commit."""
+
+    def __init__(self, client: KafkaClient, topic: str, group_id: str) -> None:
+        self.client = client
+        self.topic = topic
+        self.group_id = group_id
+
+    def available(self) -> dict[int, Available]:
+        parts = self.client.partitions(self.topic)
+        return {
+            p: Available(o.earliest, o.last_stable)
+            for p, o in self.client.offsets(self.topic, parts).items()
+        }
+
+    def ack(self, ranges: Sequence[OffsetRange]) -> None:
+        self.client.commit_group_offsets(
+            self.group_id, self.topic, {r.partition: r.end for r in ranges}
+        )
+
+
+class SparkStager:
+    """Runs jobs/stage.py for a batch, in a Spark session created on first use."""
+
+    def __init__(self, config: PipelineConfig, spark_factory: Callable[[], Any]) -> None:
+        self.config = config
+        self.spark_factory = spark_factory
+        self.transform = config.load_transform()
+
+    def stage(self, batch: Batch) -> StageOutput:
+        roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
+        return stage(
+            self.spark_factory(),
+            bootstrap_servers=self.config.kafka.bootstrap_servers,
+            kafka_options=self.config.kafka.options,
+            ranges=batch.ranges,
+            batch_id=batch.batch_id,
+            attempt_dirs={
+                t: attempt_folder(root, batch.app_id, batch.batch_id, batch.attempt)
+                for t, root in roots.items()
+            },
+            table_roots=roots,
+            transform=self.transform,
+            transform_name=self.config.transform,
+        )
+
+
+def commit_metadata(batch: Batch) -> dict[str, Any]:
+    """What every commit carries so the Delta log alone can rebuild the ledger."""
+    return {
+        "app_id": batch.app_id,
+        "pipeline": batch.pipeline,
+        "kind": batch.kind,
+        "batch_id": batch.batch_id,
+        "attempt": batch.attempt,
+        "ranges": [
+            {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
+            for r in batch.ranges
+        ],
+        "params": batch.params,
+    }
+
+
+class DeltaPublisher:
+    """The data table and its quarantine table, published batch by batch."""
+
+    def __init__(self, table: DeltaTarget, quarantine: DeltaTarget) -> None:
+        self.table = table
+        self.quarantine = quarantine
+
+    def committed_version(self, app_id: str) -> int | None:
+        return self.table.transaction_version(app_id)
+
+    def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
+        return self.table.committed_batches(app_id)
+
+    def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
+        """Quarantine first, then the data table.
+
+        The data table's log is what rebuilds a lost ledger (invariant 7); publishing the
+        quarantine first means a batch found there has its quarantined records published
+        too, so a rebuild never forgets them.
+        """
+        meta = commit_metadata(batch)
+        by_target: dict[str, list[StagedFile]] = {TABLE: [], QUARANTINE: []}
+        for f in files:
+            by_target[f.target].append(f)
+        if any(f.records for f in by_target[QUARANTINE]):
+            self.quarantine.publish(
+                app_id=batch.app_id,
+                batch_id=batch.batch_id,
+                files=by_target[QUARANTINE],
+                schema=decode_schema(batch.schemas[QUARANTINE]),
+                metadata=meta,
+            )
+        outcome = self.table.publish(
+            app_id=batch.app_id,
+            batch_id=batch.batch_id,
+            files=by_target[TABLE],
+            schema=decode_schema(batch.schemas[TABLE]),
+            metadata=meta,
+        )
+        return PublishResult(outcome.published, outcome.table_version)
+
+
+class SharedSpark:
+    """One Spark session per process, created only when a batch needs staging."""
+
+    def __init__(self, master: str, conf: Mapping[str, str]) -> None:
+        self.master = master
+        self.conf = dict(conf)
+        self._session: Any = None
+
+    def __call__(self) -> Any:
+        if self._session is None:
+            self._session = build_session(self.master, self.conf)
+        return self._session
+
+
+def build(
+    config: PipelineConfig,
+    *,
+    store: LedgerStore | None = None,
+    spark_factory: Callable[[], Any] | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+) -> TwoPhaseCommit:
+    client = KafkaClient(config.kafka.bootstrap_servers, config.kafka.options)
+    storage_options = config.delta.storage_options
+    return TwoPhaseCommit(
+        store or LedgerStore(config.ledger.url),
+        pipeline=config.pipeline,
+        app_id=config.app_id,
+        source=KafkaOffsetSource(client, config.kafka.topic, config.group_id),
+        stager=SparkStager(
+            config, spark_factory or SharedSpark(config.spark.master, config.spark.conf)
+        ),
+        publisher=DeltaPublisher(
+            DeltaTarget(config.delta.table_uri, storage_options),
+            DeltaTarget(config.delta.quarantine_uri, storage_options),
+        ),
+        max_records_per_partition=config.batch.max_records_per_partition,
+        lease_seconds=config.batch.lease_seconds,
+        log=log,
+    )

@@ -1,0 +1,159 @@
+"""The stage job: read exactly a batch's offset ranges with Spark's Kafka source, apply the
+pipeline's transform, and write Parquet into a folder unique to (batch id, attempt).
+
+Nothing is deleted first and nothing becomes visible to readers: the files wait there until
+the prepare vote records them and the commit publishes them (protocol.md: STAGED).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from jobs import parquet_files
+from ledger.crash import crashpoint
+from ledger.errors import ConfigError, InconsistencyError
+from ledger.protocol import OffsetRange
+from ledger.two_phase import StageOutput
+from resources import storage
+from resources.delta import encode_schema
+
+COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_batch_id")
+TABLE, QUARANTINE = "table", "quarantine"
+
+KAFKA_SCHEMA = T.StructType(
+    [
+        T.StructField("key", T.BinaryType()),
+        T.StructField("value", T.BinaryType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("timestamp", T.TimestampType()),
+        T.StructField("timestampType", T.IntegerType()),
+    ]
+)
+
+
+def attempt_folder(root: str, app_id: str, batch_id: int, attempt: int) -> str:
+    """Unique to (application, batch, attempt), and not `_`-prefixed so vacuum cleans
+    orphans of abandoned attempts (protocol.md)."""
+    return storage.join(root, "staged", app_id, f"batch-{batch_id:012d}-attempt-{attempt}")
+
+
+def read_ranges(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    ranges: Sequence[OffsetRange],
+    options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """Exactly the records of `ranges`, read_committed, through Spark's Kafka source.
+
+    Empty ranges are left out of the request (an empty batch is valid); a range that Kafka
+    no longer fully holds fails the read instead of returning fewer records.
+    """
+    wanted = [r for r in ranges if r.span > 0]
+    if not wanted:
+        return spark.createDataFrame([], KAFKA_SCHEMA)
+    topics = sorted({r.topic for r in wanted})
+    starting = {t: {str(r.partition): r.start for r in wanted if r.topic == t} for t in topics}
+    ending = {t: {str(r.partition): r.end for r in wanted if r.topic == t} for t in topics}
+    assign = {t: sorted(r.partition for r in wanted if r.topic == t) for t in topics}
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
+        .option("kafka.isolation.level", "read_committed")
+        .option("failOnDataLoss", "true")
+    )
+    for key, value in (options or {}).items():
+        reader = reader.option(f"kafka.{key}", value)
+    return reader.load()
+
+
+def with_coordinates(records: DataFrame, batch_id: int) -> DataFrame:
+    return records.select(
+        "key",
+        "value",
+        F.col("topic").alias("_kafka_topic"),
+        F.col("partition").alias("_kafka_partition"),
+        F.col("offset").alias("_kafka_offset"),
+        F.col("timestamp").alias("_kafka_timestamp"),
+        F.lit(batch_id).cast("long").alias("_batch_id"),
+    )
+
+
+def _check_output(out: DataFrame, transform_name: str) -> None:
+    missing = [c for c in (*COORDINATES, "value", "_error") if c not in out.columns]
+    if missing:
+        raise ConfigError(
+            f"transform {transform_name} returned no column(s) {missing}: a transform must "
+            "keep the _kafka_* and _batch_id columns and `value`, and add `_error`"
+        )
+
+
+def stage(
+    spark: SparkSession,
+    *,
+    bootstrap_servers: str,
+    kafka_options: Mapping[str, str],
+    ranges: Sequence[OffsetRange],
+    batch_id: int,
+    attempt_dirs: Mapping[str, str],
+    table_roots: Mapping[str, str],
+    transform: Callable[[DataFrame], DataFrame],
+    transform_name: str = "transform",
+) -> StageOutput:
+    """Write one attempt's output for the table and the quarantine; describe the files.
+
+    Every record read ends up in exactly one of the two outputs (invariant 9): the counts
+    are checked before the vote.
+    """
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    source = with_coordinates(
+        read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
+    ).persist()
+    try:
+        records_read = source.count()
+        seconds["read"] = time.perf_counter() - t0
+        out = transform(source)
+        _check_output(out, transform_name)
+        out = out.persist()
+        good = out.where(F.col("_error").isNull()).drop("_error", "value")
+        bad = out.where(F.col("_error").isNotNull()).select(
+            *COORDINATES, "_error", F.col("value").alias("_raw_value")
+        )
+        t1 = time.perf_counter()
+        good.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[TABLE]))
+        crashpoint("during_stage")
+        bad.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[QUARANTINE]))
+        seconds["write"] = time.perf_counter() - t1
+        schemas = {
+            TABLE: encode_schema(to_arrow_schema(good.schema, timezone="UTC")),
+            QUARANTINE: encode_schema(to_arrow_schema(bad.schema, timezone="UTC")),
+        }
+        out.unpersist()
+    finally:
+        source.unpersist()
+    t2 = time.perf_counter()
+    files = [
+        *parquet_files.describe(attempt_dirs[TABLE], table_roots[TABLE], TABLE),
+        *parquet_files.describe(attempt_dirs[QUARANTINE], table_roots[QUARANTINE], QUARANTINE),
+    ]
+    seconds["describe"] = time.perf_counter() - t2
+    table_records = sum(f.records for f in files if f.target == TABLE)
+    quarantine_records = sum(f.records for f in files if f.target == QUARANTINE)
+    if table_records + quarantine_records < records_read:
+        raise InconsistencyError(
+            f"batch {batch_id}: read {records_read} records but staged only "
+            f"{table_records} + {quarantine_records} quarantined: the transform dropped records"
+        )
+    return StageOutput(files, schemas, records_read, table_records, quarantine_records, seconds)

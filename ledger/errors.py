@@ -1,0 +1,37 @@
+"""Errors that end a command with one clear line and exit code 2.
+
+Every error names the thing that is wrong (a config field, a partition and its offsets, a
+batch and the state it was found in) so that an operator can act on the message alone.
+"""
+
+from __future__ import annotations
+
+
+class ExactlyError(Exception):
+    """A problem the user or operator must fix; printed as one line, exit code 2."""
+
+    exit_code = 2
+
+
+class ConfigError(ExactlyError):
+    """The pipeline configuration or a command-line argument is invalid."""
+
+
+class UnreachableError(ExactlyError):
+    """A service (Kafka broker, ledger database, Spark) did not answer."""
+
+
+class FencedError(ExactlyError):
+    """A ledger compare-and-set failed: another attempt owns the batch now.
+
+    The holder of a stale attempt token learns here that it must stop; it never moves the
+    batch and never publishes its files.
+    """
+
+
+class DataLossError(ExactlyError):
+    """Offsets that a batch must read are no longer in Kafka (retention or truncation)."""
+
+
+class InconsistencyError(ExactlyError):
+    """The ledger, the Delta log and Kafka disagree in a way the protocol forbids."""

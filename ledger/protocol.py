@@ -1,0 +1,233 @@
+"""The commit protocol's pure core: batch states, legal transitions, and offset planning.
+
+Nothing here does I/O. The store (ledger/store.py) persists what this module decides, the
+coordinator (ledger/two_phase.py) calls the edges (Kafka, Spark, Delta) in the order this
+module allows, and each rule below is tested on its own in tests/test_protocol.py.
+
+A batch is one checkpoint in the sense of Flink's two-phase commit (see
+../shared/design/protocol.md):
+
+    PLANNED -> STAGED -> PREPARED -> COMMITTED -> ACKED
+        \\         \\
+         +---------+--> ABORTED   (only before PREPARED)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ledger.errors import DataLossError, InconsistencyError
+
+
+class BatchState(enum.StrEnum):
+    PLANNED = "PLANNED"
+    STAGED = "STAGED"
+    PREPARED = "PREPARED"
+    COMMITTED = "COMMITTED"
+    ACKED = "ACKED"
+    ABORTED = "ABORTED"
+
+
+#: Every legal move. Anything else is a bug or a zombie and is refused.
+TRANSITIONS: Mapping[BatchState, frozenset[BatchState]] = {
+    BatchState.PLANNED: frozenset({BatchState.STAGED, BatchState.ABORTED}),
+    BatchState.STAGED: frozenset({BatchState.PREPARED, BatchState.ABORTED}),
+    BatchState.PREPARED: frozenset({BatchState.COMMITTED}),
+    BatchState.COMMITTED: frozenset({BatchState.ACKED}),
+    BatchState.ACKED: frozenset(),
+    BatchState.ABORTED: frozenset(),
+}
+
+#: Past the vote: the batch must be published, whoever crashed (invariant 5).
+MUST_FINISH = frozenset({BatchState.PREPARED, BatchState.COMMITTED})
+#: Before the vote: the batch may be abandoned and its range planned again.
+ABANDONABLE = frozenset({BatchState.PLANNED, BatchState.STAGED})
+#: States whose offset range counts as consumed when the next batch is planned.
+HOLDS_RANGE = frozenset(
+    {
+        BatchState.PLANNED,
+        BatchState.STAGED,
+        BatchState.PREPARED,
+        BatchState.COMMITTED,
+        BatchState.ACKED,
+    }
+)
+IN_FLIGHT = frozenset(TRANSITIONS) - {BatchState.ACKED, BatchState.ABORTED}
+
+
+def check_transition(batch: str, current: BatchState, target: BatchState) -> None:
+    """Refuse a move the state machine does not allow (e.g. PREPARED -> ABORTED).
+
+    Protects invariant 5: nothing may abandon a batch that has voted.
+    """
+    if target not in TRANSITIONS[current]:
+        raise InconsistencyError(
+            f"batch {batch}: illegal transition {current} -> {target}; "
+            f"from {current} only {sorted(TRANSITIONS[current]) or 'nothing'} is allowed"
+        )
+
+
+@dataclass(frozen=True, order=True)
+class OffsetRange:
+    """Offsets [start, end) of one topic-partition. An empty range (start == end) is valid."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.end < self.start:
+            raise InconsistencyError(
+                f"{self.topic}-{self.partition}: invalid offset range [{self.start}, {self.end})"
+            )
+
+    @property
+    def span(self) -> int:
+        """Offsets covered; an upper bound on records (markers and compaction leave gaps)."""
+        return self.end - self.start
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}[{self.start},{self.end})"
+
+
+@dataclass(frozen=True)
+class Available:
+    """What Kafka holds for a partition right now, read with isolation.level=read_committed."""
+
+    earliest: int
+    last_stable: int
+
+
+def plan_ranges(
+    topic: str,
+    positions: Mapping[int, int],
+    available: Mapping[int, Available],
+    max_records_per_partition: int,
+) -> list[OffsetRange]:
+    """Fix the next batch's range for every partition at one instant.
+
+    `positions` maps partition -> the end offset of the last batch that holds a range (the
+    next offset to read). A partition Kafka reports that has no position yet (a new topic,
+    or a partition added later) starts at its earliest offset.
+
+    Protects: ranges are contiguous with the previous batch (start == stored position, never
+    a skip or an overlap); `end` never passes the last stable offset, so an open transaction
+    is never half-read; data that retention deleted before we read it is a loud error, never
+    a silent skip (invariant 8).
+    """
+    if max_records_per_partition <= 0:
+        raise InconsistencyError(
+            f"max_records_per_partition must be positive, got {max_records_per_partition}"
+        )
+    vanished = sorted(set(positions) - set(available))
+    if vanished:
+        raise InconsistencyError(
+            f"topic {topic}: partitions {vanished} have committed offsets in the ledger but "
+            "no longer exist in Kafka (was the topic deleted and re-created?)"
+        )
+    ranges = []
+    for partition in sorted(available):
+        avail = available[partition]
+        start = positions.get(partition, avail.earliest)
+        check_readable(topic, partition, start, avail)
+        end = min(avail.last_stable, start + max_records_per_partition)
+        ranges.append(OffsetRange(topic, partition, start, end))
+    return ranges
+
+
+def check_readable(topic: str, partition: int, start: int, avail: Available) -> None:
+    """The stored position must still be in Kafka and not beyond what Kafka has.
+
+    Protects invariant 8 (no silent loss) and catches a topic that was truncated or
+    re-created under the same name, where stored and available offsets disagree.
+    """
+    if start < avail.earliest:
+        raise DataLossError(
+            f"{topic}-{partition}: offsets [{start}, {avail.earliest}) are no longer in Kafka "
+            f"(earliest available is {avail.earliest}; retention or deletion removed them "
+            "before they were committed). Skipping them needs an explicit operator decision."
+        )
+    if start > avail.last_stable:
+        raise InconsistencyError(
+            f"{topic}-{partition}: stored offset {start} is past the partition's last stable "
+            f"offset {avail.last_stable}: the topic was truncated or re-created"
+        )
+
+
+def check_ranges_readable(
+    ranges: Iterable[OffsetRange], available: Mapping[int, Available]
+) -> None:
+    """Before staging: every planned range must still be fully in Kafka (invariant 8)."""
+    for rng in ranges:
+        avail = available.get(rng.partition)
+        if avail is None:
+            raise DataLossError(f"{rng}: partition {rng.partition} no longer exists in Kafka")
+        if rng.span and rng.start < avail.earliest:
+            raise DataLossError(
+                f"{rng}: offsets [{rng.start}, {min(avail.earliest, rng.end)}) are no longer "
+                f"in Kafka (earliest available is {avail.earliest}); the batch cannot be "
+                "staged and nothing was committed"
+            )
+
+
+def positions_after(ranges: Iterable[OffsetRange]) -> dict[int, int]:
+    """The next offset to read per partition once these ranges are consumed."""
+    return {r.partition: r.end for r in ranges}
+
+
+def check_contiguous(
+    previous: Mapping[int, int], ranges: Iterable[OffsetRange], batch: str
+) -> None:
+    """Stored vs. requested offsets: a new range must start exactly where the last one ended.
+
+    Protects invariant 1: a gap loses records, an overlap duplicates them.
+    """
+    for rng in ranges:
+        stored = previous.get(rng.partition)
+        if stored is not None and stored != rng.start:
+            kind = "skips" if rng.start > stored else "overlaps"
+            raise InconsistencyError(
+                f"batch {batch}: {rng} {kind} committed data: the stored offset for "
+                f"{rng.topic}-{rng.partition} is {stored}, the requested start is {rng.start}"
+            )
+
+
+def is_empty(ranges: Iterable[OffsetRange]) -> bool:
+    return all(r.span == 0 for r in ranges)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who runs an attempt: enough to tell whether it can still be alive."""
+
+    host: str
+    pid: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.pid}"
+
+    @classmethod
+    def parse(cls, text: str) -> Owner:
+        host, _, pid = text.rpartition(":")
+        return cls(host, int(pid))
+
+
+def owner_may_be_alive(
+    owner: Owner,
+    heartbeat_age_s: float,
+    lease_s: float,
+    this_host: str,
+    pid_alive: bool,
+) -> bool:
+    """Whether a PLANNED/STAGED attempt may still be running and must not be abandoned yet.
+
+    On the same host the process table answers exactly; elsewhere the heartbeat lease does.
+    Abandoning a live attempt is still safe (fencing stops it at its next transition), but it
+    wastes its work and two processes could abandon each other forever.
+    """
+    if owner.host == this_host:
+        return pid_alive
+    return heartbeat_age_s < lease_s

@@ -1,0 +1,673 @@
+"""The commit ledger: durable batch states on SQLAlchemy (SQLite file or PostgreSQL).
+
+Every state change is one compare-and-set UPDATE on (state, attempt token): a stale attempt
+that wakes up later changes zero rows and learns it was fenced (invariant 6). The prepare
+vote writes the file list and the new state in one database transaction, so a crash leaves
+either no vote or a complete one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+
+from ledger.errors import ConfigError, ExactlyError, FencedError, UnreachableError
+from ledger.protocol import (
+    HOLDS_RANGE,
+    IN_FLIGHT,
+    BatchState,
+    OffsetRange,
+    Owner,
+    check_contiguous,
+    check_transition,
+)
+
+#: Bump with every schema change; a ledger written by a newer exactly is refused.
+SCHEMA_VERSION = 1
+
+metadata = sa.MetaData()
+
+meta_table = sa.Table(
+    "exactly_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)
+
+batches = sa.Table(
+    "exactly_batches",
+    metadata,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("pipeline", sa.String(255), nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("token", sa.String(32), nullable=False),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("prepared_at", sa.DateTime(timezone=True)),
+    sa.Column("committed_at", sa.DateTime(timezone=True)),
+    sa.Column("table_version", sa.BigInteger),
+    sa.Column("error", sa.Text),
+    sa.Column("schemas", sa.JSON),
+    sa.Column("metrics", sa.JSON),
+    sa.Column("params", sa.JSON),
+)
+
+ranges_table = sa.Table(
+    "exactly_ranges",
+    metadata,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("topic", sa.String(255), primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("start_offset", sa.BigInteger, nullable=False),
+    sa.Column("end_offset", sa.BigInteger, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
+    ),
+)
+
+files_table = sa.Table(
+    "exactly_files",
+    metadata,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("target", sa.String(16), primary_key=True),
+    sa.Column("path", sa.String(1024), primary_key=True),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("records", sa.BigInteger, nullable=False),
+    sa.Column("modification_time", sa.BigInteger, nullable=False),
+    sa.Column("stats", sa.Text, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
+    ),
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(ts: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything here is UTC."""
+    if ts is None or ts.tzinfo is not None:
+        return ts
+    return ts.replace(tzinfo=UTC)
+
+
+def this_owner() -> Owner:
+    return Owner(socket.gethostname(), os.getpid())
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One Parquet file an attempt wrote, as the vote records it and Delta will add it.
+
+    `path` is relative to the root of the table it belongs to (`target`).
+    """
+
+    target: str
+    path: str
+    size: int
+    records: int
+    modification_time: int
+    stats: str
+
+
+@dataclass(frozen=True)
+class Batch:
+    app_id: str
+    batch_id: int
+    pipeline: str
+    kind: str
+    state: BatchState
+    attempt: int
+    token: str
+    owner: Owner
+    heartbeat_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    prepared_at: datetime | None
+    committed_at: datetime | None
+    table_version: int | None
+    error: str | None
+    ranges: tuple[OffsetRange, ...]
+    schemas: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.app_id}/{self.batch_id} attempt {self.attempt}"
+
+    @property
+    def span(self) -> int:
+        return sum(r.span for r in self.ranges)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "app_id": self.app_id,
+            "batch_id": self.batch_id,
+            "pipeline": self.pipeline,
+            "kind": self.kind,
+            "state": str(self.state),
+            "attempt": self.attempt,
+            "owner": str(self.owner),
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "prepared_at": self.prepared_at.isoformat() if self.prepared_at else None,
+            "committed_at": self.committed_at.isoformat() if self.committed_at else None,
+            "table_version": self.table_version,
+            "error": self.error,
+            "ranges": [
+                {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
+                for r in self.ranges
+            ],
+            "metrics": self.metrics,
+            "params": self.params,
+        }
+
+
+class BusyError(ExactlyError):
+    """Another live attempt holds an in-flight batch of this application id."""
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL for concurrent readers, FULL sync so a vote survives power loss, and
+    BEGIN IMMEDIATE so two writers queue instead of failing to upgrade a read lock."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def create_ledger_engine(url: str) -> Engine:
+    try:
+        parsed = sa.engine.make_url(url)
+    except Exception as exc:
+        raise ConfigError(f"ledger.url {url!r} is not a database URL: {exc}") from exc
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(parsed.database)), exist_ok=True)
+        engine = sa.create_engine(parsed, connect_args={"timeout": 30})
+        _configure_sqlite(engine)
+        return engine
+    try:
+        return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+    except (ImportError, sa.exc.ArgumentError) as exc:
+        raise ConfigError(f"ledger.url {parsed!r}: unsupported database: {exc}") from exc
+
+
+class LedgerStore:
+    """Durable batch records for one or many pipelines in one database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = create_ledger_engine(url)
+        self._ensure_schema()
+
+    # -- schema -------------------------------------------------------------------------
+
+    def _ensure_schema(self) -> None:
+        try:
+            with self.engine.begin() as conn:
+                metadata.create_all(conn)
+                row = conn.execute(
+                    sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
+                ).scalar_one_or_none()
+                if row is None:
+                    conn.execute(
+                        meta_table.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
+                    )
+                elif int(row) > SCHEMA_VERSION:
+                    raise ConfigError(
+                        f"ledger at {self.safe_url} has schema version {row}, newer than "
+                        f"this exactly supports ({SCHEMA_VERSION}); upgrade exactly"
+                    )
+        except IntegrityError:
+            # two processes created the schema at once; the other one won, which is fine
+            return
+        except OperationalError as exc:
+            raise UnreachableError(
+                f"ledger database {self.safe_url} is unreachable: {exc.orig}"
+            ) from exc
+
+    @property
+    def safe_url(self) -> str:
+        """The URL without its password: safe for logs and the UI."""
+        return self.engine.url.render_as_string(hide_password=True)
+
+    def schema_version(self) -> int:
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
+            ).scalar_one()
+        return int(value)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except OperationalError as exc:
+            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+
+    # -- reads --------------------------------------------------------------------------
+
+    def _ranges(self, conn: Connection, app_id: str, batch_ids: list[int]) -> dict[int, list]:
+        out: dict[int, list[OffsetRange]] = {b: [] for b in batch_ids}
+        if not batch_ids:
+            return out
+        rows = conn.execute(
+            sa.select(ranges_table)
+            .where(ranges_table.c.app_id == app_id, ranges_table.c.batch_id.in_(batch_ids))
+            .order_by(ranges_table.c.topic, ranges_table.c.partition)
+        )
+        for r in rows:
+            out[r.batch_id].append(OffsetRange(r.topic, r.partition, r.start_offset, r.end_offset))
+        return out
+
+    def _to_batches(self, conn: Connection, rows: list[Any]) -> list[Batch]:
+        by_app: dict[str, list[int]] = {}
+        for r in rows:
+            by_app.setdefault(r.app_id, []).append(r.batch_id)
+        ranges = {app: self._ranges(conn, app, ids) for app, ids in by_app.items()}
+        return [
+            Batch(
+                app_id=r.app_id,
+                batch_id=r.batch_id,
+                pipeline=r.pipeline,
+                kind=r.kind,
+                state=BatchState(r.state),
+                attempt=r.attempt,
+                token=r.token,
+                owner=Owner.parse(r.owner),
+                heartbeat_at=_aware(r.heartbeat_at),
+                created_at=_aware(r.created_at),
+                updated_at=_aware(r.updated_at),
+                prepared_at=_aware(r.prepared_at),
+                committed_at=_aware(r.committed_at),
+                table_version=r.table_version,
+                error=r.error,
+                ranges=tuple(ranges[r.app_id][r.batch_id]),
+                schemas=r.schemas or {},
+                metrics=r.metrics or {},
+                params=r.params or {},
+            )
+            for r in rows
+        ]
+
+    def get(self, app_id: str, batch_id: int) -> Batch | None:
+        with self.engine.connect() as conn:
+            return self._get(conn, app_id, batch_id)
+
+    def _get(self, conn: Connection, app_id: str, batch_id: int) -> Batch | None:
+        rows = conn.execute(
+            sa.select(batches).where(batches.c.app_id == app_id, batches.c.batch_id == batch_id)
+        ).all()
+        found = self._to_batches(conn, rows)
+        return found[0] if found else None
+
+    def batches(
+        self,
+        *,
+        app_id: str | None = None,
+        pipeline: str | None = None,
+        states: Iterable[BatchState] | None = None,
+        limit: int | None = None,
+    ) -> list[Batch]:
+        """Batches, newest first."""
+        query = sa.select(batches).order_by(batches.c.batch_id.desc(), batches.c.app_id)
+        if app_id is not None:
+            query = query.where(batches.c.app_id == app_id)
+        if pipeline is not None:
+            query = query.where(batches.c.pipeline == pipeline)
+        if states is not None:
+            query = query.where(batches.c.state.in_([str(s) for s in states]))
+        if limit is not None:
+            query = query.limit(limit)
+        try:
+            with self.engine.connect() as conn:
+                return self._to_batches(conn, conn.execute(query).all())
+        except OperationalError as exc:
+            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+
+    def files(self, app_id: str, batch_id: int) -> list[StagedFile]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(files_table)
+                .where(files_table.c.app_id == app_id, files_table.c.batch_id == batch_id)
+                .order_by(files_table.c.target, files_table.c.path)
+            ).all()
+        return [
+            StagedFile(r.target, r.path, r.size, r.records, r.modification_time, r.stats)
+            for r in rows
+        ]
+
+    def positions(self, app_id: str) -> dict[int, int]:
+        """The next offset per partition: the ends of the newest batch that holds a range."""
+        with self.engine.connect() as conn:
+            return self._positions(conn, app_id)
+
+    def _positions(self, conn: Connection, app_id: str) -> dict[int, int]:
+        last = conn.execute(
+            sa.select(sa.func.max(batches.c.batch_id)).where(
+                batches.c.app_id == app_id,
+                batches.c.state.in_([str(s) for s in HOLDS_RANGE]),
+            )
+        ).scalar_one_or_none()
+        if last is None:
+            return {}
+        return {r.partition: r.end for r in self._ranges(conn, app_id, [last])[last]}
+
+    # -- writes -------------------------------------------------------------------------
+
+    def plan(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: str,
+        ranges_for: Any,
+        owner: Owner | None = None,
+        params: Mapping[str, Any] | None = None,
+        min_batch_id: int = 1,
+    ) -> Batch | None:
+        """Record a new PLANNED batch with the next batch id, in one transaction.
+
+        `ranges_for(positions) -> list[OffsetRange] | None` computes the ranges from the stored
+        positions read inside the same transaction, so two planners can never both build on
+        the same positions: the batch id is the primary key and the loser's insert fails.
+        Refuses while any batch of this application id is still in flight. When
+        `ranges_for` returns None nothing is recorded and None is returned.
+        """
+        owner = owner or this_owner()
+        now = utcnow()
+        try:
+            with self._tx() as conn:
+                in_flight = conn.execute(
+                    sa.select(batches.c.batch_id, batches.c.state, batches.c.owner)
+                    .where(
+                        batches.c.app_id == app_id,
+                        batches.c.state.in_([str(s) for s in IN_FLIGHT]),
+                    )
+                    .limit(1)
+                ).first()
+                if in_flight is not None:
+                    raise BusyError(
+                        f"{app_id}: batch {in_flight.batch_id} is still {in_flight.state} "
+                        f"(owner {in_flight.owner}); recover it before planning another"
+                    )
+                positions = self._positions(conn, app_id)
+                last_id = conn.execute(
+                    sa.select(sa.func.max(batches.c.batch_id)).where(batches.c.app_id == app_id)
+                ).scalar_one_or_none()
+                batch_id = max((last_id or 0) + 1, min_batch_id)
+                proposed = ranges_for(positions)
+                if proposed is None:
+                    return None
+                new_ranges = list(proposed)
+                check_contiguous(positions, new_ranges, f"{app_id}/{batch_id}")
+                token = uuid.uuid4().hex
+                conn.execute(
+                    batches.insert().values(
+                        app_id=app_id,
+                        batch_id=batch_id,
+                        pipeline=pipeline,
+                        kind=kind,
+                        state=str(BatchState.PLANNED),
+                        attempt=1,
+                        token=token,
+                        owner=str(owner),
+                        heartbeat_at=now,
+                        created_at=now,
+                        updated_at=now,
+                        params=dict(params or {}),
+                        metrics={},
+                        schemas={},
+                    )
+                )
+                self._insert_ranges(conn, app_id, batch_id, new_ranges)
+        except IntegrityError as exc:
+            raise BusyError(
+                f"{app_id}: another process planned the next batch at the same moment; "
+                "run again to continue after it"
+            ) from exc
+        batch = self.get(app_id, batch_id)
+        assert batch is not None
+        return batch
+
+    def _insert_ranges(
+        self, conn: Connection, app_id: str, batch_id: int, rngs: Iterable[OffsetRange]
+    ) -> None:
+        rows = [
+            {
+                "app_id": app_id,
+                "batch_id": batch_id,
+                "topic": r.topic,
+                "partition": r.partition,
+                "start_offset": r.start,
+                "end_offset": r.end,
+            }
+            for r in rngs
+        ]
+        if rows:
+            conn.execute(ranges_table.insert(), rows)
+
+    def _cas(
+        self,
+        conn: Connection,
+        batch: Batch,
+        target: BatchState,
+        values: dict[str, Any],
+    ) -> None:
+        """The compare-and-set every transition goes through (invariant 6)."""
+        result = conn.execute(
+            batches.update()
+            .where(
+                batches.c.app_id == batch.app_id,
+                batches.c.batch_id == batch.batch_id,
+                batches.c.state == str(batch.state),
+                batches.c.token == batch.token,
+            )
+            .values(state=str(target), updated_at=utcnow(), **values)
+        )
+        if result.rowcount != 1:
+            current = self._get(conn, batch.app_id, batch.batch_id)
+            now = (
+                f"it is {current.state} at attempt {current.attempt} (owner {current.owner})"
+                if current
+                else "it no longer exists"
+            )
+            raise FencedError(
+                f"batch {batch.label} was fenced moving {batch.state} -> {target}: {now}"
+            )
+
+    def transition(
+        self,
+        batch: Batch,
+        target: BatchState,
+        *,
+        files: Iterable[StagedFile] = (),
+        schemas: Mapping[str, str] | None = None,
+        metrics: Mapping[str, Any] | None = None,
+        error: str | None = None,
+        table_version: int | None = None,
+    ) -> Batch:
+        """Move `batch` to `target` if nobody else moved it since it was read.
+
+        For PREPARED, the file list is written in the same transaction: the vote is
+        all-or-nothing (invariant 3: only these files are ever committed).
+        """
+        check_transition(batch.label, batch.state, target)
+        now = utcnow()
+        values: dict[str, Any] = {"heartbeat_at": now}
+        if metrics is not None:
+            values["metrics"] = {**batch.metrics, **metrics}
+        if error is not None:
+            values["error"] = error
+        if schemas is not None:
+            values["schemas"] = dict(schemas)
+        if target is BatchState.PREPARED:
+            values["prepared_at"] = now
+        if target is BatchState.COMMITTED:
+            values["committed_at"] = now
+            values["table_version"] = table_version
+        with self._tx() as conn:
+            self._cas(conn, batch, target, values)
+            rows = [
+                {
+                    "app_id": batch.app_id,
+                    "batch_id": batch.batch_id,
+                    "target": f.target,
+                    "path": f.path,
+                    "size": f.size,
+                    "records": f.records,
+                    "modification_time": f.modification_time,
+                    "stats": f.stats,
+                }
+                for f in files
+            ]
+            if rows:
+                if target is not BatchState.PREPARED:
+                    raise ValueError("files are recorded only by the prepare vote")
+                conn.execute(files_table.insert(), rows)
+            updated = self._get(conn, batch.app_id, batch.batch_id)
+        assert updated is not None
+        return updated
+
+    def record_metrics(self, batch: Batch, metrics: Mapping[str, Any]) -> Batch:
+        """Merge metrics without changing state; fenced like any other write."""
+        with self._tx() as conn:
+            result = conn.execute(
+                batches.update()
+                .where(
+                    batches.c.app_id == batch.app_id,
+                    batches.c.batch_id == batch.batch_id,
+                    batches.c.token == batch.token,
+                )
+                .values(metrics={**batch.metrics, **metrics}, updated_at=utcnow())
+            )
+            if result.rowcount != 1:
+                raise FencedError(f"batch {batch.label} was fenced while recording metrics")
+            updated = self._get(conn, batch.app_id, batch.batch_id)
+        assert updated is not None
+        return updated
+
+    def takeover(self, batch: Batch, owner: Owner | None = None) -> Batch:
+        """Start a new attempt on `batch` (same state): the old attempt's token stops working.
+
+        Used by recovery and re-drive: from here a zombie of the previous attempt can no
+        longer move the batch.
+        """
+        with self._tx() as conn:
+            now = utcnow()
+            result = conn.execute(
+                batches.update()
+                .where(
+                    batches.c.app_id == batch.app_id,
+                    batches.c.batch_id == batch.batch_id,
+                    batches.c.state == str(batch.state),
+                    batches.c.token == batch.token,
+                )
+                .values(
+                    attempt=batch.attempt + 1,
+                    token=uuid.uuid4().hex,
+                    owner=str(owner or this_owner()),
+                    heartbeat_at=now,
+                    updated_at=now,
+                )
+            )
+            if result.rowcount != 1:
+                raise FencedError(f"batch {batch.label} was taken over by someone else first")
+            updated = self._get(conn, batch.app_id, batch.batch_id)
+        assert updated is not None
+        return updated
+
+    def heartbeat(self, batch: Batch) -> None:
+        with self._tx() as conn:
+            result = conn.execute(
+                batches.update()
+                .where(
+                    batches.c.app_id == batch.app_id,
+                    batches.c.batch_id == batch.batch_id,
+                    batches.c.token == batch.token,
+                )
+                .values(heartbeat_at=utcnow())
+            )
+        if result.rowcount != 1:
+            raise FencedError(f"batch {batch.label} was fenced (heartbeat refused)")
+
+    def insert_committed(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: str,
+        batch_id: int,
+        ranges: Iterable[OffsetRange],
+        table_version: int | None,
+        committed_at: datetime,
+        params: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Re-create a COMMITTED batch found in the Delta log (invariant 7). Idempotent."""
+        now = utcnow()
+        try:
+            with self._tx() as conn:
+                if self._get(conn, app_id, batch_id) is not None:
+                    return False
+                conn.execute(
+                    batches.insert().values(
+                        app_id=app_id,
+                        batch_id=batch_id,
+                        pipeline=pipeline,
+                        kind=kind,
+                        state=str(BatchState.COMMITTED),
+                        attempt=1,
+                        token=uuid.uuid4().hex,
+                        owner=str(this_owner()),
+                        heartbeat_at=now,
+                        created_at=committed_at,
+                        updated_at=now,
+                        committed_at=committed_at,
+                        table_version=table_version,
+                        params={**dict(params or {}), "rebuilt_from_delta_log": True},
+                        metrics={},
+                        schemas={},
+                    )
+                )
+                self._insert_ranges(conn, app_id, batch_id, ranges)
+        except (IntegrityError, SQLAlchemyError) as exc:
+            if isinstance(exc, IntegrityError):
+                return False
+            raise
+        return True
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,358 @@
+"""The two-phase commit of one micro-batch, in the shape of Flink's TwoPhaseCommitSinkFunction.
+
+    begin()               plan: fix the offset range of every partition       -> PLANNED
+    invoke(batch)         stage: write files nobody can see yet                -> STAGED
+    pre_commit(...)       the vote: record exactly those files, durably        -> PREPARED
+    commit(batch)         publish them in one Delta transaction                -> COMMITTED
+    ack(batch)            move the consumer group (advisory)                   -> ACKED
+    abort(batch)          give up a batch that has not voted                   -> ABORTED
+    recover_and_commit()  on every start: finish what voted, abandon the rest
+
+The edges (Kafka offsets, the Spark stage job, the Delta tables) come in through the small
+protocols below, so this module can be exercised with in-memory fakes and read alone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ledger.crash import crashpoint
+from ledger.errors import FencedError, InconsistencyError
+from ledger.protocol import (
+    ABANDONABLE,
+    IN_FLIGHT,
+    Available,
+    BatchState,
+    OffsetRange,
+    check_ranges_readable,
+    is_empty,
+    owner_may_be_alive,
+    plan_ranges,
+)
+from ledger.store import Batch, BusyError, LedgerStore, StagedFile, this_owner, utcnow
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """What one attempt wrote: the vote's input."""
+
+    files: list[StagedFile]
+    schemas: dict[str, str]
+    records_read: int
+    table_records: int
+    quarantine_records: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    published: bool
+    table_version: int
+
+
+class OffsetSource(Protocol):
+    topic: str
+
+    def available(self) -> Mapping[int, Available]:
+        """Earliest and last stable offset of every partition, read now."""
+
+    def ack(self, ranges: Sequence[OffsetRange]) -> None:
+        """Move the consumer group to the ranges' ends (advisory)."""
+
+
+class Stager(Protocol):
+    def stage(self, batch: Batch) -> StageOutput:
+        """Write the batch's output into folders unique to (batch id, attempt)."""
+
+
+class Publisher(Protocol):
+    def committed_version(self, app_id: str) -> int | None:
+        """The newest batch id the tables hold for `app_id`."""
+
+    def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
+        """Publish exactly `files` with the app transaction (app id, batch id); idempotent."""
+
+    def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
+        """Commit metadata of every batch of `app_id` still in the table's log."""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class TwoPhaseCommit:
+    """Drives batches of one application id through the protocol, one at a time."""
+
+    def __init__(
+        self,
+        store: LedgerStore,
+        *,
+        pipeline: str,
+        app_id: str,
+        source: OffsetSource,
+        stager: Stager,
+        publisher: Publisher,
+        max_records_per_partition: int,
+        kind: str = "live",
+        lease_seconds: float = 120.0,
+        log: Callable[[str], None] = lambda _msg: None,
+    ) -> None:
+        self.store = store
+        self.pipeline = pipeline
+        self.app_id = app_id
+        self.kind = kind
+        self.source = source
+        self.stager = stager
+        self.publisher = publisher
+        self.max_records_per_partition = max_records_per_partition
+        self.lease_seconds = lease_seconds
+        self.log = log
+
+    # -- begin / invoke / preCommit / commit / abort -------------------------------------
+
+    def begin(self, *, allow_empty: bool = False) -> Batch | None:
+        """Plan the next batch: fix every partition's range at one instant.
+
+        Returns None when there is nothing new to read and `allow_empty` is False.
+        """
+        available = self.source.available()
+        planned: list[OffsetRange] = []
+
+        def ranges_for(positions: Mapping[int, int]) -> list[OffsetRange] | None:
+            planned[:] = plan_ranges(
+                self.source.topic, positions, available, self.max_records_per_partition
+            )
+            return None if is_empty(planned) and not allow_empty else planned
+
+        batch = self.store.plan(
+            pipeline=self.pipeline, app_id=self.app_id, kind=self.kind, ranges_for=ranges_for
+        )
+        if batch is not None:
+            crashpoint("after_plan")
+        return batch
+
+    def invoke(self, batch: Batch) -> tuple[Batch, StageOutput]:
+        """Stage the batch; on success it is STAGED. Nothing is visible to readers yet."""
+        check_ranges_readable(batch.ranges, self.source.available())
+        with self._heartbeat(batch):
+            output = self.stager.stage(batch)
+        batch = self.store.transition(
+            batch,
+            BatchState.STAGED,
+            metrics={
+                "records_read": output.records_read,
+                "table_records": output.table_records,
+                "quarantine_records": output.quarantine_records,
+                "files": len(output.files),
+                "stage_detail_s": output.seconds,
+            },
+        )
+        crashpoint("after_stage")
+        return batch, output
+
+    def pre_commit(self, batch: Batch, output: StageOutput) -> Batch:
+        """The vote: one ledger transaction records the files, the schemas and PREPARED.
+
+        From here the batch must commit (invariant 5).
+        """
+        batch = self.store.transition(
+            batch, BatchState.PREPARED, files=output.files, schemas=output.schemas
+        )
+        crashpoint("after_prepare")
+        return batch
+
+    def commit(self, batch: Batch, *, recovering: bool = False) -> Batch:
+        """Publish exactly the voted files; idempotent against the table's txn version."""
+        if batch.state is not BatchState.PREPARED:
+            raise InconsistencyError(
+                f"batch {batch.label}: commit needs PREPARED, not {batch.state}"
+            )
+        files = self.store.files(batch.app_id, batch.batch_id)
+        result = self.publisher.publish(batch, files)
+        crashpoint("recovery_after_delta_commit" if recovering else "after_delta_commit")
+        batch = self.store.transition(
+            batch, BatchState.COMMITTED, table_version=result.table_version
+        )
+        crashpoint("after_committed")
+        return batch
+
+    def ack(self, batch: Batch) -> Batch:
+        """Move the consumer group to the batch's end offsets, then mark it ACKED.
+
+        Advisory: the table and the ledger, never the group, decide what comes next.
+        """
+        if self.kind == "live":
+            self.source.ack(batch.ranges)
+        return self.store.transition(batch, BatchState.ACKED)
+
+    def abort(self, batch: Batch, reason: str) -> Batch:
+        """Give up a batch that never voted; its range is planned again by the next begin."""
+        return self.store.transition(batch, BatchState.ABORTED, error=reason)
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def recover_and_commit(self) -> list[Batch]:
+        """Finish every batch that voted, abandon every dead one that did not.
+
+        Runs before anything new is planned (invariant 5). Rebuilds missing committed
+        history from the Delta log first (invariant 7). Raises BusyError if a batch that
+        has not voted belongs to an attempt that may still be alive.
+        """
+        self.rebuild_from_log()
+        finished = []
+        pending = self.store.batches(app_id=self.app_id, states=IN_FLIGHT)
+        for batch in sorted(pending, key=lambda b: b.batch_id):
+            if batch.state in ABANDONABLE:
+                if self._may_be_alive(batch):
+                    raise BusyError(
+                        f"batch {batch.label} is {batch.state} and its owner {batch.owner} "
+                        "may still be running; try again when it finishes"
+                    )
+                self.log(f"abandoning batch {batch.label} ({batch.state}, owner gone)")
+                finished.append(self.abort(batch, f"abandoned by recovery: {batch.owner} is gone"))
+                continue
+            batch = self.store.takeover(batch)
+            self.log(f"re-driving batch {batch.label} from {batch.state}")
+            if batch.state is BatchState.PREPARED:
+                batch = self.commit(batch, recovering=True)
+            finished.append(self.ack(batch))
+        return finished
+
+    def rebuild_from_log(self) -> int:
+        """Re-create committed batches the ledger lacks from the Delta log's commit info.
+
+        Returns how many were re-created. Refuses (loudly) when the table's newest batch is
+        not in the log any more, because positions could then not be known.
+        """
+        version = self.publisher.committed_version(self.app_id)
+        if version is None:
+            return 0
+        known = self.store.get(self.app_id, version)
+        if known is not None:
+            if known.state in ABANDONABLE or known.state is BatchState.ABORTED:
+                raise InconsistencyError(
+                    f"the Delta table holds batch {self.app_id}/{version}, but the ledger has "
+                    f"it {known.state}: the ledger is older than the table (restored from a "
+                    "backup?); move the ledger aside to rebuild it from the Delta log"
+                )
+            return 0
+        entries = self.publisher.committed_batches(self.app_id)
+        if not any(e["batch_id"] == version for e in entries):
+            raise InconsistencyError(
+                f"the Delta table holds batch {self.app_id}/{version}, but its commit info is no "
+                "longer in the Delta log (log retention?): offsets cannot be rebuilt"
+            )
+        rebuilt = 0
+        for entry in entries:
+            if self.store.get(self.app_id, entry["batch_id"]) is not None:
+                continue
+            ranges = [
+                OffsetRange(r["topic"], r["partition"], r["start"], r["end"])
+                for r in entry["ranges"]
+            ]
+            rebuilt += self.store.insert_committed(
+                pipeline=self.pipeline,
+                app_id=self.app_id,
+                kind=entry.get("kind", self.kind),
+                batch_id=entry["batch_id"],
+                ranges=ranges,
+                table_version=entry.get("table_version"),
+                committed_at=utcnow(),
+                params=entry.get("params"),
+            )
+        self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
+        return rebuilt
+
+    def _may_be_alive(self, batch: Batch) -> bool:
+        me = this_owner()
+        if batch.owner == me:
+            return False
+        age = (utcnow() - batch.heartbeat_at).total_seconds()
+        return owner_may_be_alive(
+            batch.owner,
+            age,
+            self.lease_seconds,
+            socket.gethostname(),
+            batch.owner.host == me.host and _pid_alive(batch.owner.pid),
+        )
+
+    @contextmanager
+    def _heartbeat(self, batch: Batch) -> Iterator[None]:
+        """Keep the attempt's lease fresh while it stages, so others do not abandon it."""
+        stop = threading.Event()
+        fenced: list[FencedError] = []
+
+        def beat() -> None:
+            while not stop.wait(self.lease_seconds / 4):
+                try:
+                    self.store.heartbeat(batch)
+                except FencedError as exc:
+                    fenced.append(exc)
+                    return
+                except Exception as exc:
+                    self.log(f"heartbeat for {batch.label} failed: {exc}")
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{batch.batch_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+        if fenced:
+            raise fenced[0]
+
+    # -- one whole batch ----------------------------------------------------------------
+
+    def run_batch(self, *, allow_empty: bool = False) -> BatchReport | None:
+        """Plan, stage, prepare, commit and ack one batch; None if there was nothing to do."""
+        timings: dict[str, float] = {}
+        t = time.perf_counter()
+        batch = self.begin(allow_empty=allow_empty)
+        timings["plan"] = time.perf_counter() - t
+        if batch is None:
+            return None
+        t = time.perf_counter()
+        batch, output = self.invoke(batch)
+        timings["stage"] = time.perf_counter() - t
+        t = time.perf_counter()
+        batch = self.pre_commit(batch, output)
+        timings["prepare"] = time.perf_counter() - t
+        t = time.perf_counter()
+        batch = self.commit(batch)
+        timings["commit"] = time.perf_counter() - t
+        t = time.perf_counter()
+        batch = self.ack(batch)
+        timings["ack"] = time.perf_counter() - t
+        batch = self.store.record_metrics(batch, {"phase_s": timings})
+        return BatchReport(batch, output, timings)
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    batch: Batch
+    output: StageOutput
+    seconds: dict[str, float]
+
+    def line(self) -> str:
+        ranges = " ".join(str(r) for r in self.batch.ranges if r.span) or "(empty)"
+        phases = " ".join(f"{k}={v:.2f}s" for k, v in self.seconds.items())
+        return (
+            f"batch {self.batch.batch_id} {self.batch.state}: {ranges} "
+            f"records={self.output.records_read} table={self.output.table_records} "
+            f"quarantine={self.output.quarantine_records} files={len(self.output.files)} "
+            f"{phases}"
+        )

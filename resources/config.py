@@ -1,0 +1,183 @@
+"""The pipeline config file (YAML), validated before anything runs.
+
+Unknown keys and bad values are errors that name the field (`kafka.topic: ...`), because a
+typo in a config that silently falls back to a default is how records get lost.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ledger.errors import ConfigError
+from resources import storage
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class KafkaSettings(_Strict):
+    bootstrap_servers: str = Field(min_length=1)
+    topic: str = Field(min_length=1)
+    group_id: str | None = None
+    #: passed to every Kafka client (security settings etc.); never logged
+    options: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _hosts(cls, value: str) -> str:
+        for server in value.split(","):
+            host, sep, port = server.strip().rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"{server.strip()!r} is not host:port")
+        return value
+
+
+class DeltaSettings(_Strict):
+    table_uri: str = Field(min_length=1)
+    quarantine_uri: str = Field(min_length=1)
+    #: object-store credentials and endpoints, passed to delta-rs and Spark
+    storage_options: dict[str, str] = Field(default_factory=dict)
+
+
+class LedgerSettings(_Strict):
+    url: str = "sqlite:///./data/ledger.db"
+
+
+class SparkSettings(_Strict):
+    master: str = "local[2]"
+    conf: dict[str, str] = Field(default_factory=dict)
+
+
+class BatchSettings(_Strict):
+    max_records_per_partition: int = Field(default=100_000, gt=0)
+    #: how long a PLANNED/STAGED attempt on another host may go silent before it is abandoned
+    lease_seconds: float = Field(default=120.0, gt=0)
+
+
+class ScheduleSettings(_Strict):
+    cron: str = "*/5 * * * *"
+    timezone: str = "UTC"
+
+
+class PipelineConfig(_Strict):
+    pipeline: str
+    kafka: KafkaSettings
+    delta: DeltaSettings
+    ledger: LedgerSettings = Field(default_factory=LedgerSettings)
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+    batch: BatchSettings = Field(default_factory=BatchSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    transform: str = "jobs.examples.pageviews:transform"
+
+    @field_validator("pipeline")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be letters, digits, '_', '.' or '-' (at most 128)")
+        return value
+
+    @field_validator("transform")
+    @classmethod
+    def _transform(cls, value: str) -> str:
+        if value.count(":") != 1:
+            raise ValueError("must be 'module.path:function'")
+        return value
+
+    @property
+    def app_id(self) -> str:
+        """The Delta application id of the live pipeline: its name."""
+        return self.pipeline
+
+    @property
+    def group_id(self) -> str:
+        return self.kafka.group_id or f"exactly-{self.pipeline}"
+
+    def load_transform(self) -> Callable[..., Any]:
+        return load_transform(self.transform)
+
+
+def load_transform(spec: str) -> Callable[..., Any]:
+    module_name, _, func_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"transform: cannot import module {module_name!r}: {exc}") from exc
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ConfigError(f"transform: {module_name!r} has no function {func_name!r}")
+    return func
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        kind = item["type"]
+        if kind == "extra_forbidden":
+            problems.append(f"{where}: unknown key")
+        elif kind == "missing":
+            problems.append(f"{where}: required key is missing")
+        else:
+            problems.append(f"{where}: {item['msg']}")
+    return f"invalid pipeline config {source}: " + "; ".join(problems)
+
+
+def parse_config(
+    data: Any, source: str = "<config>", base_dir: Path | None = None
+) -> PipelineConfig:
+    """Validate a loaded YAML document; local paths become absolute against `base_dir`."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"invalid pipeline config {source}: expected a mapping at the top")
+    try:
+        config = PipelineConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, source)) from None
+    base = base_dir or Path.cwd()
+    delta = config.delta.model_copy(
+        update={
+            "table_uri": storage.resolve(config.delta.table_uri, base),
+            "quarantine_uri": storage.resolve(config.delta.quarantine_uri, base),
+        }
+    )
+    if storage.same_location(delta.table_uri, delta.quarantine_uri):
+        raise ConfigError(
+            f"invalid pipeline config {source}: delta.quarantine_uri must differ from "
+            "delta.table_uri"
+        )
+    ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
+    return config.model_copy(update={"delta": delta, "ledger": ledger})
+
+
+def _resolve_sqlite(url: str, base: Path) -> str:
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/"):
+        rel = url[len(prefix) :]
+        if rel and rel != ":memory:":
+            return prefix + str((base / rel).resolve())
+    return url
+
+
+def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Read and validate a pipeline config file. Relative paths resolve against the
+    current directory, as for any command-line tool."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read pipeline config {file}: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"pipeline config {file} is not valid YAML: {exc}") from exc
+    return parse_config(data, str(file))

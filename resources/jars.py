@@ -1,0 +1,55 @@
+"""Where the JVM jars fetched by `mvn` (jvm/pom.xml) live, and which of them to load.
+
+Nothing resolves packages at run time: Spark and the broker load only these files.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from ledger.errors import ConfigError
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+_VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
+
+
+def jars_dir() -> Path:
+    """The folder holding `spark/` and `kafka/`; EXACTLY_JARS_DIR overrides the repo's `.jars`."""
+    return Path(os.environ.get("EXACTLY_JARS_DIR", _REPO_ROOT / ".jars")).resolve()
+
+
+def _jar_files(kind: str) -> list[Path]:
+    folder = jars_dir() / kind
+    jars = sorted(folder.glob("*.jar"))
+    if not jars:
+        raise ConfigError(
+            f"no {kind} jars in {folder}: run `make setup` (mvn -f jvm/pom.xml "
+            "dependency:copy-dependencies) first"
+        )
+    return jars
+
+
+def artifact_name(jar: Path) -> str:
+    """`jackson-core-2.13.5.jar` -> `jackson-core`."""
+    match = _VERSIONED.match(jar.name)
+    return match.group("name") if match else jar.stem
+
+
+def spark_jars() -> list[Path]:
+    """Jars for Spark's classpath: Kafka source and Delta, minus what pyspark already ships.
+
+    Transitive dependencies such as Hadoop, Jackson, Parquet or Scala are in pyspark's own
+    `jars/` folder at the versions Spark was built with; loading a second copy would make the
+    class that wins depend on classpath order.
+    """
+    import pyspark
+
+    shipped = {artifact_name(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    return [j for j in _jar_files("spark") if artifact_name(j) not in shipped]
+
+
+def kafka_classpath() -> str:
+    """The embedded broker's classpath, kept apart from Spark's."""
+    return os.pathsep.join(str(j) for j in _jar_files("kafka"))

@@ -1,0 +1,91 @@
+"""Locations as URIs. Every local-path assumption of the product lives in this module.
+
+A location is either an absolute local path (a config's relative path is made absolute
+once, at load time) or an object-store URI (`s3://bucket/key`). Callers join, list and
+translate locations only through these functions.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+_REMOTE_SCHEMES = {"s3", "s3a", "gs", "az", "abfs", "abfss"}
+
+
+def is_remote(uri: str) -> bool:
+    return urlparse(uri).scheme in _REMOTE_SCHEMES
+
+
+def resolve(uri: str, base: Path) -> str:
+    """A config value to a canonical location: remote URIs unchanged, paths absolute."""
+    if is_remote(uri):
+        return uri.rstrip("/")
+    if uri.startswith("file://"):
+        uri = urlparse(uri).path
+    return str((base / os.path.expanduser(uri)).resolve())
+
+
+def same_location(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def join(uri: str, *parts: str) -> str:
+    if is_remote(uri):
+        return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+    return str(Path(uri, *parts))
+
+
+def relative(uri: str, root: str) -> str:
+    """The path of `uri` below `root`, '/'-separated, as Delta add actions want it."""
+    if is_remote(uri):
+        prefix = root.rstrip("/") + "/"
+        if not uri.startswith(prefix):
+            raise ValueError(f"{uri} is not inside {root}")
+        return uri[len(prefix) :]
+    return Path(uri).relative_to(root).as_posix()
+
+
+def spark_uri(uri: str) -> str:
+    """What Spark's Hadoop file systems accept for the same location."""
+    if uri.startswith("s3://"):
+        return "s3a://" + uri[len("s3://") :]
+    if is_remote(uri):
+        return uri
+    return Path(uri).as_uri()
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    uri: str
+    size: int
+    modification_time_ms: int
+
+
+def list_data_files(folder: str, suffix: str = ".parquet") -> list[FileInfo]:
+    """Data files directly written into one attempt's own staging folder.
+
+    Only ever called on a folder unique to one (batch, attempt): the table's folder is
+    never listed to decide what to commit (invariant 4). Spark's markers (`_SUCCESS`,
+    hidden `.crc` files) are not data.
+    """
+    if is_remote(folder):
+        raise NotImplementedError("object storage listing arrives with the object-store issue")
+    root = Path(folder)
+    if not root.is_dir():
+        return []
+    found = []
+    for path in sorted(root.rglob(f"*{suffix}")):
+        if any(part.startswith(("_", ".")) for part in path.relative_to(root).parts):
+            continue
+        stat = path.stat()
+        found.append(FileInfo(str(path), stat.st_size, int(stat.st_mtime * 1000)))
+    return found
+
+
+def exists(uri: str) -> bool:
+    if is_remote(uri):
+        raise NotImplementedError("object storage arrives with the object-store issue")
+    return Path(uri).exists()

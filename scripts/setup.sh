@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a fresh machine: Debian packages, the Python venv, the JVM jars.
+# Each step is skipped when its inputs have not changed (stamp files under .stamps/), so
+# `make demo` and `make test` cost nothing extra once the machine is set up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .stamps
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# --- Debian packages -------------------------------------------------------------------
+# java + mvn: the broker, Spark and the jar fetch; postgresql: the ledger tests;
+# chromium: the Dagster UI browser test. Installed only when missing.
+need=()
+command -v java >/dev/null || need+=(openjdk-17-jdk-headless)
+command -v mvn >/dev/null || need+=(maven)
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+command -v chromium >/dev/null || need+=(chromium)
+command -v python3 >/dev/null || need+=(python3 python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# --- Python venv -----------------------------------------------------------------------
+PY=${PYTHON:-python3}
+py_hash=$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -x .venv/bin/python ] || [ "$(cat .stamps/venv 2>/dev/null)" != "$py_hash" ]; then
+  log "creating .venv and installing pinned Python dependencies"
+  [ -x .venv/bin/python ] || "$PY" -m venv .venv
+  .venv/bin/pip install -q --upgrade pip==25.3
+  .venv/bin/pip install -q -e '.[test]'
+  echo "$py_hash" > .stamps/venv
+fi
+
+# --- JVM jars from Maven Central ------------------------------------------------------
+jvm_hash=$(cat jvm/pom.xml jvm/*/pom.xml jvm/settings.xml | sha256sum | cut -c1-16)
+if [ ! -d .jars/spark ] || [ "$(cat .stamps/jars 2>/dev/null)" != "$jvm_hash" ]; then
+  log "fetching JVM jars with mvn into .jars/"
+  rm -rf .jars
+  mvn -B -q -s jvm/settings.xml -f jvm/pom.xml dependency:copy-dependencies
+  echo "$jvm_hash" > .stamps/jars
+fi
