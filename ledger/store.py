@@ -610,6 +610,21 @@ class LedgerStore:
         assert updated is not None
         return updated
 
+    def require_current(self, batch: Batch) -> None:
+        """Raise FencedError unless `batch` is still in the state and attempt it was read at.
+
+        Checked before publishing, so a zombie learns it was replaced before it touches the
+        table; the table's own version check still decides if the two race.
+        """
+        current = self.get(batch.app_id, batch.batch_id)
+        if current is None or (current.state, current.token) != (batch.state, batch.token):
+            now = (
+                f"it is {current.state} at attempt {current.attempt} (owner {current.owner})"
+                if current
+                else "it no longer exists"
+            )
+            raise FencedError(f"batch {batch.label} was fenced before publishing: {now}")
+
     def heartbeat(self, batch: Batch) -> None:
         with self._tx() as conn:
             result = conn.execute(

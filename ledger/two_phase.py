@@ -180,6 +180,7 @@ class TwoPhaseCommit:
             raise InconsistencyError(
                 f"batch {batch.label}: commit needs PREPARED, not {batch.state}"
             )
+        self.store.require_current(batch)
         files = self.store.files(batch.app_id, batch.batch_id)
         result = self.publisher.publish(batch, files)
         crashpoint("recovery_after_delta_commit" if recovering else "after_delta_commit")

@@ -1,0 +1,634 @@
+"""A thin client over confluent-kafka for everything the product asks of Kafka.
+
+Three promises hold for every method here:
+
+* it never waits forever: every broker round trip carries a timeout, and producing is bounded
+  by `message.timeout.ms`;
+* a failure surfaces as one `ExactlyError` line that names the bootstrap servers and the
+  operation (`UnreachableError` when the broker did not answer), never as a librdkafka log line
+  on stderr or a raw `KafkaException`;
+* offsets are read at `READ_COMMITTED`, so the end of a partition is its last stable offset
+  (LSO): a batch planned up to it can never include records of a transaction that might still
+  abort.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, NamedTuple
+
+import dagster as dg
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
+from pydantic import Field
+
+from ledger.errors import DataLossError, ExactlyError, UnreachableError
+
+# librdkafka logs through this logger instead of writing to stderr; the NullHandler keeps
+# Python's last-resort handler from printing them when the application configured no logging,
+# so a failing command prints exactly one line (the ExactlyError), not a burst of FAIL logs.
+_LOG = logging.getLogger("exactly.kafka")
+_LOG.addHandler(logging.NullHandler())
+
+# Error codes that mean "the broker did not answer", as opposed to "the broker said no".
+_UNREACHABLE_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._MSG_TIMED_OUT,
+        KafkaError._RESOLVE,
+        KafkaError._WAIT_COORD,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+
+# Defaults every confluent client gets; `options` may override them.
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    # librdkafka backs off up to 10 s between reconnects by default; a broker that is just
+    # coming up (tests, `exactly kafka start`) would then be noticed seconds late.
+    "reconnect.backoff.max.ms": 1000,
+}
+
+# Group coordinator answers that only mean "not ready yet, ask again".
+_RETRIABLE_GROUP_CODES = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+        KafkaError._WAIT_COORD,
+    }
+)
+
+_TOPIC_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class PartitionOffsets:
+    """The readable range of one partition: `[earliest, last_stable)`.
+
+    `last_stable` is the last stable offset, the first offset a `read_committed` reader may not
+    see yet. It is not a record count: aborted records and transaction markers occupy offsets
+    too, so `last_stable - earliest` may exceed the number of committed records.
+    """
+
+    earliest: int
+    last_stable: int
+
+
+class Record(NamedTuple):
+    """One consumed record: its offset and raw value (None for a tombstone)."""
+
+    offset: int
+    value: bytes | None
+
+
+def _kafka_error(exc: BaseException) -> KafkaError | None:
+    arg = exc.args[0] if exc.args else None
+    return arg if isinstance(arg, KafkaError) else None
+
+
+def _to_bytes(value: bytes | str | None) -> bytes | None:
+    return value.encode("utf-8") if isinstance(value, str) else value
+
+
+def safe_topic_name(text: str, max_length: int = 200) -> str:
+    """`text` with every character Kafka forbids in a topic name replaced by `-`."""
+    return _TOPIC_NAME_UNSAFE.sub("-", text).strip("-.")[:max_length] or "topic"
+
+
+class KafkaClient:
+    """Kafka operations for one cluster, with clear errors and bounded waits.
+
+    `options` (security settings, for example) are passed to every confluent client this
+    object creates, so an authenticated cluster needs to be described only once. `timeout`
+    bounds each single broker operation in seconds.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        options: Mapping[str, str] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.options: dict[str, str] = dict(options or {})
+        self.timeout = timeout
+        self._admin: AdminClient | None = None
+        self._producer: Producer | None = None
+        self._last_error: str | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Deliver what is queued (bounded) and drop the underlying clients."""
+        if self._producer is not None:
+            self._producer.flush(self._produce_timeout())
+        self._producer = None
+        self._admin = None
+
+    def __enter__(self) -> KafkaClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- configuration and error translation -------------------------------------------------
+
+    def _config(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Client config: defaults < user options < what the operation itself requires.
+
+        The bootstrap servers, logger and error callback always win: they are what makes every
+        error name the right cluster and keeps librdkafka off stderr.
+        """
+        config: dict[str, Any] = {**_CLIENT_DEFAULTS, **self.options, **(overrides or {})}
+        config["bootstrap.servers"] = self.bootstrap_servers
+        config["logger"] = _LOG
+        config["error_cb"] = self._on_error
+        return config
+
+    def _on_error(self, error: KafkaError) -> None:
+        # Remembered so that a timeout can say *why* (e.g. "Connection refused"); the summary
+        # "N/M brokers are down" says less than the connect error before it, so it never wins.
+        if error.code() != KafkaError._ALL_BROKERS_DOWN or self._last_error is None:
+            self._last_error = error.str()
+
+    def _reason(self, error: KafkaError | str) -> str:
+        text = error if isinstance(error, str) else error.str()
+        if self._admin is not None:
+            self._admin.poll(0)  # serves error_cb, which fills _last_error
+        last = self._last_error
+        if last and last not in text:
+            return f"{text} (last error: {last})"
+        return text
+
+    def _error(self, operation: str, error: KafkaError | str) -> ExactlyError:
+        """One line naming the cluster and the operation; unreachable if nothing answered."""
+        unreachable = isinstance(error, KafkaError) and error.code() in _UNREACHABLE_CODES
+        if unreachable:
+            return UnreachableError(
+                f"Kafka at {self.bootstrap_servers} did not answer while {operation}: "
+                f"{self._reason(error)}"
+            )
+        return ExactlyError(
+            f"Kafka at {self.bootstrap_servers}: {operation} failed: {self._reason(error)}"
+        )
+
+    def _from_exception(self, operation: str, exc: KafkaException) -> ExactlyError:
+        error = _kafka_error(exc)
+        return self._error(operation, error if error is not None else str(exc))
+
+    def _wait(
+        self,
+        future: Future[Any],
+        operation: str,
+        tolerate: frozenset[int] = frozenset(),
+    ) -> Any:
+        """The future's result, or the KafkaError if its code is in `tolerate`.
+
+        The extra seconds over `self.timeout` let librdkafka report its own request timeout
+        (which carries a reason) before we give up on the future.
+        """
+        try:
+            return future.result(timeout=self.timeout + 5)
+        except FutureTimeoutError:
+            raise UnreachableError(
+                f"Kafka at {self.bootstrap_servers} did not answer within "
+                f"{self.timeout + 5:g}s while {operation}"
+                + (f" (last error: {self._last_error})" if self._last_error else "")
+            ) from None
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            if error is not None and error.code() in tolerate:
+                return error
+            raise self._from_exception(operation, exc) from exc
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def _admin_client(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(self._config())
+        return self._admin
+
+    def _produce_timeout(self) -> float:
+        return self.timeout + 10
+
+    def _producer_client(self) -> Producer:
+        """An idempotent producer: retries can neither duplicate nor reorder records."""
+        if self._producer is None:
+            self._producer = Producer(
+                self._config(
+                    {
+                        "acks": "all",
+                        "enable.idempotence": True,
+                        "linger.ms": 5,
+                        "message.timeout.ms": int(self.timeout * 1000),
+                    }
+                )
+            )
+        return self._producer
+
+    # -- cluster -----------------------------------------------------------------------------
+
+    def check_reachable(self, timeout: float = 10) -> ClusterMetadata:
+        """Fail early, with the reason, when no broker answers a metadata request."""
+        try:
+            metadata = self._admin_client().list_topics(timeout=timeout)
+        except KafkaException as exc:
+            error = _kafka_error(exc)
+            raise UnreachableError(
+                f"Kafka at {self.bootstrap_servers} did not answer within {timeout:g}s: "
+                f"{self._reason(error if error is not None else str(exc))}"
+            ) from exc
+        if not metadata.brokers:
+            raise UnreachableError(
+                f"Kafka at {self.bootstrap_servers} did not answer within {timeout:g}s: "
+                "no broker is registered in the cluster metadata yet"
+            )
+        return metadata
+
+    # -- topics ------------------------------------------------------------------------------
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int = 1,
+        config: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Create `name`; True if created, False if it already existed with `partitions`.
+
+        An existing topic with another partition count is an error, never silently accepted:
+        the pipeline maps offsets per partition, and a different count means a different topic
+        than the caller planned for. Returns only once every partition has a leader, so that
+        producing or listing offsets right after cannot hit a not-yet-propagated topic.
+        """
+        if partitions < 1:
+            raise ExactlyError(f"topic {name!r} needs at least 1 partition, not {partitions}")
+        new_topic = NewTopic(
+            name,
+            num_partitions=partitions,
+            replication_factor=replication_factor,
+            config=dict(config or {}),
+        )
+        futures = self._admin_client().create_topics(
+            [new_topic], request_timeout=self.timeout, operation_timeout=self.timeout
+        )
+        outcome = self._wait(
+            futures[name],
+            f"creating topic {name!r}",
+            tolerate=frozenset({KafkaError.TOPIC_ALREADY_EXISTS}),
+        )
+        if isinstance(outcome, KafkaError):
+            self._require_partition_count(name, partitions)
+            return False
+        self._await_leaders(name, partitions)
+        return True
+
+    def _require_partition_count(self, name: str, partitions: int) -> None:
+        existing = len(self.partitions(name))
+        if existing != partitions:
+            raise ExactlyError(
+                f"topic {name!r} on Kafka at {self.bootstrap_servers} already exists with "
+                f"{existing} partitions, not {partitions}"
+            )
+
+    def _await_leaders(self, name: str, partitions: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            description = self._describe(name)
+            if description is not None:
+                leaders = [p for p in description.partitions if p.leader is not None]
+                if len(leaders) == partitions:
+                    return
+            time.sleep(0.1)
+        raise UnreachableError(
+            f"Kafka at {self.bootstrap_servers}: topic {name!r} was created but its "
+            f"{partitions} partitions had no leader within {self.timeout:g}s"
+        )
+
+    def _describe(self, topic: str) -> Any | None:
+        """The topic's description, or None if the cluster does not know it."""
+        futures = self._admin_client().describe_topics(
+            TopicCollection([topic]), request_timeout=self.timeout
+        )
+        outcome = self._wait(
+            futures[topic],
+            f"describing topic {topic!r}",
+            tolerate=frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART}),
+        )
+        return None if isinstance(outcome, KafkaError) else outcome
+
+    def partitions(self, topic: str) -> list[int]:
+        """The topic's partition ids; a missing topic is an error, never an empty list.
+
+        Uses DescribeTopics rather than a metadata request so that asking can never
+        auto-create the topic on a broker that allows it.
+        """
+        description = self._describe(topic)
+        if description is None:
+            raise ExactlyError(
+                f"topic {topic!r} does not exist on Kafka at {self.bootstrap_servers}"
+            )
+        return sorted(p.id for p in description.partitions)
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def offsets(
+        self, topic: str, partitions: Iterable[int] | None = None
+    ) -> dict[int, PartitionOffsets]:
+        """Earliest offset and last stable offset of each partition (all if `partitions` is None).
+
+        Both are asked at READ_COMMITTED: the end is the LSO, not the high watermark, so records
+        of open transactions are never inside the range.
+        """
+        wanted = sorted(set(self.partitions(topic) if partitions is None else partitions))
+        if not wanted:
+            return {}
+        earliest = self._list_offsets(topic, wanted, OffsetSpec.earliest(), "earliest")
+        latest = self._list_offsets(topic, wanted, OffsetSpec.latest(), "last stable")
+        return {p: PartitionOffsets(earliest[p], latest[p]) for p in wanted}
+
+    def _list_offsets(
+        self, topic: str, partitions: list[int], spec: OffsetSpec, label: str
+    ) -> dict[int, int]:
+        request = {TopicPartition(topic, p): spec for p in partitions}
+        operation = f"listing {label} offsets of topic {topic!r} partitions {partitions}"
+        try:
+            futures = self._admin_client().list_offsets(
+                request,
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=self.timeout,
+            )
+        except KafkaException as exc:
+            raise self._from_exception(operation, exc) from exc
+        return {tp.partition: self._wait(f, operation).offset for tp, f in futures.items()}
+
+    # -- consumer group offsets --------------------------------------------------------------
+
+    def commit_group_offsets(self, group_id: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Commit `offsets` (partition -> next offset to read) for `group_id`, synchronously.
+
+        Goes through the admin API, so nothing joins the group: committing never triggers a
+        rebalance of real consumers, and it fails loudly if the group has active members.
+        """
+        if not offsets:
+            return
+        negative = {p: o for p, o in offsets.items() if o < 0}
+        if negative:
+            raise ExactlyError(f"cannot commit negative offsets {negative} for group {group_id!r}")
+        partitions = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+        operation = f"committing offsets of group {group_id!r} on topic {topic!r}"
+
+        def attempt() -> Any:
+            futures = self._admin_client().alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group_id, partitions)],
+                request_timeout=self.timeout,
+            )
+            result = self._wait(futures[group_id], operation, tolerate=_RETRIABLE_GROUP_CODES)
+            if isinstance(result, KafkaError):
+                return result
+            failed = [tp.error for tp in result.topic_partitions if tp.error is not None]
+            return failed[0] if failed else result
+
+        self._group_call(operation, attempt)
+
+    def group_offsets(self, group_id: str, topic: str) -> dict[int, int]:
+        """The group's committed offsets on `topic`; partitions never committed are absent.
+
+        `require_stable` makes the broker wait for pending transactional offset commits, so
+        the answer never reflects a transaction that might still abort.
+        """
+        operation = f"reading offsets of group {group_id!r} on topic {topic!r}"
+
+        def attempt() -> Any:
+            futures = self._admin_client().list_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(group_id)],
+                require_stable=True,
+                request_timeout=self.timeout,
+            )
+            return self._wait(futures[group_id], operation, tolerate=_RETRIABLE_GROUP_CODES)
+
+        result = self._group_call(operation, attempt)
+        return {
+            tp.partition: tp.offset
+            for tp in result.topic_partitions
+            if tp.topic == topic and tp.offset >= 0
+        }
+
+    def _group_call(self, operation: str, attempt: Callable[[], Any]) -> Any:
+        """Run `attempt` until it returns something other than a retriable KafkaError.
+
+        The first group operation on a fresh cluster creates `__consumer_offsets`; until its
+        partitions are loaded the coordinator answers NOT_COORDINATOR or LOAD_IN_PROGRESS,
+        which are a matter of seconds, not failures. Bounded by `self.timeout`.
+        """
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                outcome = attempt()
+            except KafkaException as exc:
+                raise self._from_exception(operation, exc) from exc
+            if not isinstance(outcome, KafkaError):
+                return outcome
+            if outcome.code() not in _RETRIABLE_GROUP_CODES or time.monotonic() > deadline:
+                raise self._error(operation, outcome)
+            time.sleep(0.2)
+
+    # -- producing ---------------------------------------------------------------------------
+
+    def produce(
+        self,
+        topic: str,
+        values: Iterable[bytes | str],
+        partition: int | None = None,
+        key: bytes | str | None = None,
+    ) -> int:
+        """Produce `values` in order and wait until every one is acknowledged; return the count.
+
+        Returning means all records are durable (acks=all); any failed delivery raises.
+        """
+        return self._produce_all(topic, ((partition, key, v) for v in values))
+
+    def produce_to_partitions(
+        self, topic: str, by_partition: Mapping[int, Iterable[bytes | str]]
+    ) -> int:
+        """Produce each partition's values, in order, to that partition; return the count."""
+        items = ((p, None, v) for p, values in by_partition.items() for v in values)
+        return self._produce_all(topic, items)
+
+    def _produce_all(
+        self,
+        topic: str,
+        items: Iterable[tuple[int | None, bytes | str | None, bytes | str]],
+    ) -> int:
+        producer = self._producer_client()
+        failures: list[KafkaError] = []
+
+        def on_delivery(error: KafkaError | None, _message: Message) -> None:
+            if error is not None:
+                failures.append(error)
+
+        count = 0
+        for partition, key, value in items:
+            self._enqueue(producer, topic, partition, key, value, on_delivery)
+            count += 1
+        self._flush(producer, topic)
+        if failures:
+            raise self._error(
+                f"producing {count} records to topic {topic!r} ({len(failures)} not delivered)",
+                failures[0],
+            )
+        return count
+
+    def _enqueue(
+        self,
+        producer: Producer,
+        topic: str,
+        partition: int | None,
+        key: bytes | str | None,
+        value: bytes | str,
+        on_delivery: Any,
+    ) -> None:
+        """Queue one record, waiting (bounded) for room when the local queue is full."""
+        kwargs: dict[str, Any] = {"value": _to_bytes(value), "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        if key is not None:
+            kwargs["key"] = _to_bytes(key)
+        deadline = time.monotonic() + self._produce_timeout()
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                if time.monotonic() > deadline:
+                    raise UnreachableError(
+                        f"Kafka at {self.bootstrap_servers} accepted no records for topic "
+                        f"{topic!r} within {self._produce_timeout():g}s (local queue full)"
+                    ) from None
+                producer.poll(0.1)
+            except KafkaException as exc:
+                raise self._from_exception(f"producing to topic {topic!r}", exc) from exc
+
+    def _flush(self, producer: Producer, topic: str) -> None:
+        # message.timeout.ms bounds every record's delivery, so this flush always returns.
+        remaining = producer.flush(self._produce_timeout())
+        if remaining:
+            raise UnreachableError(
+                f"Kafka at {self.bootstrap_servers} did not acknowledge {remaining} records "
+                f"for topic {topic!r} within {self._produce_timeout():g}s"
+            )
+
+    # -- consuming ---------------------------------------------------------------------------
+
+    def consume_range(self, topic: str, partition: int, start: int, end: int) -> list[Record]:
+        """The committed records with offsets in `[start, end)` of one partition, in order.
+
+        Reads at read_committed, so aborted records and transaction markers are skipped and
+        offsets may have gaps. Offsets that retention already deleted raise DataLossError
+        rather than silently starting later.
+        """
+        if end <= start:
+            return []
+        consumer = Consumer(
+            self._config(
+                {
+                    "group.id": f"exactly-range-{uuid.uuid4().hex}",
+                    "enable.auto.commit": False,
+                    "enable.partition.eof": True,
+                    "isolation.level": "read_committed",
+                    "auto.offset.reset": "error",
+                }
+            )
+        )
+        try:
+            consumer.assign([TopicPartition(topic, partition, start)])
+            return self._read_range(consumer, topic, partition, start, end)
+        finally:
+            consumer.close()
+
+    def _read_range(
+        self, consumer: Consumer, topic: str, partition: int, start: int, end: int
+    ) -> list[Record]:
+        where = f"topic {topic!r} partition {partition} offsets [{start}, {end})"
+        records: list[Record] = []
+        deadline = time.monotonic() + self.timeout
+        for message in self._poll_until(consumer, deadline):
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    self._raise_consume_error(error, where)
+                elif message.offset() >= end:
+                    return records
+                continue
+            if message.offset() >= end:
+                return records
+            records.append(Record(message.offset(), message.value()))
+            if message.offset() == end - 1:
+                return records
+        reached = records[-1].offset + 1 if records else start
+        raise UnreachableError(
+            f"Kafka at {self.bootstrap_servers}: reading {where} reached only offset {reached} "
+            f"within {self.timeout:g}s"
+            + (f" (last error: {self._last_error})" if self._last_error else "")
+        )
+
+    def _poll_until(self, consumer: Consumer, deadline: float) -> Iterator[Message]:
+        while (left := deadline - time.monotonic()) > 0:
+            message = consumer.poll(min(1.0, left))
+            if message is not None:
+                yield message
+
+    def _raise_consume_error(self, error: KafkaError, where: str) -> None:
+        """Raise for errors that retrying cannot fix; transient ones are only remembered."""
+        code = error.code()
+        if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            raise DataLossError(
+                f"Kafka at {self.bootstrap_servers}: {where} are no longer all in the log: "
+                f"{error.str()}"
+            )
+        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION) or (
+            error.fatal()
+        ):
+            raise self._error(f"reading {where}", error)
+        self._last_error = error.str()
+
+
+class KafkaResource(dg.ConfigurableResource):
+    """The Kafka cluster as a Dagster resource; `options` reach every confluent client."""
+
+    bootstrap_servers: str
+    options: dict[str, str] = Field(default_factory=dict)
+
+    def client(self) -> KafkaClient:
+        """A new client; callers own it and should close it (it is a context manager)."""
+        return KafkaClient(self.bootstrap_servers, self.options)

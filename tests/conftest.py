@@ -1,0 +1,1 @@
+pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.postgres", "tests.fixtures.pipeline"]

@@ -1,0 +1,234 @@
+"""The exactly-once pipeline against the real broker, Spark and Delta (in-process runs).
+
+Crash tests, which kill real child processes, are in test_crash.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from deltalake import DeltaTable
+
+from jobs.examples.sample_data import MALFORMED, pageviews
+from jobs.micro_batch import build
+from ledger.errors import DataLossError, FencedError
+from ledger.protocol import BatchState
+from ledger.store import LedgerStore
+from tests.fixtures.pipeline import assert_exactly_once, config_path, coordinates
+
+EXACTLY = [sys.executable, "-m", "exactly_cli"]
+
+
+def run_until_caught_up(tpc: Any) -> list[Any]:
+    tpc.recover_and_commit()
+    reports = []
+    while (report := tpc.run_batch()) is not None:
+        reports.append(report)
+    return reports
+
+
+def test_end_to_end_while_a_producer_keeps_writing(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, ledger_url: str
+) -> None:
+    config = pipeline_factory(3, max_records=250, ledger_url=ledger_url)
+    topic = config.kafka.topic
+    stop = threading.Event()
+
+    def produce() -> None:
+        for start in range(0, 3000, 150):
+            if stop.is_set():
+                return
+            kafka_client.produce(topic, pageviews(150, start=start, malformed_every=97))
+            time.sleep(0.3)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    reports = []
+    try:
+        for _ in range(4):
+            report = tpc.run_batch()
+            if report is not None:
+                reports.append(report)
+            time.sleep(0.5)
+    finally:
+        producer.join()
+    reports += run_until_caught_up(tpc)
+
+    assert len(reports) >= 3
+    table_rows, quarantined = assert_exactly_once(config, kafka_client)
+    assert table_rows + quarantined == 3000
+    assert quarantined == len([i for i in range(3000) if i % 97 == 96])
+    store = LedgerStore(config.ledger.url)
+    batches = sorted(store.batches(app_id=config.app_id), key=lambda b: b.batch_id)
+    assert [b.state for b in batches] == [BatchState.ACKED] * len(batches)
+    for before, after in zip(batches, batches[1:], strict=False):
+        assert {r.partition: r.end for r in before.ranges} == {
+            r.partition: r.start for r in after.ranges
+        }
+    ends = {p: o.last_stable for p, o in kafka_client.offsets(topic).items()}
+    assert kafka_client.group_offsets(config.group_id, topic) == ends
+
+
+def test_table_reads_the_same_through_delta_rs_and_delta_spark(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2, max_records=300)
+    kafka_client.produce(config.kafka.topic, pageviews(900))
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    cols = ["_kafka_partition", "_kafka_offset", "event_id", "app", "user", "url", "ts"]
+    via_rs = sorted(
+        tuple(row[c] for c in cols)
+        for row in DeltaTable(config.delta.table_uri).to_pyarrow_table(columns=cols).to_pylist()
+    )
+    # Spark hands back naive datetimes in the session time zone, which is UTC
+    via_spark = sorted(
+        (*(row[c] for c in cols[:-1]), row["ts"].replace(tzinfo=UTC))
+        for row in spark.read.format("delta").load(config.delta.table_uri).select(*cols).collect()
+    )
+    assert len(via_rs) == 900
+    assert via_rs == via_spark
+
+
+def test_malformed_records_land_in_quarantine_with_their_coordinates(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(1)
+    values = [*pageviews(5), MALFORMED[0], b'{"event_id": "e", "user": "u"}', b"[1, 2]", b"{bad"]
+    kafka_client.produce(config.kafka.topic, values, partition=0)
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+
+    quarantine = DeltaTable(config.delta.quarantine_uri).to_pyarrow_table().to_pylist()
+    got = sorted((q["_kafka_offset"], q["_raw_value"], q["_error"]) for q in quarantine)
+    assert got == [
+        (5, MALFORMED[0], "value is not a JSON object"),
+        (6, b'{"event_id": "e", "user": "u"}', "missing field: app"),
+        (7, b"[1, 2]", "value is not a JSON object"),
+        (8, b"{bad", "value is not valid JSON"),
+    ]
+    assert {q["_kafka_topic"] for q in quarantine} == {config.kafka.topic}
+    assert {q["_batch_id"] for q in quarantine} == {1}
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert (table, quarantined) == (5, 4)
+
+
+def test_redriving_a_committed_batch_publishes_nothing(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200))
+    tpc = build(config, spark_factory=lambda: spark)
+    (report,) = run_until_caught_up(tpc)
+    version = DeltaTable(config.delta.table_uri).version()
+    files = tpc.store.files(config.app_id, report.batch.batch_id)
+    again = tpc.publisher.publish(report.batch, files)
+    assert again.published is False
+    assert DeltaTable(config.delta.table_uri).version() == version
+    assert sum(coordinates(config.delta.table_uri).values()) == 200
+
+
+def test_a_stale_attempt_can_neither_prepare_nor_commit(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(300))
+    zombie = build(config, spark_factory=lambda: spark)
+    staged, output = zombie.invoke(zombie.begin())
+
+    rescuer = build(config, spark_factory=lambda: spark)
+    (aborted,) = rescuer.recover_and_commit()
+    assert aborted.state is BatchState.ABORTED
+    with pytest.raises(FencedError, match="ABORTED"):
+        zombie.pre_commit(staged, output)
+
+    # past the vote: a takeover fences the old attempt's commit
+    planned = zombie.begin()
+    staged2, output2 = zombie.invoke(planned)
+    prepared = zombie.pre_commit(staged2, output2)
+    taken = rescuer.store.takeover(prepared)
+    assert not DeltaTable.is_deltatable(config.delta.table_uri)
+    with pytest.raises(FencedError, match="attempt 2"):
+        zombie.commit(prepared)
+    assert not DeltaTable.is_deltatable(config.delta.table_uri)
+    rescuer.ack(rescuer.commit(taken))
+
+    assert_exactly_once(config, kafka_client)
+    published = DeltaTable(config.delta.table_uri).file_uris()
+    aborted_folder = f"batch-{aborted.batch_id:012d}-attempt-1"
+    assert not [u for u in published if aborted_folder in u]
+
+
+def test_two_runs_started_at_once_never_duplicate(kafka_client: Any, pipeline_factory: Any) -> None:
+    config = pipeline_factory(3, max_records=400)
+    kafka_client.produce(config.kafka.topic, pageviews(3000, malformed_every=50))
+    cmd = [*EXACTLY, "run", "-c", str(config_path(config)), "--until-caught-up"]
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 3000
+    committed = [
+        b
+        for b in LedgerStore(config.ledger.url).batches(app_id=config.app_id)
+        if b.state is BatchState.ACKED
+    ]
+    assert sum(b.metrics["records_read"] for b in committed if "records_read" in b.metrics) == 3000
+
+
+def test_a_deleted_ledger_is_rebuilt_from_the_delta_log(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(3, max_records=200)
+    kafka_client.produce(config.kafka.topic, pageviews(1500, malformed_every=40))
+    first = run_until_caught_up(build(config, spark_factory=lambda: spark))
+    ledger_file = Path(config.ledger.url.removeprefix("sqlite:///"))
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{ledger_file}{suffix}").unlink(missing_ok=True)
+
+    kafka_client.produce(config.kafka.topic, pageviews(600, start=1500))
+    tpc = build(config, spark_factory=lambda: spark)
+    assert tpc.rebuild_from_log() == len(first)
+    more = run_until_caught_up(tpc)
+    assert more and more[0].batch.batch_id == len(first) + 1
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 2100
+
+
+def test_offsets_deleted_from_kafka_fail_loudly_and_commit_nothing(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2, max_records=50)
+    kafka_client.produce(config.kafka.topic, pageviews(400))
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.run_batch()
+    version = DeltaTable(config.delta.table_uri).version()
+    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap_servers})
+    futures = admin.delete_records([TopicPartition(config.kafka.topic, 0, 120)])
+    for future in futures.values():
+        future.result(timeout=30)
+    with pytest.raises(DataLossError, match=rf"{config.kafka.topic}-0: offsets \[50, 120\)"):
+        tpc.run_batch()
+    assert DeltaTable(config.delta.table_uri).version() == version
+    result = subprocess.run(
+        [*EXACTLY, "run", "-c", str(config_path(config))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "offsets [50, 120) are no longer in Kafka" in lines[0], lines
+    assert DeltaTable(config.delta.table_uri).version() == version
