@@ -65,7 +65,8 @@ def check_transition(batch: str, current: BatchState, target: BatchState) -> Non
     if target not in TRANSITIONS[current]:
         raise InconsistencyError(
             f"batch {batch}: illegal transition {current} -> {target}; "
-            f"from {current} only {sorted(TRANSITIONS[current]) or 'nothing'} is allowed"
+            f"from {current} only {sorted(s.value for s in TRANSITIONS[current]) or 'nothing'} "
+            "is allowed"
         )
 
 

@@ -9,6 +9,7 @@ either no vote or a complete one.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -205,11 +206,18 @@ def _configure_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _mask_password(url: str) -> str:
+    """Hide `user:password@` in a URL that may not even parse: errors must not leak it."""
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
 def create_ledger_engine(url: str) -> Engine:
     try:
         parsed = sa.engine.make_url(url)
-    except Exception as exc:
-        raise ConfigError(f"ledger.url {url!r} is not a database URL: {exc}") from exc
+    except Exception:
+        raise ConfigError(
+            f"ledger.url {_mask_password(url)!r} is not a database URL"
+        ) from None
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":
@@ -411,6 +419,7 @@ class LedgerStore:
         now = utcnow()
         try:
             with self._tx() as conn:
+                self._lock_app(conn, app_id)
                 in_flight = conn.execute(
                     sa.select(batches.c.batch_id, batches.c.state, batches.c.owner)
                     .where(
@@ -463,6 +472,26 @@ class LedgerStore:
         assert batch is not None
         return batch
 
+    @staticmethod
+    def _lock_app(conn: Connection, app_id: str) -> None:
+        """Serialise planners of one application id until the transaction ends.
+
+        SQLite already does (BEGIN IMMEDIATE). PostgreSQL at READ COMMITTED would let a
+        planner read positions, then see another planner's freshly committed batch as the
+        maximum id and insert the next id on stale positions: an overlap.
+        """
+        if conn.dialect.name == "postgresql":
+            conn.execute(
+                sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:app, 0))"),
+                {"app": f"exactly.plan.{app_id}"},
+            )
+
+    def _describe_current(self, conn: Connection, batch: Batch) -> str:
+        current = self._get(conn, batch.app_id, batch.batch_id)
+        if current is None:
+            return "it no longer exists"
+        return f"it is {current.state} at attempt {current.attempt} (owner {current.owner})"
+
     def _insert_ranges(
         self, conn: Connection, app_id: str, batch_id: int, rngs: Iterable[OffsetRange]
     ) -> None:
@@ -499,14 +528,9 @@ class LedgerStore:
             .values(state=str(target), updated_at=utcnow(), **values)
         )
         if result.rowcount != 1:
-            current = self._get(conn, batch.app_id, batch.batch_id)
-            now = (
-                f"it is {current.state} at attempt {current.attempt} (owner {current.owner})"
-                if current
-                else "it no longer exists"
-            )
             raise FencedError(
-                f"batch {batch.label} was fenced moving {batch.state} -> {target}: {now}"
+                f"batch {batch.label} was fenced moving {batch.state} -> {target}: "
+                f"{self._describe_current(conn, batch)}"
             )
 
     def transition(
@@ -575,7 +599,10 @@ class LedgerStore:
                 .values(metrics={**batch.metrics, **metrics}, updated_at=utcnow())
             )
             if result.rowcount != 1:
-                raise FencedError(f"batch {batch.label} was fenced while recording metrics")
+                raise FencedError(
+                    f"batch {batch.label} was fenced while recording metrics: "
+                    f"{self._describe_current(conn, batch)}"
+                )
             updated = self._get(conn, batch.app_id, batch.batch_id)
         assert updated is not None
         return updated
@@ -605,7 +632,10 @@ class LedgerStore:
                 )
             )
             if result.rowcount != 1:
-                raise FencedError(f"batch {batch.label} was taken over by someone else first")
+                raise FencedError(
+                    f"batch {batch.label} was taken over by someone else first: "
+                    f"{self._describe_current(conn, batch)}"
+                )
             updated = self._get(conn, batch.app_id, batch.batch_id)
         assert updated is not None
         return updated
@@ -616,14 +646,13 @@ class LedgerStore:
         Checked before publishing, so a zombie learns it was replaced before it touches the
         table; the table's own version check still decides if the two race.
         """
-        current = self.get(batch.app_id, batch.batch_id)
-        if current is None or (current.state, current.token) != (batch.state, batch.token):
-            now = (
-                f"it is {current.state} at attempt {current.attempt} (owner {current.owner})"
-                if current
-                else "it no longer exists"
-            )
-            raise FencedError(f"batch {batch.label} was fenced before publishing: {now}")
+        with self.engine.connect() as conn:
+            current = self._get(conn, batch.app_id, batch.batch_id)
+            if current is None or (current.state, current.token) != (batch.state, batch.token):
+                raise FencedError(
+                    f"batch {batch.label} was fenced before publishing: "
+                    f"{self._describe_current(conn, batch)}"
+                )
 
     def heartbeat(self, batch: Batch) -> None:
         with self._tx() as conn:
@@ -636,8 +665,11 @@ class LedgerStore:
                 )
                 .values(heartbeat_at=utcnow())
             )
-        if result.rowcount != 1:
-            raise FencedError(f"batch {batch.label} was fenced (heartbeat refused)")
+            if result.rowcount != 1:
+                raise FencedError(
+                    f"batch {batch.label} was fenced (heartbeat refused): "
+                    f"{self._describe_current(conn, batch)}"
+                )
 
     def insert_committed(
         self,

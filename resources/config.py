@@ -150,10 +150,11 @@ def parse_config(
             "quarantine_uri": storage.resolve(config.delta.quarantine_uri, base),
         }
     )
-    if storage.same_location(delta.table_uri, delta.quarantine_uri):
+    if storage.overlaps(delta.table_uri, delta.quarantine_uri):
         raise ConfigError(
-            f"invalid pipeline config {source}: delta.quarantine_uri must differ from "
-            "delta.table_uri"
+            f"invalid pipeline config {source}: delta.quarantine_uri and delta.table_uri must "
+            "be separate locations, neither inside the other (vacuum of one would delete the "
+            "other's files)"
         )
     ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
     return config.model_copy(update={"delta": delta, "ledger": ledger})

@@ -28,8 +28,10 @@ def resolve(uri: str, base: Path) -> str:
     return str((base / os.path.expanduser(uri)).resolve())
 
 
-def same_location(a: str, b: str) -> bool:
-    return a.rstrip("/") == b.rstrip("/")
+def overlaps(a: str, b: str) -> bool:
+    """Whether one location is the other or lies inside it."""
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
 
 
 def join(uri: str, *parts: str) -> str:

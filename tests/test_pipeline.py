@@ -5,6 +5,7 @@ Crash tests, which kill real child processes, are in test_crash.py.
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import threading
@@ -72,7 +73,7 @@ def test_end_to_end_while_a_producer_keeps_writing(
     store = LedgerStore(config.ledger.url)
     batches = sorted(store.batches(app_id=config.app_id), key=lambda b: b.batch_id)
     assert [b.state for b in batches] == [BatchState.ACKED] * len(batches)
-    for before, after in zip(batches, batches[1:], strict=False):
+    for before, after in itertools.pairwise(batches):
         assert {r.partition: r.end for r in before.ranges} == {
             r.partition: r.start for r in after.ranges
         }

@@ -1,0 +1,290 @@
+"""resources/config.py: the pipeline YAML, validated with errors that name the field."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from ledger.errors import ConfigError
+from resources.config import PipelineConfig, load_config, load_transform, parse_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "pipelines" / "pageviews.yaml"
+
+MINIMAL: dict[str, Any] = {
+    "pipeline": "orders",
+    "kafka": {"bootstrap_servers": "broker-1:9092,broker-2:9093", "topic": "orders"},
+    "delta": {"table_uri": "tables/orders", "quarantine_uri": "tables/orders_quarantine"},
+}
+
+
+def config_with(**changes: Any) -> dict[str, Any]:
+    """MINIMAL with dotted keys set (value) or removed (None)."""
+    data = copy.deepcopy(MINIMAL)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        node = data
+        for key in parents:
+            node = node.setdefault(key, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = value
+    return data
+
+
+def config_error(data: Any, base: Path | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(data, "test.yaml", base)
+    message = str(info.value)
+    assert message.startswith("invalid pipeline config test.yaml: ")
+    return message
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    return path
+
+
+# -- the shipped config -------------------------------------------------------------------
+
+
+def test_shipped_pageviews_config_loads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = load_config(SHIPPED)
+    assert config.pipeline == "pageviews"
+    assert config.app_id == "pageviews"
+    assert config.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert config.kafka.topic == "pageviews"
+    assert config.group_id == "exactly-pageviews"
+    assert config.kafka.options == {}
+    here = tmp_path.resolve()
+    assert config.delta.table_uri == str(here / "data" / "pageviews")
+    assert config.delta.quarantine_uri == str(here / "data" / "pageviews_quarantine")
+    assert config.ledger.url == f"sqlite:///{here / 'data' / 'ledger.db'}"
+    assert config.spark.master == "local[2]"
+    assert config.batch.max_records_per_partition == 100_000
+    assert config.schedule.cron == "*/5 * * * *"
+    assert config.transform == "jobs.examples.pageviews:transform"
+
+
+def test_defaults_fill_optional_sections(tmp_path: Path) -> None:
+    config = parse_config(MINIMAL, "test.yaml", tmp_path)
+    assert isinstance(config, PipelineConfig)
+    assert config.group_id == "exactly-orders"
+    assert config.batch.max_records_per_partition == 100_000
+    assert config.batch.lease_seconds == 120.0
+    assert config.schedule.timezone == "UTC"
+    assert config.ledger.url == f"sqlite:///{(tmp_path / 'data' / 'ledger.db').resolve()}"
+
+
+# -- unknown, missing and bad keys --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("dotted", "named"),
+    [
+        ("kafka__topik", "kafka.topik: unknown key"),
+        ("piepline", "piepline: unknown key"),
+        ("delta__table_url", "delta.table_url: unknown key"),
+        ("batch__max_records", "batch.max_records: unknown key"),
+        ("schedule__crontab", "schedule.crontab: unknown key"),
+        ("ledger__uri", "ledger.uri: unknown key"),
+    ],
+)
+def test_unknown_keys_are_errors_naming_the_field(dotted: str, named: str) -> None:
+    assert named in config_error(config_with(**{dotted: "x"}))
+
+
+@pytest.mark.parametrize(
+    ("dotted", "named"),
+    [
+        ("pipeline", "pipeline: required key is missing"),
+        ("kafka__topic", "kafka.topic: required key is missing"),
+        ("kafka__bootstrap_servers", "kafka.bootstrap_servers: required key is missing"),
+        ("delta__quarantine_uri", "delta.quarantine_uri: required key is missing"),
+        ("delta", "delta: required key is missing"),
+    ],
+)
+def test_missing_required_keys_are_named(dotted: str, named: str) -> None:
+    assert named in config_error(config_with(**{dotted: None}))
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "named"),
+    [
+        ("batch__max_records_per_partition", 0, "batch.max_records_per_partition: "),
+        ("batch__max_records_per_partition", -5, "batch.max_records_per_partition: "),
+        ("batch__max_records_per_partition", "many", "batch.max_records_per_partition: "),
+        ("batch__lease_seconds", 0, "batch.lease_seconds: "),
+        ("kafka__bootstrap_servers", "nohostport", "'nohostport' is not host:port"),
+        ("kafka__bootstrap_servers", "a:1,b:port", "'b:port' is not host:port"),
+        ("kafka__bootstrap_servers", ":9092", "':9092' is not host:port"),
+        ("kafka__topic", "", "kafka.topic: "),
+        ("pipeline", "has space", "pipeline: Value error, must be letters"),
+        ("pipeline", "x" * 129, "pipeline: Value error, must be letters"),
+        ("transform", "module_without_function", "transform: Value error, must be"),
+        ("kafka", "not-a-mapping", "kafka: "),
+    ],
+)
+def test_bad_values_are_named(dotted: str, value: Any, named: str) -> None:
+    message = config_error(config_with(**{dotted: value}))
+    assert named in message
+    field = dotted.replace("__", ".")
+    assert f"{field}: " in message
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    data = config_with(
+        kafka__topik="x",
+        kafka__bootstrap_servers="nohostport",
+        batch__max_records_per_partition=0,
+        delta__table_uri=None,
+    )
+    message = config_error(data)
+    for named in (
+        "kafka.topik: unknown key",
+        "kafka.bootstrap_servers: ",
+        "batch.max_records_per_partition: ",
+        "delta.table_uri: required key is missing",
+    ):
+        assert named in message
+
+
+def test_valid_bootstrap_lists_pass(tmp_path: Path) -> None:
+    for servers in ("h:1", "h1:9092, h2:9093", "[::1]:9092"):
+        config = parse_config(config_with(kafka__bootstrap_servers=servers), "t", tmp_path)
+        assert config.kafka.bootstrap_servers == servers
+
+
+# -- the file itself ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n", ""])
+def test_non_mapping_yaml_is_config_error(tmp_path: Path, text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in str(info.value)
+    assert "expected a mapping at the top" in str(info.value)
+
+
+def test_invalid_yaml_is_config_error(tmp_path: Path) -> None:
+    path = write(tmp_path, "pipeline: [unclosed\nkafka: {\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"pipeline config {path} is not valid YAML" in str(info.value)
+
+
+def test_missing_file_is_config_error(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="cannot read pipeline config") as info:
+        load_config(missing)
+    assert str(missing) in str(info.value)
+
+
+def test_load_config_names_the_file_in_validation_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, yaml.safe_dump(config_with(kafka__topik="x")))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"invalid pipeline config {path}: kafka.topik")
+
+
+# -- locations ----------------------------------------------------------------------------
+
+
+def test_relative_paths_become_absolute(tmp_path: Path) -> None:
+    data = config_with(
+        delta__table_uri="./t/orders",
+        delta__quarantine_uri="../q/orders",
+        ledger__url="sqlite:///state/ledger.db",
+    )
+    base = tmp_path / "project"
+    config = parse_config(data, "test.yaml", base)
+    assert config.delta.table_uri == str((base / "t" / "orders").resolve())
+    assert config.delta.quarantine_uri == str((tmp_path / "q" / "orders").resolve())
+    assert config.ledger.url == f"sqlite:///{(base / 'state' / 'ledger.db').resolve()}"
+    assert os.path.isabs(config.delta.table_uri)
+
+
+def test_load_config_resolves_against_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    path = write(tmp_path, yaml.safe_dump(MINIMAL))
+    monkeypatch.chdir(elsewhere)
+    config = load_config(path)
+    assert config.delta.table_uri == str(elsewhere.resolve() / "tables" / "orders")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite:////var/lib/exactly/ledger.db",
+        "sqlite:///:memory:",
+        "postgresql://exactly@db:5432/ledger",
+    ],
+)
+def test_absolute_and_remote_ledger_urls_unchanged(tmp_path: Path, url: str) -> None:
+    assert parse_config(config_with(ledger__url=url), "t", tmp_path).ledger.url == url
+
+
+def test_remote_table_uris_unchanged(tmp_path: Path) -> None:
+    data = config_with(
+        delta__table_uri="s3://bucket/tables/orders/", delta__quarantine_uri="s3://bucket/q"
+    )
+    config = parse_config(data, "t", tmp_path)
+    assert config.delta.table_uri == "s3://bucket/tables/orders"
+    assert config.delta.quarantine_uri == "s3://bucket/q"
+
+
+@pytest.mark.parametrize(
+    ("table", "quarantine"),
+    [
+        ("tables/orders", "tables/orders"),
+        ("./tables/orders", "tables/orders/"),
+        ("tables/x/../orders", "tables/orders"),
+        ("s3://b/orders", "s3://b/orders/"),
+        ("tables/orders", "tables/orders/quarantine"),
+        ("tables/orders/inner", "tables/orders"),
+    ],
+)
+def test_table_and_quarantine_must_differ(tmp_path: Path, table: str, quarantine: str) -> None:
+    message = config_error(
+        config_with(delta__table_uri=table, delta__quarantine_uri=quarantine), tmp_path
+    )
+    assert "delta.quarantine_uri and delta.table_uri must be separate locations" in message
+
+
+# -- the transform ------------------------------------------------------------------------
+
+
+def test_transform_that_cannot_be_imported() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_transform("no_such_pkg_for_exactly.transforms:clean")
+    message = str(info.value)
+    assert message.startswith("transform: cannot import module ")
+    assert "'no_such_pkg_for_exactly.transforms'" in message
+    assert "No module named 'no_such_pkg_for_exactly'" in message
+
+
+def test_transform_missing_function_is_named() -> None:
+    with pytest.raises(ConfigError, match=r"'os\.path' has no function 'no_such_function'"):
+        load_transform("os.path:no_such_function")
+    with pytest.raises(ConfigError, match="'os' has no function 'sep'"):
+        load_transform("os:sep")  # exists, but is not callable
+
+
+def test_transform_loads_through_config(tmp_path: Path) -> None:
+    config = parse_config(config_with(transform="os.path:join"), "t", tmp_path)
+    assert config.load_transform() is os.path.join
+    broken = parse_config(config_with(transform="no_such_module_xyz:f"), "t", tmp_path)
+    with pytest.raises(ConfigError, match="'no_such_module_xyz'"):
+        broken.load_transform()

@@ -1,0 +1,612 @@
+"""The coordinator (ledger/two_phase.py) against in-memory fakes of Kafka, Spark and Delta,
+with a real SQLite ledger. The tests with the real components live elsewhere."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.errors import DataLossError, FencedError, InconsistencyError
+from ledger.protocol import Available, BatchState, OffsetRange, Owner
+from ledger.store import Batch, BusyError, LedgerStore, StagedFile, utcnow
+from ledger.two_phase import PublishResult, StageOutput, TwoPhaseCommit
+
+S = BatchState
+APP = "pageviews"
+TOPIC = "pageviews"
+
+
+# -- fakes --------------------------------------------------------------------------------
+
+
+@dataclass
+class FakeSource:
+    """Kafka: per-partition earliest/last stable offsets, and the consumer group's acks."""
+
+    offsets: dict[int, Available]
+    topic: str = TOPIC
+    acks: list[list[OffsetRange]] = field(default_factory=list)
+
+    def available(self) -> Mapping[int, Available]:
+        return dict(self.offsets)
+
+    def ack(self, ranges: Sequence[OffsetRange]) -> None:
+        self.acks.append(list(ranges))
+
+
+@dataclass
+class FakeStager:
+    """Spark: writes (pretend) files unique to (batch id, attempt); one file per partition."""
+
+    staged: list[tuple[int, int]] = field(default_factory=list)
+    during: Any = None  # called with the batch while "staging"
+
+    def stage(self, batch: Batch) -> StageOutput:
+        self.staged.append((batch.batch_id, batch.attempt))
+        if self.during is not None:
+            self.during(batch)
+        files = [
+            StagedFile(
+                "table",
+                f"staging/batch={batch.batch_id}/attempt={batch.attempt}/part-{r.partition}.parquet",
+                100 + r.span,
+                r.span,
+                1_700_000_000_000,
+                "{}",
+            )
+            for r in batch.ranges
+            if r.span
+        ]
+        records = batch.span
+        return StageOutput(
+            files=files,
+            schemas={"table": "struct<value:binary>"},
+            records_read=records,
+            table_records=records,
+            quarantine_records=0,
+        )
+
+
+@dataclass
+class FakePublisher:
+    """Delta: a table whose log records, per commit, the files, batch id and ranges.
+
+    With `honour_version` it behaves as the real publisher must: a batch at or below the
+    table's application-transaction version publishes nothing.
+    """
+
+    honour_version: bool = True
+    version: int | None = None
+    table_version: int = -1
+    commits: list[dict[str, Any]] = field(default_factory=list)
+    drop_metadata_of: set[int] = field(default_factory=set)  # log retention removed these
+
+    def committed_version(self, app_id: str) -> int | None:
+        return self.version
+
+    def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
+        if self.honour_version and self.version is not None and batch.batch_id <= self.version:
+            return PublishResult(published=False, table_version=self.table_version)
+        self.table_version += 1
+        self.version = batch.batch_id
+        self.commits.append(
+            {
+                "batch_id": batch.batch_id,
+                "attempt": batch.attempt,
+                "kind": batch.kind,
+                "files": [f.path for f in files],
+                "table_version": self.table_version,
+                "ranges": [
+                    {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
+                    for r in batch.ranges
+                ],
+            }
+        )
+        return PublishResult(published=True, table_version=self.table_version)
+
+    def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
+        return [c for c in self.commits if c["batch_id"] not in self.drop_metadata_of]
+
+    def published_ids(self) -> list[int]:
+        return [c["batch_id"] for c in self.commits]
+
+
+# -- fixtures and helpers -----------------------------------------------------------------
+
+
+@pytest.fixture(autouse=True)
+def _no_crash_points(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EXACTLY_CRASH_AT", raising=False)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LedgerStore]:
+    ledger = LedgerStore(f"sqlite:///{tmp_path}/ledger.db")
+    try:
+        yield ledger
+    finally:
+        ledger.dispose()
+
+
+@pytest.fixture
+def source() -> FakeSource:
+    return FakeSource({0: Available(0, 25), 1: Available(5, 12)})
+
+
+@pytest.fixture
+def stager() -> FakeStager:
+    return FakeStager()
+
+
+@pytest.fixture
+def publisher() -> FakePublisher:
+    return FakePublisher()
+
+
+def coordinator(
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    **kw: Any,
+) -> TwoPhaseCommit:
+    kw.setdefault("max_records_per_partition", 10)
+    return TwoPhaseCommit(
+        store,
+        pipeline="pv",
+        app_id=APP,
+        source=source,
+        stager=stager,
+        publisher=publisher,
+        **kw,
+    )
+
+
+@pytest.fixture
+def tpc(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, publisher: FakePublisher
+) -> TwoPhaseCommit:
+    return coordinator(store, source, stager, publisher)
+
+
+def dead_pid() -> int:
+    """A pid that belonged to a process that has exited and been reaped."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    with pytest.raises(ProcessLookupError):
+        os.kill(proc.pid, 0)
+    return proc.pid
+
+
+def plan_as(store: LedgerStore, owner: Owner, state: BatchState = S.PLANNED) -> Batch:
+    """A batch planned (and maybe staged) by another process, which then went quiet."""
+    batch = store.plan(
+        pipeline="pv",
+        app_id=APP,
+        kind="live",
+        owner=owner,
+        ranges_for=lambda pos: [OffsetRange(TOPIC, 0, pos.get(0, 0), pos.get(0, 0) + 4)],
+    )
+    assert batch is not None
+    if state is S.STAGED:
+        batch = store.transition(batch, S.STAGED)
+    assert batch.state is state
+    return batch
+
+
+def voted(tpc: TwoPhaseCommit) -> Batch:
+    """Plan, stage and vote one batch, then stop as if the process died."""
+    batch = tpc.begin()
+    assert batch is not None
+    batch, output = tpc.invoke(batch)
+    return tpc.pre_commit(batch, output)
+
+
+# -- the happy path -----------------------------------------------------------------------
+
+
+def test_run_batch_walks_every_state(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    moves: list[tuple[BatchState, BatchState]] = []
+    original = store.transition
+
+    def recording(batch: Batch, target: BatchState, **kw: Any) -> Batch:
+        moved = original(batch, target, **kw)
+        moves.append((batch.state, moved.state))
+        return moved
+
+    monkeypatch.setattr(store, "transition", recording)
+    report = tpc.run_batch()
+    assert report is not None
+    assert moves == [
+        (S.PLANNED, S.STAGED),
+        (S.STAGED, S.PREPARED),
+        (S.PREPARED, S.COMMITTED),
+        (S.COMMITTED, S.ACKED),
+    ]
+    batch = report.batch
+    assert (batch.batch_id, batch.state, batch.attempt) == (1, S.ACKED, 1)
+    assert batch.ranges == (OffsetRange(TOPIC, 0, 0, 10), OffsetRange(TOPIC, 1, 5, 12))
+    assert batch.table_version == 0
+    assert batch.metrics["records_read"] == 17
+    assert set(batch.metrics["phase_s"]) == {"plan", "stage", "prepare", "commit", "ack"}
+    assert stager.staged == [(1, 1)]
+    # exactly the voted files were published, once, and the group acked the batch's ranges
+    voted_paths = [f.path for f in store.files(APP, 1)]
+    assert voted_paths == [
+        "staging/batch=1/attempt=1/part-0.parquet",
+        "staging/batch=1/attempt=1/part-1.parquet",
+    ]
+    assert [(c["batch_id"], c["files"]) for c in publisher.commits] == [(1, voted_paths)]
+    assert source.acks == [list(batch.ranges)]
+    assert "batch 1 ACKED" in report.line()
+
+
+def test_successive_batches_are_contiguous_until_caught_up(
+    tpc: TwoPhaseCommit, store: LedgerStore, source: FakeSource, publisher: FakePublisher
+) -> None:
+    reports = []
+    while (report := tpc.run_batch()) is not None:
+        reports.append(report)
+        assert len(reports) < 10
+    assert [[str(r) for r in rep.batch.ranges] for rep in reports] == [
+        ["pageviews-0[0,10)", "pageviews-1[5,12)"],
+        ["pageviews-0[10,20)", "pageviews-1[12,12)"],
+        ["pageviews-0[20,25)", "pageviews-1[12,12)"],
+    ]
+    assert publisher.published_ids() == [1, 2, 3]
+    assert store.positions(APP) == {0: 25, 1: 12}
+    # nothing new: no batch, unless an empty one is asked for
+    assert tpc.begin() is None
+    assert len(store.batches(app_id=APP)) == 3
+    source.offsets[0] = Available(0, 26)
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges] == ["pageviews-0[25,26)", "pageviews-1[12,12)"]
+    empty = tpc.run_batch(allow_empty=True)
+    assert empty is not None
+    assert empty.batch.span == 0
+    assert empty.batch.state is S.ACKED
+
+
+def test_backfill_kind_does_not_move_the_consumer_group(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, publisher: FakePublisher
+) -> None:
+    tpc = coordinator(store, source, stager, publisher, kind="backfill")
+    report = tpc.run_batch()
+    assert report is not None
+    assert report.batch.state is S.ACKED
+    assert report.batch.kind == "backfill"
+    assert source.acks == []
+
+
+def test_data_loss_before_plan_records_nothing(
+    tpc: TwoPhaseCommit, store: LedgerStore, source: FakeSource
+) -> None:
+    assert tpc.run_batch() is not None
+    source.offsets[0] = Available(15, 30)  # retention removed [10, 15)
+    with pytest.raises(DataLossError, match=r"pageviews-0: offsets \[10, 15\)"):
+        tpc.begin()
+    assert [b.batch_id for b in store.batches(app_id=APP)] == [1]
+
+
+def test_data_loss_before_stage_stages_nothing(
+    tpc: TwoPhaseCommit, store: LedgerStore, source: FakeSource, stager: FakeStager
+) -> None:
+    batch = tpc.begin()
+    assert batch is not None
+    source.offsets[0] = Available(3, 25)
+    with pytest.raises(DataLossError, match=r"\[0, 3\)"):
+        tpc.invoke(batch)
+    assert stager.staged == []
+    assert store.get(APP, 1).state is S.PLANNED  # type: ignore[union-attr]
+
+
+# -- recovery -----------------------------------------------------------------------------
+
+
+def test_recover_commits_prepared_batch(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+) -> None:
+    batch = voted(tpc)
+    files = store.files(APP, batch.batch_id)
+    assert publisher.commits == []
+
+    restarted = coordinator(store, source, stager, publisher)
+    finished = restarted.recover_and_commit()
+    assert [(b.batch_id, b.state, b.attempt) for b in finished] == [(1, S.ACKED, 2)]
+    assert [(c["batch_id"], c["files"]) for c in publisher.commits] == [
+        (1, [f.path for f in files])
+    ]
+    assert source.acks == [list(batch.ranges)]
+    assert stager.staged == [(1, 1)]  # nothing was staged again
+    # and nothing is left to recover
+    assert restarted.recover_and_commit() == []
+    assert publisher.published_ids() == [1]
+
+
+def test_recover_acks_committed_batch_without_publishing(
+    tpc: TwoPhaseCommit, store: LedgerStore, source: FakeSource, publisher: FakePublisher
+) -> None:
+    batch = tpc.commit(voted(tpc))
+    assert batch.state is S.COMMITTED
+    assert source.acks == []
+    finished = tpc.recover_and_commit()
+    assert [(b.batch_id, b.state) for b in finished] == [(1, S.ACKED)]
+    assert publisher.published_ids() == [1]
+    assert source.acks == [list(batch.ranges)]
+
+
+def test_recover_after_delta_commit_before_ledger_commit_publishes_nothing_new(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    batch = voted(tpc)
+    # the crash point "after_delta_commit": the table has the batch, the ledger says PREPARED
+    publisher.publish(batch, store.files(APP, 1))
+    assert publisher.published_ids() == [1]
+    finished = tpc.recover_and_commit()
+    assert [(b.batch_id, b.state) for b in finished] == [(1, S.ACKED)]
+    assert publisher.published_ids() == [1]
+    assert finished[0].table_version == 0
+
+
+def test_commit_is_idempotent_against_the_table_version(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    first = voted(tpc)
+    fresh = store.takeover(first)
+    # two attempts drive the same voted batch: the table gets it once
+    tpc.commit(fresh)
+    with pytest.raises(FencedError, match="it is COMMITTED at attempt 2"):
+        tpc.commit(first)
+    assert publisher.published_ids() == [1]
+    # a publisher that ignored the version would have published twice: the fake can tell
+    careless = FakePublisher(honour_version=False)
+    careless.publish(first, [])
+    careless.publish(first, [])
+    assert careless.published_ids() == [1, 1]
+
+
+def test_commit_needs_prepared(tpc: TwoPhaseCommit, publisher: FakePublisher) -> None:
+    batch = tpc.begin()
+    assert batch is not None
+    with pytest.raises(InconsistencyError, match="commit needs PREPARED, not PLANNED"):
+        tpc.commit(batch)
+    assert publisher.commits == []
+
+
+@pytest.mark.parametrize("state", [S.PLANNED, S.STAGED])
+def test_recover_aborts_batch_of_dead_owner_and_replans_its_range(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    publisher: FakePublisher,
+    state: BatchState,
+) -> None:
+    batch = plan_as(store, Owner(socket.gethostname(), dead_pid()), state)
+    finished = tpc.recover_and_commit()
+    assert [(b.batch_id, b.state) for b in finished] == [(1, S.ABORTED)]
+    assert "abandoned by recovery" in (finished[0].error or "")
+    assert publisher.commits == []
+    report = tpc.run_batch()
+    assert report is not None
+    assert report.batch.batch_id == 2
+    assert report.batch.ranges[0].start == batch.ranges[0].start == 0
+
+
+def test_recover_refuses_batch_of_live_owner(tpc: TwoPhaseCommit, store: LedgerStore) -> None:
+    owner = Owner(socket.gethostname(), os.getppid())
+    plan_as(store, owner, S.STAGED)
+    with pytest.raises(BusyError) as info:
+        tpc.recover_and_commit()
+    assert str(owner) in str(info.value)
+    assert "STAGED" in str(info.value)
+    current = store.get(APP, 1)
+    assert current is not None
+    assert (current.state, current.attempt) == (S.STAGED, 1)
+
+
+def test_recover_uses_lease_for_owner_on_another_host(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, publisher: FakePublisher
+) -> None:
+    plan_as(store, Owner("some-other-host.invalid", 1))
+    patient = coordinator(store, source, stager, publisher, lease_seconds=3600)
+    with pytest.raises(BusyError):
+        patient.recover_and_commit()
+    time.sleep(0.05)
+    impatient = coordinator(store, source, stager, publisher, lease_seconds=0.01)
+    assert [b.state for b in impatient.recover_and_commit()] == [S.ABORTED]
+
+
+def test_recover_finishes_prepared_before_anything_new(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    voted(tpc)
+    with pytest.raises(BusyError):
+        tpc.begin()
+    tpc.recover_and_commit()
+    report = tpc.run_batch()
+    assert report is not None
+    assert publisher.published_ids() == [1, 2]
+    assert report.batch.ranges[0] == OffsetRange(TOPIC, 0, 10, 20)
+
+
+# -- rebuilding the ledger from the Delta log ---------------------------------------------
+
+
+def filled_table(
+    source: FakeSource, stager: FakeStager, tmp_path: Path, batches: int
+) -> FakePublisher:
+    """A table that `batches` batches went into, through a ledger that is then lost."""
+    publisher = FakePublisher()
+    lost = LedgerStore(f"sqlite:///{tmp_path}/lost.db")
+    try:
+        tpc = coordinator(lost, source, stager, publisher)
+        for _ in range(batches):
+            assert tpc.run_batch() is not None
+    finally:
+        lost.dispose()
+    return publisher
+
+
+def test_rebuild_from_log_recreates_committed_history(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, tmp_path: Path
+) -> None:
+    publisher = filled_table(source, stager, tmp_path, 3)
+    tpc = coordinator(store, source, stager, publisher)
+    assert tpc.rebuild_from_log() == 3
+    assert tpc.rebuild_from_log() == 0
+    rebuilt = sorted(store.batches(app_id=APP), key=lambda b: b.batch_id)
+    assert [(b.batch_id, b.state) for b in rebuilt] == [(i, S.COMMITTED) for i in (1, 2, 3)]
+    assert [b.table_version for b in rebuilt] == [0, 1, 2]
+    assert [str(r) for r in rebuilt[2].ranges] == ["pageviews-0[20,25)", "pageviews-1[12,12)"]
+    assert all(b.params.get("rebuilt_from_delta_log") for b in rebuilt)
+    assert store.positions(APP) == {0: 25, 1: 12}
+    # the next batch continues after the table's history: no duplicates
+    source.offsets[0] = Available(0, 30)
+    tpc.recover_and_commit()
+    report = tpc.run_batch()
+    assert report is not None
+    assert report.batch.batch_id == 4
+    assert [str(r) for r in report.batch.ranges] == ["pageviews-0[25,30)", "pageviews-1[12,12)"]
+    assert publisher.published_ids() == [1, 2, 3, 4]
+
+
+def test_rebuild_fills_only_missing_batches(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, tmp_path: Path
+) -> None:
+    publisher = filled_table(source, stager, tmp_path, 3)
+    ranges = [OffsetRange(**r) for r in publisher.commits[0]["ranges"]]
+    store.insert_committed(
+        pipeline="pv",
+        app_id=APP,
+        kind="live",
+        batch_id=1,
+        ranges=ranges,
+        table_version=0,
+        committed_at=utcnow(),
+    )
+    known = store.get(APP, 1)
+    assert known is not None
+    store.transition(known, S.ACKED)
+    tpc = coordinator(store, source, stager, publisher)
+    assert tpc.rebuild_from_log() == 2
+    states = {b.batch_id: b.state for b in store.batches(app_id=APP)}
+    assert states == {1: S.ACKED, 2: S.COMMITTED, 3: S.COMMITTED}
+
+
+def test_rebuild_refuses_when_newest_metadata_is_gone(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, tmp_path: Path
+) -> None:
+    publisher = filled_table(source, stager, tmp_path, 3)
+    publisher.drop_metadata_of = {3}
+    tpc = coordinator(store, source, stager, publisher)
+    with pytest.raises(InconsistencyError) as info:
+        tpc.rebuild_from_log()
+    assert f"{APP}/3" in str(info.value)
+    assert "no longer in the Delta log" in str(info.value)
+    assert store.batches() == []
+    with pytest.raises(InconsistencyError):
+        tpc.recover_and_commit()
+    assert store.batches() == []
+
+
+def test_rebuild_refuses_a_ledger_older_than_the_table(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, tmp_path: Path
+) -> None:
+    publisher = filled_table(source, stager, tmp_path, 1)
+    plan_as(store, Owner(socket.gethostname(), dead_pid()))  # batch 1, never voted here
+    tpc = coordinator(store, source, stager, publisher)
+    with pytest.raises(InconsistencyError, match="ledger has it PLANNED"):
+        tpc.recover_and_commit()
+
+
+def test_rebuild_with_empty_table_does_nothing(tpc: TwoPhaseCommit, store: LedgerStore) -> None:
+    assert tpc.rebuild_from_log() == 0
+    assert store.batches() == []
+
+
+# -- fencing ------------------------------------------------------------------------------
+
+
+def test_fenced_attempt_cannot_stage_or_vote(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    planned = tpc.begin()
+    assert planned is not None
+    store.takeover(planned, Owner("rescuer", 1))
+    with pytest.raises(FencedError, match="it is PLANNED at attempt 2"):
+        tpc.invoke(planned)
+
+    current = store.get(APP, 1)
+    assert current is not None
+    staged, output = tpc.invoke(current)  # the rescuer (attempt 2) stages
+    assert staged.attempt == 2
+    zombie_output = StageOutput(
+        files=[StagedFile("table", "staging/batch=1/attempt=1/zombie.parquet", 1, 1, 0, "{}")],
+        schemas={},
+        records_read=1,
+        table_records=1,
+        quarantine_records=0,
+    )
+    stale_staged = store.takeover(staged, Owner("rescuer-2", 2))
+    with pytest.raises(FencedError, match="it is STAGED at attempt 3"):
+        tpc.pre_commit(staged, zombie_output)
+    assert store.files(APP, 1) == []
+    # the live attempt votes its own files; only those are ever published
+    prepared = tpc.pre_commit(stale_staged, output)
+    committed = tpc.commit(prepared)
+    assert committed.state is S.COMMITTED
+    assert publisher.commits[0]["files"] == [f.path for f in output.files]
+    assert all("attempt=2" in p for p in publisher.commits[0]["files"])
+
+
+def test_fenced_attempt_cannot_commit(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    stale = voted(tpc)
+    rescued = store.takeover(stale, Owner("rescuer", 1))
+    with pytest.raises(FencedError, match="it is PREPARED at attempt 2"):
+        tpc.commit(stale)
+    assert publisher.commits == []  # the zombie learnt it was fenced before publishing
+    current = store.get(APP, 1)
+    assert current is not None
+    assert (current.state, current.attempt) == (S.PREPARED, 2)
+    # the rescuer finishes it; the table holds the batch once
+    assert tpc.commit(rescued).state is S.COMMITTED
+    assert publisher.published_ids() == [1]
+
+
+def test_heartbeat_fences_a_staging_attempt(
+    store: LedgerStore, source: FakeSource, publisher: FakePublisher
+) -> None:
+    def taken_over_while_staging(batch: Batch) -> None:
+        store.takeover(batch, Owner("rescuer", 1))
+        time.sleep(0.2)  # several heartbeats at lease/4 = 0.02 s
+
+    stager = FakeStager(during=taken_over_while_staging)
+    tpc = coordinator(store, source, stager, publisher, lease_seconds=0.08)
+    batch = tpc.begin()
+    assert batch is not None
+    with pytest.raises(FencedError, match="heartbeat refused"):
+        tpc.invoke(batch)
+    current = store.get(APP, 1)
+    assert current is not None
+    assert (current.state, current.attempt) == (S.PLANNED, 2)
