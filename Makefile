@@ -8,6 +8,7 @@ demo: setup
 	.venv/bin/exactly demo
 
 test: setup
+	.venv/bin/ruff check .
 	.venv/bin/python -m pytest
 
 lint: setup

@@ -50,7 +50,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     demo = sub.add_parser("demo", help="the main job on embedded defaults")
     demo.add_argument("--events", type=int, default=20_000)
-    demo.add_argument("--data-dir", default="./data")
     demo.set_defaults(func=cmd_demo)
 
 
@@ -140,8 +139,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from resources.broker import AlreadyRunningError, EmbeddedBroker
     from resources.kafka import KafkaClient
 
-    data = Path(args.data_dir)
-    broker = EmbeddedBroker(data / "kafka", 9092)
+    # everything the demo writes lives under ./data, as pipelines/pageviews.yaml says
+    broker = EmbeddedBroker(Path("data") / "kafka", 9092)
     try:
         started = time.perf_counter()
         bootstrap = broker.start()

@@ -72,6 +72,16 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 }
 
 # Group coordinator answers that only mean "not ready yet, ask again".
+#: Leadership moves (a new topic, a restarted broker): the next metadata refresh fixes it.
+_RETRIABLE_LEADER_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+    }
+)
+
 _RETRIABLE_GROUP_CODES = frozenset(
     {
         KafkaError.NOT_COORDINATOR,
@@ -380,17 +390,31 @@ class KafkaClient:
     def _list_offsets(
         self, topic: str, partitions: list[int], spec: OffsetSpec, label: str
     ) -> dict[int, int]:
-        request = {TopicPartition(topic, p): spec for p in partitions}
         operation = f"listing {label} offsets of topic {topic!r} partitions {partitions}"
-        try:
-            futures = self._admin_client().list_offsets(
-                request,
-                isolation_level=IsolationLevel.READ_COMMITTED,
-                request_timeout=self.timeout,
-            )
-        except KafkaException as exc:
-            raise self._from_exception(operation, exc) from exc
-        return {tp.partition: self._wait(f, operation).offset for tp, f in futures.items()}
+        found: dict[int, int] = {}
+        deadline = time.monotonic() + self.timeout
+        while True:
+            request = {TopicPartition(topic, p): spec for p in partitions if p not in found}
+            try:
+                futures = self._admin_client().list_offsets(
+                    request,
+                    isolation_level=IsolationLevel.READ_COMMITTED,
+                    request_timeout=self.timeout,
+                )
+            except KafkaException as exc:
+                raise self._from_exception(operation, exc) from exc
+            last: KafkaError | None = None
+            for tp, future in futures.items():
+                result = self._wait(future, operation, tolerate=_RETRIABLE_LEADER_CODES)
+                if isinstance(result, KafkaError):
+                    last = result
+                else:
+                    found[tp.partition] = result.offset
+            if last is None:
+                return found
+            if time.monotonic() >= deadline:
+                raise self._error(operation, last)
+            time.sleep(0.2)
 
     # -- consumer group offsets --------------------------------------------------------------
 
