@@ -215,9 +215,7 @@ def create_ledger_engine(url: str) -> Engine:
     try:
         parsed = sa.engine.make_url(url)
     except Exception:
-        raise ConfigError(
-            f"ledger.url {_mask_password(url)!r} is not a database URL"
-        ) from None
+        raise ConfigError(f"ledger.url {_mask_password(url)!r} is not a database URL") from None
     if parsed.drivername == "postgresql":
         parsed = parsed.set(drivername="postgresql+psycopg")
     if parsed.get_backend_name() == "sqlite":

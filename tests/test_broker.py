@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -175,14 +176,15 @@ def test_offsets_end_at_the_last_stable_offset_of_transactions(
     transaction([b"a", b"b", b"c"], commit=True)  # offsets 0-2, marker 3
     transaction([b"x", b"y"], commit=False)  # offsets 4-5 aborted, marker 6
     transaction([b"d"], commit=True)  # offset 7, marker 8
-    assert kafka_client.offsets(topic, [0]) == {0: PartitionOffsets(earliest=0, last_stable=9)}
+    # the coordinator writes the markers after commit_transaction returns: wait for them
+    assert settled_offsets(kafka_client, topic, 9) == PartitionOffsets(earliest=0, last_stable=9)
 
     transaction([b"open"], commit=None)  # offset 9, still open: LSO stays 9, high watermark 10
     assert kafka_client.offsets(topic, [0])[0].last_stable == 9
     assert high_watermark(kafka_broker, topic) == 10
 
     producer.commit_transaction(60)  # marker 10
-    assert kafka_client.offsets(topic, [0])[0] == PartitionOffsets(earliest=0, last_stable=11)
+    assert settled_offsets(kafka_client, topic, 11) == PartitionOffsets(earliest=0, last_stable=11)
     committed = kafka_client.consume_range(topic, 0, 0, 11)
     assert committed == [
         Record(0, b"a"),
@@ -193,6 +195,18 @@ def test_offsets_end_at_the_last_stable_offset_of_transactions(
     ]
     assert len(committed) < 11
     assert kafka_client.consume_range(topic, 0, 4, 7) == []
+
+
+def settled_offsets(
+    client: KafkaClient, topic: str, last_stable: int, timeout: float = 30
+) -> PartitionOffsets:
+    """Partition 0's offsets once the LSO reached `last_stable` (or the last seen on timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        offsets = client.offsets(topic, [0])[0]
+        if offsets.last_stable >= last_stable or time.monotonic() > deadline:
+            return offsets
+        time.sleep(0.1)
 
 
 def high_watermark(bootstrap: str, topic: str) -> int:
