@@ -22,7 +22,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
 
-from ledger.errors import ConfigError, ExactlyError, FencedError, UnreachableError
+from ledger.errors import (
+    ConfigError,
+    ExactlyError,
+    FencedError,
+    InconsistencyError,
+    UnreachableError,
+)
 from ledger.protocol import (
     HOLDS_RANGE,
     IN_FLIGHT,
@@ -403,14 +409,16 @@ class LedgerStore:
         ranges_for: Any,
         owner: Owner | None = None,
         params: Mapping[str, Any] | None = None,
-        min_batch_id: int = 1,
+        batch_id: int | None = None,
     ) -> Batch | None:
         """Record a new PLANNED batch with the next batch id, in one transaction.
 
         `ranges_for(positions) -> list[OffsetRange] | None` computes the ranges from the stored
         positions read inside the same transaction, so two planners can never both build on
         the same positions: the batch id is the primary key and the loser's insert fails.
-        Refuses while any batch of this application id is still in flight. When
+        `batch_id` names the new batch (it must be above every existing id); by default
+        it is the next one. Refuses while any batch of this application id is still in
+        flight. When
         `ranges_for` returns None nothing is recorded and None is returned.
         """
         owner = owner or this_owner()
@@ -435,7 +443,13 @@ class LedgerStore:
                 last_id = conn.execute(
                     sa.select(sa.func.max(batches.c.batch_id)).where(batches.c.app_id == app_id)
                 ).scalar_one_or_none()
-                batch_id = max((last_id or 0) + 1, min_batch_id)
+                if batch_id is None:
+                    batch_id = (last_id or 0) + 1
+                elif batch_id <= (last_id or 0):
+                    raise InconsistencyError(
+                        f"{app_id}: cannot plan batch {batch_id}: the ledger is already at "
+                        f"batch {last_id} and batch ids only grow"
+                    )
                 proposed = ranges_for(positions)
                 if proposed is None:
                     return None

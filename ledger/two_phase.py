@@ -123,10 +123,12 @@ class TwoPhaseCommit:
 
     # -- begin / invoke / preCommit / commit / abort -------------------------------------
 
-    def begin(self, *, allow_empty: bool = False) -> Batch | None:
+    def begin(self, *, allow_empty: bool = False, batch_id: int | None = None) -> Batch | None:
         """Plan the next batch: fix every partition's range at one instant.
 
-        Returns None when there is nothing new to read and `allow_empty` is False.
+        Returns None when there is nothing new to read and `allow_empty` is False. With
+        `batch_id`, the batch gets that id (it must be above every existing one), so an
+        orchestrator can name the batch before it exists.
         """
         available = self.source.available()
         planned: list[OffsetRange] = []
@@ -138,7 +140,11 @@ class TwoPhaseCommit:
             return None if is_empty(planned) and not allow_empty else planned
 
         batch = self.store.plan(
-            pipeline=self.pipeline, app_id=self.app_id, kind=self.kind, ranges_for=ranges_for
+            pipeline=self.pipeline,
+            app_id=self.app_id,
+            kind=self.kind,
+            ranges_for=ranges_for,
+            batch_id=batch_id,
         )
         if batch is not None:
             crashpoint("after_plan")
@@ -217,7 +223,7 @@ class TwoPhaseCommit:
         pending = self.store.batches(app_id=self.app_id, states=IN_FLIGHT)
         for batch in sorted(pending, key=lambda b: b.batch_id):
             if batch.state in ABANDONABLE:
-                if self._may_be_alive(batch):
+                if self.may_be_alive(batch):
                     raise BusyError(
                         f"batch {batch.label} is {batch.state} and its owner {batch.owner} "
                         "may still be running; try again when it finishes"
@@ -277,7 +283,8 @@ class TwoPhaseCommit:
         self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
         return rebuilt
 
-    def _may_be_alive(self, batch: Batch) -> bool:
+    def may_be_alive(self, batch: Batch) -> bool:
+        """Whether the attempt that owns `batch` may still be running somewhere."""
         me = this_owner()
         if batch.owner == me:
             return False

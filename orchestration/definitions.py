@@ -1,21 +1,25 @@
-"""The Dagster code location: definitions for every pipeline config, assembled in one place."""
+"""The Dagster code location: every pipeline config's jobs, schedule, sensors and table
+asset, assembled in one place."""
 
 from __future__ import annotations
 
 import dagster as dg
 
-from orchestration.micro_batch import build_micro_batch_job, build_schedule
+from orchestration.micro_batch import build_pipeline_jobs
 from orchestration.pipelines import load_pipelines
+from orchestration.schedules import build_schedule
+from orchestration.sensors import build_sensors
 
 
 def build_definitions() -> dg.Definitions:
-    jobs = []
-    schedules = []
+    jobs, schedules, sensors, assets = [], [], [], []
     for config in load_pipelines():
-        job = build_micro_batch_job(config)
-        jobs.append(job)
-        schedules.append(build_schedule(config, job))
-    return dg.Definitions(jobs=jobs, schedules=schedules)
+        pipeline = build_pipeline_jobs(config)
+        jobs += [pipeline.micro_batch, pipeline.redrive]
+        schedules.append(build_schedule(pipeline))
+        sensors += build_sensors(pipeline)
+        assets.append(pipeline.table)
+    return dg.Definitions(jobs=jobs, schedules=schedules, sensors=sensors, assets=assets)
 
 
 defs = build_definitions()

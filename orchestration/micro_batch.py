@@ -1,91 +1,188 @@
-"""The micro-batch job of one pipeline: plan -> stage -> prepare -> commit.
+"""The jobs of one pipeline: the micro-batch (plan -> stage -> prepare -> commit) and the
+commit-only re-drive.
 
 Each op is a thin call into the protocol core (ledger/two_phase.py); all the exactly-once
-reasoning lives there, none here. The run executes in one process so the ops share one
-Spark session and pass the stage output in memory.
+reasoning lives there, none here. Runs are partitioned by batch id (a dynamic partition per
+batch), so the job's partition view in the UI is the checkpoint history. A run executes in
+one process so its ops share one Spark session and pass the stage output in memory.
 """
 
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import dagster as dg
+from deltalake import DeltaTable
 
 from jobs.micro_batch import SharedSpark, build
+from ledger.protocol import MUST_FINISH, BatchState
 from ledger.store import Batch
-from ledger.two_phase import StageOutput
+from ledger.two_phase import StageOutput, TwoPhaseCommit
 from resources.config import PipelineConfig
 
+PIPELINE_TAG = "exactly/pipeline"
+BATCH_TAG = "exactly/batch"
 
-def _ranges_metadata(batch: Batch) -> dict[str, Any]:
-    return {
+
+@dataclass(frozen=True)
+class PipelineJobs:
+    config: PipelineConfig
+    batches: dg.DynamicPartitionsDefinition
+    table: dg.AssetSpec
+    micro_batch: dg.JobDefinition
+    redrive: dg.JobDefinition
+    coordinator: Any  # () -> TwoPhaseCommit, shared with the sensors and the schedule
+
+
+def batch_metadata(batch: Batch) -> dict[str, Any]:
+    """Run metadata of a batch: what the UI's partition view shows per checkpoint."""
+    meta: dict[str, Any] = {
         "batch_id": batch.batch_id,
+        "state": str(batch.state),
         "attempt": batch.attempt,
         "ranges": [str(r) for r in batch.ranges],
         "offsets_spanned": batch.span,
     }
+    for key in ("records_read", "table_records", "quarantine_records", "files"):
+        if key in batch.metrics:
+            meta[key] = batch.metrics[key]
+    for phase, seconds in batch.metrics.get("phase_s", {}).items():
+        meta[f"{phase}_seconds"] = round(seconds, 3)
+    return meta
 
 
-def build_micro_batch_job(config: PipelineConfig) -> dg.JobDefinition:
+def table_metadata(coordinator: TwoPhaseCommit, config: PipelineConfig) -> dict[str, Any]:
+    """Table version, row count, last batch id and consumer lag per partition."""
+    meta: dict[str, Any] = {"table_uri": dg.MetadataValue.path(config.delta.table_uri)}
+    if DeltaTable.is_deltatable(config.delta.table_uri):
+        table = DeltaTable(config.delta.table_uri)
+        actions = table.get_add_actions(flatten=True)
+        meta["table_version"] = table.version()
+        meta["row_count"] = int(sum(actions.column("num_records").to_pylist() or [0]))
+        meta["last_batch_id"] = table.transaction_version(config.app_id) or 0
+    source = coordinator.source
+    try:
+        available = source.available()
+        group = source.client.group_offsets(config.group_id, config.kafka.topic)
+        meta["consumer_lag"] = {
+            str(p): a.last_stable - group.get(p, a.earliest) for p, a in sorted(available.items())
+        }
+    except Exception as exc:
+        meta["consumer_lag_error"] = str(exc)
+    return meta
+
+
+def _timed(coordinator: TwoPhaseCommit, batch: Batch, phase: str, started: float) -> Batch:
+    phases = {**batch.metrics.get("phase_s", {}), phase: time.perf_counter() - started}
+    return coordinator.store.record_metrics(batch, {"phase_s": phases})
+
+
+def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
     name = config.pipeline
+    batches = dg.DynamicPartitionsDefinition(name=f"{name}_batches")
+    table = dg.AssetSpec(
+        key=f"{name}_table",
+        description=f"Delta table {config.delta.table_uri}, one partition per committed batch",
+        partitions_def=batches,
+        group_name="exactly",
+        kinds={"delta"},
+    )
     spark = SharedSpark(config.spark.master, config.spark.conf)
 
-    def tpc() -> Any:
+    def coordinator() -> TwoPhaseCommit:
         return build(config, spark_factory=spark)
+
+    def publish_event(context: dg.OpExecutionContext, tpc: TwoPhaseCommit, batch: Batch) -> None:
+        context.log_event(
+            dg.AssetMaterialization(
+                asset_key=table.key,
+                partition=str(batch.batch_id),
+                metadata={**batch_metadata(batch), **table_metadata(tpc, config)},
+            )
+        )
 
     @dg.op(name=f"{name}_plan", out=dg.Out(Batch, is_required=False))
     def plan(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
-        """Recover first (finish voted batches), then fix the next batch's ranges."""
-        coordinator = tpc()
-        for done in coordinator.recover_and_commit():
+        """Recover first (finish voted batches), then plan the run's batch."""
+        started = time.perf_counter()
+        tpc = coordinator()
+        for done in tpc.recover_and_commit():
             context.log.info(f"recovered batch {done.batch_id}: {done.state}")
-        batch = coordinator.begin()
+        wanted = int(context.partition_key) if context.has_partition_key else None
+        if wanted is not None and (existing := tpc.store.get(config.app_id, wanted)):
+            context.log.info(f"batch {wanted} already exists ({existing.state}); nothing to plan")
+            return
+        batch = tpc.begin(batch_id=wanted)
         if batch is None:
             context.log.info(f"{name}: caught up, nothing new to read")
             return
-        yield dg.Output(batch, metadata=_ranges_metadata(batch))
+        context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(batch.batch_id)})
+        if wanted is None:
+            context.instance.add_dynamic_partitions(batches.name, [str(batch.batch_id)])
+        batch = _timed(tpc, batch, "plan", started)
+        yield dg.Output(batch, metadata=batch_metadata(batch))
 
     @dg.op(name=f"{name}_stage", out={"batch": dg.Out(Batch), "staged_files": dg.Out(StageOutput)})
-    def stage(context: dg.OpExecutionContext, batch: Batch) -> Iterator[dg.Output[Any]]:
-        staged, output = tpc().invoke(batch)
-        context.log.info(f"staged {output.records_read} records into {len(output.files)} files")
-        yield dg.Output(staged, "batch", metadata={"records": output.records_read})
+    def stage(batch: Batch) -> Iterator[dg.Output[Any]]:
+        started = time.perf_counter()
+        tpc = coordinator()
+        staged, output = tpc.invoke(batch)
+        staged = _timed(tpc, staged, "stage", started)
+        yield dg.Output(staged, "batch", metadata=batch_metadata(staged))
         yield dg.Output(output, "staged_files", metadata={"files": len(output.files)})
 
     @dg.op(name=f"{name}_prepare", out=dg.Out(Batch))
-    def prepare(batch: Batch, staged_files: StageOutput) -> Batch:
-        return tpc().pre_commit(batch, staged_files)
+    def prepare(batch: Batch, staged_files: StageOutput) -> dg.Output[Batch]:
+        started = time.perf_counter()
+        tpc = coordinator()
+        prepared = _timed(tpc, tpc.pre_commit(batch, staged_files), "prepare", started)
+        return dg.Output(prepared, metadata=batch_metadata(prepared))
 
     @dg.op(name=f"{name}_commit", out=dg.Out(Batch))
-    def commit(context: dg.OpExecutionContext, batch: Batch) -> Batch:
-        coordinator = tpc()
-        acked = coordinator.ack(coordinator.commit(batch))
-        context.add_output_metadata(
-            {
-                **_ranges_metadata(acked),
-                "state": str(acked.state),
-                "table_version": acked.table_version or 0,
-            }
-        )
-        return acked
+    def commit(context: dg.OpExecutionContext, batch: Batch) -> dg.Output[Batch]:
+        started = time.perf_counter()
+        tpc = coordinator()
+        acked = _timed(tpc, tpc.ack(tpc.commit(batch)), "commit", started)
+        publish_event(context, tpc, acked)
+        return dg.Output(acked, metadata=batch_metadata(acked))
 
     @dg.job(
         name=f"{name}_micro_batch",
-        description=f"One exactly-once micro-batch of pipeline {name!r}.",
+        description=f"One exactly-once micro-batch of pipeline {name!r}; partition = batch id.",
         executor_def=dg.in_process_executor,
-        tags={"exactly/pipeline": name},
+        partitions_def=batches,
+        tags={PIPELINE_TAG: name},
     )
     def micro_batch() -> None:
         batch, staged_files = stage(plan())
         commit(prepare(batch, staged_files))
 
-    return micro_batch
+    @dg.op(name=f"{name}_redrive_commit", out=dg.Out(Batch, is_required=False))
+    def redrive_commit(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
+        """Finish one voted batch (PREPARED or COMMITTED) under a new attempt."""
+        tpc = coordinator()
+        batch = tpc.store.get(config.app_id, int(context.partition_key))
+        if batch is None or batch.state not in MUST_FINISH:
+            state = batch.state if batch else "missing"
+            context.log.info(f"batch {context.partition_key} is {state}: nothing to re-drive")
+            return
+        batch = tpc.store.takeover(batch)
+        context.log.info(f"re-driving batch {batch.label} from {batch.state}")
+        if batch.state is BatchState.PREPARED:
+            batch = tpc.commit(batch, recovering=True)
+        acked = tpc.ack(batch)
+        publish_event(context, tpc, acked)
+        yield dg.Output(acked, metadata=batch_metadata(acked))
 
-
-def build_schedule(config: PipelineConfig, job: dg.JobDefinition) -> dg.ScheduleDefinition:
-    return dg.ScheduleDefinition(
-        name=f"{config.pipeline}_schedule",
-        job=job,
-        cron_schedule=config.schedule.cron,
-        execution_timezone=config.schedule.timezone,
-        default_status=dg.DefaultScheduleStatus.STOPPED,
+    @dg.job(
+        name=f"{name}_redrive",
+        description=f"Commit-only re-drive of one prepared batch of pipeline {name!r}.",
+        executor_def=dg.in_process_executor,
+        partitions_def=batches,
+        tags={PIPELINE_TAG: name},
     )
+    def redrive() -> None:
+        redrive_commit()
+
+    return PipelineJobs(config, batches, table, micro_batch, redrive, coordinator)

@@ -70,6 +70,23 @@ class ScheduleSettings(_Strict):
     timezone: str = "UTC"
 
 
+class AlertSettings(_Strict):
+    """Where alerts go. Secrets never live here: only the names of environment variables
+    that hold them, so neither the config, the Dagster UI nor the ledger ever shows one."""
+
+    stuck_prepared_after_seconds: float = Field(default=300.0, gt=0)
+    webhook_url_env: str | None = None
+    slack_token_env: str | None = None
+    slack_channel: str | None = None
+
+    @field_validator("webhook_url_env", "slack_token_env")
+    @classmethod
+    def _env_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError("must be the NAME of an environment variable, not its value")
+        return value
+
+
 class PipelineConfig(_Strict):
     pipeline: str
     kafka: KafkaSettings
@@ -78,6 +95,7 @@ class PipelineConfig(_Strict):
     spark: SparkSettings = Field(default_factory=SparkSettings)
     batch: BatchSettings = Field(default_factory=BatchSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    alerts: AlertSettings = Field(default_factory=AlertSettings)
     transform: str = "jobs.examples.pageviews:transform"
 
     @field_validator("pipeline")

@@ -1,1 +1,6 @@
-pytest_plugins = ["tests.fixtures.kafka", "tests.fixtures.postgres", "tests.fixtures.pipeline"]
+pytest_plugins = [
+    "tests.fixtures.kafka",
+    "tests.fixtures.postgres",
+    "tests.fixtures.pipeline",
+    "tests.fixtures.webhook",
+]

@@ -3,9 +3,6 @@ of protocol.md, then the pipeline restarts and the table must hold every record 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -13,10 +10,10 @@ from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from jobs.micro_batch import build
-from ledger.crash import CRASH_EXIT_CODE, POINTS
+from ledger.crash import POINTS
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore
-from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.pipeline import assert_exactly_once, crash_run
 
 #: crash point -> the state the batch is left in when the process dies there
 LEFT_IN = {
@@ -27,21 +24,6 @@ LEFT_IN = {
     "after_delta_commit": BatchState.PREPARED,
     "after_committed": BatchState.COMMITTED,
 }
-
-
-def crash_run(config: Any, point: str) -> subprocess.CompletedProcess[str]:
-    """`exactly run` in a child that dies at `point`; returns after it is dead."""
-    env = {**os.environ, "EXACTLY_CRASH_AT": point}
-    result = subprocess.run(
-        [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(config))],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == CRASH_EXIT_CODE, result.stdout + result.stderr
-    assert f"crash point {point} reached" in result.stderr
-    return result
 
 
 def restart(config: Any, spark: Any) -> list[Any]:

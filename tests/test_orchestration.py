@@ -1,20 +1,40 @@
-"""The Dagster code location: definitions load, and the job runs a batch end to end."""
+"""The Dagster code location against the real broker, Spark and Delta: definitions load, the
+job takes a batch through every state, the re-drive sensor finishes a batch left PREPARED,
+and alerts reach a real webhook exactly once."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 
 from jobs.examples.sample_data import pageviews
 from ledger.protocol import BatchState
-from orchestration.micro_batch import build_micro_batch_job
-from tests.fixtures.pipeline import assert_exactly_once
+from ledger.store import Batch, Owner, utcnow
+from orchestration.micro_batch import BATCH_TAG, PipelineJobs, build_pipeline_jobs
+from orchestration.schedules import next_batch_request
+from orchestration.sensors import build_sensors, decide_stuck, redrive_requests
+from tests.fixtures.pipeline import assert_exactly_once, crash_run
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def sensor(jobs: PipelineJobs, suffix: str) -> Any:
+    return next(s for s in build_sensors(jobs) if s.name.endswith(suffix))
 
 
 def test_definitions_load_for_the_demo_pipeline() -> None:
@@ -32,8 +52,15 @@ def test_definitions_load_for_the_demo_pipeline() -> None:
         "pageviews_prepare": ["pageviews_stage"],
         "pageviews_commit": ["pageviews_prepare"],
     }
-    schedule = defs.resolve_schedule_def("pageviews_schedule")
-    assert schedule.cron_schedule == "*/5 * * * *"
+    assert job.partitions_def == dg.DynamicPartitionsDefinition(name="pageviews_batches")
+    assert defs.resolve_schedule_def("pageviews_schedule").cron_schedule == "*/5 * * * *"
+    assert {s.name for s in defs.sensors} == {
+        "pageviews_redrive_sensor",
+        "pageviews_stuck_prepared_sensor",
+        "pageviews_run_failure_sensor",
+    }
+    assert defs.resolve_job_def("pageviews_redrive").partitions_def == job.partitions_def
+    assert defs.resolve_assets_def("pageviews_table") is not None
 
 
 def test_dagster_validates_the_workspace() -> None:
@@ -49,22 +76,164 @@ def test_dagster_validates_the_workspace() -> None:
 
 
 def test_the_job_takes_a_batch_through_every_state(
-    spark: Any, kafka_client: Any, pipeline_factory: Any
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
 ) -> None:
     config = pipeline_factory(2)
+    jobs = build_pipeline_jobs(config)
+    assert isinstance(next_batch_request(jobs, instance), dg.SkipReason)  # nothing produced yet
     kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
-    job = build_micro_batch_job(config)
-    with dg.DagsterInstance.ephemeral() as instance:
-        result = job.execute_in_process(instance=instance)
-        assert result.success
-        batch = result.output_for_node("pageviews_commit")
-        assert batch.state is BatchState.ACKED
-        assert batch.batch_id == 1
-        table, quarantined = assert_exactly_once(config, kafka_client)
-        assert (table, quarantined) == (392, 8)
 
-        # nothing new: the run succeeds and plans nothing
-        idle = job.execute_in_process(instance=instance)
-        assert idle.success
-        skipped = {e.step_key for e in idle.all_events if e.event_type_value == "STEP_SKIPPED"}
-        assert skipped == {"pageviews_stage", "pageviews_prepare", "pageviews_commit"}
+    request = next_batch_request(jobs, instance)
+    assert isinstance(request, dg.RunRequest) and request.partition_key == "1"
+    result = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key="1", tags=request.tags
+    )
+    assert result.success
+    batch = result.output_for_node("pageviews_commit")
+    assert batch.state is BatchState.ACKED and batch.batch_id == 1
+    assert set(batch.metrics["phase_s"]) == {"plan", "stage", "prepare", "commit"}
+    assert assert_exactly_once(config, kafka_client) == (392, 8)
+
+    (materialization,) = result.asset_materializations_for_node("pageviews_commit")
+    assert materialization.partition == "1"
+    meta = {k: v.value for k, v in materialization.metadata.items()}
+    assert meta["row_count"] == 392 and meta["last_batch_id"] == 1
+    assert meta["records_read"] == 400 and meta["quarantine_records"] == 8
+    assert meta["consumer_lag"] == {"0": 0, "1": 0}
+    assert len(meta["ranges"]) == 2
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.tags[BATCH_TAG] == "1"
+
+    # caught up: the schedule skips, and a run for a new partition plans nothing
+    assert isinstance(next_batch_request(jobs, instance), dg.SkipReason)
+    instance.add_dynamic_partitions(jobs.batches.name, ["2"])
+    idle = jobs.micro_batch.execute_in_process(instance=instance, partition_key="2")
+    assert idle.success
+    skipped = {e.step_key for e in idle.all_events if e.event_type_value == "STEP_SKIPPED"}
+    assert skipped == {"pageviews_stage", "pageviews_prepare", "pageviews_commit"}
+
+
+def test_redrive_sensor_finishes_a_batch_left_prepared(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(3, max_records=1000)
+    kafka_client.produce(config.kafka.topic, pageviews(900, malformed_every=45))
+    crash_run(config, "after_prepare")
+    jobs = build_pipeline_jobs(config)
+    assert isinstance(next_batch_request(jobs, instance), dg.SkipReason)  # batch 1 in flight
+
+    redrive = sensor(jobs, "_redrive_sensor")
+    requests = list(redrive(dg.build_sensor_context(instance=instance)))
+    assert [(r.partition_key, r.run_key) for r in requests] == [("1", "pageviews:1:1")]
+    result = jobs.redrive.execute_in_process(
+        instance=instance, partition_key="1", tags=requests[0].tags
+    )
+    assert result.success
+    batch = result.output_for_node("pageviews_redrive_commit")
+    assert batch.state is BatchState.ACKED and batch.attempt == 2
+    assert assert_exactly_once(config, kafka_client) == (880, 20)
+    assert list(redrive_requests(jobs, instance)) == []
+
+    # a second re-drive of the same batch publishes nothing more
+    again = jobs.redrive.execute_in_process(instance=instance, partition_key="1")
+    assert again.success
+    assert not [e for e in again.all_events if e.event_type_value == "STEP_OUTPUT"]
+    assert assert_exactly_once(config, kafka_client) == (880, 20)
+
+
+def test_stuck_alert_fires_once_and_resolves_after_the_commit(
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    instance: dg.DagsterInstance,
+    webhook: Any,
+) -> None:
+    config = pipeline_factory(
+        2,
+        alerts={"stuck_prepared_after_seconds": 1, "webhook_url_env": "EXACTLY_TEST_WEBHOOK_URL"},
+    )
+    kafka_client.produce(config.kafka.topic, pageviews(300))
+    crash_run(config, "after_prepare")
+    jobs = build_pipeline_jobs(config)
+    stuck = sensor(jobs, "_stuck_prepared_sensor")
+    time.sleep(1.2)
+
+    context = dg.build_sensor_context(instance=instance)
+    stuck(context)
+    stuck(dg.build_sensor_context(instance=instance, cursor=context.cursor))
+    assert webhook.kinds() == ["stuck_prepared"]
+    alert = webhook.posts[0]
+    assert alert["pipeline"] == "pageviews" and alert["details"]["batch_id"] == 1
+    assert "PREPARED" in alert["title"]
+    assert webhook.paths == ["/hooks/secret-token-123"]
+
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    assert jobs.redrive.execute_in_process(instance=instance, partition_key="1").success
+    context2 = dg.build_sensor_context(instance=instance, cursor=context.cursor)
+    stuck(context2)
+    stuck(dg.build_sensor_context(instance=instance, cursor=context2.cursor))
+    assert webhook.kinds() == ["stuck_prepared", "resolved"]
+    assert webhook.posts[1]["details"]["state"] == "ACKED"
+    # the secret URL is in no alert, cursor or config the UI shows
+    for shown in (json.dumps(webhook.posts), context2.cursor, config.model_dump_json()):
+        assert "secret-token-123" not in (shown or "")
+
+
+def test_failed_runs_alert_through_the_same_sinks(
+    pipeline_factory: Any, instance: dg.DagsterInstance, webhook: Any
+) -> None:
+    config = pipeline_factory(1, alerts={"webhook_url_env": "EXACTLY_TEST_WEBHOOK_URL"})
+    bad = config.model_copy(
+        update={
+            "kafka": config.kafka.model_copy(update={"topic": "no-such-topic-exists-here"}),
+        }
+    )
+    jobs = build_pipeline_jobs(bad)
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    result = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key="1", raise_on_error=False
+    )
+    assert not result.success
+    failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
+    context = dg.build_run_status_sensor_context(
+        sensor_name="pageviews_run_failure_sensor",
+        dagster_event=failure,
+        dagster_instance=instance,
+        dagster_run=instance.get_run_by_id(result.run_id),
+    ).for_run_failure()
+    sensor(jobs, "_run_failure_sensor")(context)
+    assert webhook.kinds() == ["run_failed"]
+    assert webhook.posts[0]["details"]["job"] == "pageviews_micro_batch"
+
+
+def _batch(batch_id: int, state: BatchState, prepared_ago_s: float | None) -> Batch:
+    now = utcnow()
+    return Batch(
+        app_id="pv",
+        batch_id=batch_id,
+        pipeline="pv",
+        kind="live",
+        state=state,
+        attempt=1,
+        token="t",
+        owner=Owner("h", 1),
+        heartbeat_at=now,
+        created_at=now,
+        updated_at=now,
+        prepared_at=None if prepared_ago_s is None else now - timedelta(seconds=prepared_ago_s),
+        committed_at=None,
+        table_version=None,
+        error=None,
+        ranges=(),
+    )
+
+
+def test_decide_stuck_alerts_once_and_resolves_once() -> None:
+    old, young = _batch(1, BatchState.PREPARED, 600), _batch(2, BatchState.PREPARED, 10)
+    first = decide_stuck([], [old, young], {}, utcnow(), 300)
+    assert [b.batch_id for b in first.stuck] == [1] and first.open_after == ["pv/1"]
+    second = decide_stuck(first.open_after, [old, young], {"pv/1": old}, utcnow(), 300)
+    assert second.stuck == [] and second.resolved == [] and second.open_after == ["pv/1"]
+    committed = _batch(1, BatchState.COMMITTED, 600)
+    third = decide_stuck(second.open_after, [young], {"pv/1": committed}, utcnow(), 300)
+    assert [b.batch_id for b in third.resolved] == [1] and third.open_after == []

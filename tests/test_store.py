@@ -157,14 +157,17 @@ def test_plan_assigns_monotonic_ids_and_contiguous_ranges(store: LedgerStore) ->
     assert store.positions(APP) == {0: 20, 1: 20}
 
 
-def test_plan_min_batch_id_and_per_app_ids(store: LedgerStore) -> None:
-    first = plan(store, min_batch_id=40)
+def test_plan_named_batch_id_and_per_app_ids(store: LedgerStore) -> None:
+    first = plan(store, batch_id=40)
     assert first.batch_id == 40
     other = store.plan(pipeline="pv", app_id="backfill", kind="backfill", ranges_for=step())
     assert other is not None
     assert other.batch_id == 1
     assert other.ranges[0].start == 0
     walk_to(store, first, S.ACKED)
+    with pytest.raises(InconsistencyError, match="already at batch 40"):
+        plan(store, batch_id=40)
+    assert store.batches(app_id=APP, states=[S.PLANNED]) == []
     assert plan(store).batch_id == 41
 
 
