@@ -1,5 +1,5 @@
 # The two entry points of the README. Both set the machine up first (idempotent).
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint ui
 
 setup:
 	@bash scripts/setup.sh
@@ -13,3 +13,9 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check .
+
+# The Dagster UI (webserver + daemon) on loopback, with this project's instance settings.
+DAGSTER_HOME ?= $(CURDIR)/.dagster_home
+ui: setup
+	mkdir -p $(DAGSTER_HOME) && cp orchestration/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
+	DAGSTER_HOME=$(DAGSTER_HOME) .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000

@@ -237,3 +237,12 @@ def test_decide_stuck_alerts_once_and_resolves_once() -> None:
     committed = _batch(1, BatchState.COMMITTED, 600)
     third = decide_stuck(second.open_after, [young], {"pv/1": committed}, utcnow(), 300)
     assert [b.batch_id for b in third.resolved] == [1] and third.open_after == []
+
+
+def test_instance_settings_allow_one_run_per_pipeline(tmp_path: Path) -> None:
+    (tmp_path / "dagster.yaml").write_text((REPO / "orchestration" / "dagster.yaml").read_text())
+    with dg.DagsterInstance.from_config(str(tmp_path)) as inst:
+        limits = inst.get_concurrency_config().run_queue_config.tag_concurrency_limits
+    assert limits == [
+        {"key": "exactly/pipeline", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
+    ]
