@@ -15,7 +15,7 @@ from ledger.errors import ExactlyError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from exactly_cli import kafka_cmd, pipeline_cmd
+    from exactly_cli import backfill_cmd, bench_cmd, kafka_cmd, pipeline_cmd
 
     parser = argparse.ArgumentParser(
         prog="exactly",
@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     kafka_cmd.register(sub)
     pipeline_cmd.register(sub)
+    bench_cmd.register(sub)
+    backfill_cmd.register(sub)
     return parser
 
 

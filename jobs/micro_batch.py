@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
+from ledger.backfill import BACKFILL, backfill_app_id
 from ledger.protocol import Available, OffsetRange
 from ledger.store import Batch, LedgerStore, StagedFile
 from ledger.two_phase import PublishResult, StageOutput, TwoPhaseCommit
@@ -101,27 +102,34 @@ class DeltaPublisher:
 
         The data table's log is what rebuilds a lost ledger (invariant 7); publishing the
         quarantine first means a batch found there has its quarantined records published
-        too, so a rebuild never forgets them.
+        too, so a rebuild never forgets them. A replace backfill removes the old rows of its
+        ranges from both tables in the same commit that adds the new ones.
         """
         meta = commit_metadata(batch)
+        replace = batch.params.get("mode") == "replace"
         by_target: dict[str, list[StagedFile]] = {TABLE: [], QUARANTINE: []}
         for f in files:
             by_target[f.target].append(f)
-        if any(f.records for f in by_target[QUARANTINE]):
-            self.quarantine.publish(
-                app_id=batch.app_id,
-                batch_id=batch.batch_id,
-                files=by_target[QUARANTINE],
-                schema=decode_schema(batch.schemas[QUARANTINE]),
-                metadata=meta,
-            )
-        outcome = self.table.publish(
-            app_id=batch.app_id,
-            batch_id=batch.batch_id,
-            files=by_target[TABLE],
-            schema=decode_schema(batch.schemas[TABLE]),
-            metadata=meta,
-        )
+        outcome = None
+        for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
+            has_rows = any(f.records for f in by_target[target])
+            if target == QUARANTINE and not has_rows and not (replace and delta.load()):
+                continue
+            common = {
+                "app_id": batch.app_id,
+                "batch_id": batch.batch_id,
+                "files": by_target[target],
+                "schema": decode_schema(batch.schemas[target]),
+                "metadata": meta,
+            }
+            if replace:
+                rewrites = attempt_folder(delta.uri, batch.app_id, batch.batch_id, batch.attempt)
+                outcome = delta.replace(
+                    **common, ranges=batch.ranges, rewrite_dir=f"{rewrites}-rewrites"
+                )
+            else:
+                outcome = delta.publish(**common)
+        assert outcome is not None
         return PublishResult(outcome.published, outcome.table_version)
 
 
@@ -139,19 +147,45 @@ class SharedSpark:
         return self._session
 
 
+def build_backfill(
+    config: PipelineConfig,
+    *,
+    transform: str | None = None,
+    store: LedgerStore | None = None,
+    spark_factory: Callable[[], Any] | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+) -> TwoPhaseCommit:
+    """The coordinator of the pipeline's backfills: same edges, its own application id,
+    and optionally another transform (a fixed one, for a replace)."""
+    if transform is not None:
+        config = config.model_copy(update={"transform": transform})
+        config.load_transform()
+    return build(
+        config,
+        store=store,
+        spark_factory=spark_factory,
+        log=log,
+        app_id=backfill_app_id(config.pipeline),
+        kind=BACKFILL,
+    )
+
+
 def build(
     config: PipelineConfig,
     *,
     store: LedgerStore | None = None,
     spark_factory: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _m: None,
+    app_id: str | None = None,
+    kind: str = "live",
 ) -> TwoPhaseCommit:
     client = KafkaClient(config.kafka.bootstrap_servers, config.kafka.options)
     storage_options = config.delta.storage_options
     return TwoPhaseCommit(
         store or LedgerStore(config.ledger.url),
         pipeline=config.pipeline,
-        app_id=config.app_id,
+        app_id=app_id or config.app_id,
+        kind=kind,
         source=KafkaOffsetSource(client, config.kafka.topic, config.group_id),
         stager=SparkStager(
             config, spark_factory or SharedSpark(config.spark.master, config.spark.conf)
@@ -162,5 +196,6 @@ def build(
         ),
         max_records_per_partition=config.batch.max_records_per_partition,
         lease_seconds=config.batch.lease_seconds,
+        starting_offsets=config.kafka.starting_offsets,
         log=log,
     )

@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -26,6 +26,9 @@ from resources.delta import encode_schema
 
 COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_batch_id")
 TABLE, QUARANTINE = "table", "quarantine"
+_RECORDS_READ = "records_read"
+#: how long the observed count may lag behind the job that produced it (listener bus)
+_OBSERVATION_WAIT_S = 10.0
 
 KAFKA_SCHEMA = T.StructType(
     [
@@ -110,23 +113,44 @@ def stage(
     table_roots: Mapping[str, str],
     transform: Callable[[DataFrame], DataFrame],
     transform_name: str = "transform",
+    single_pass: bool = True,
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
 
     Every record read ends up in exactly one of the two outputs (invariant 9): the counts
     are checked before the vote.
+
+    `single_pass` (the default) reads and transforms the records once: the count of records
+    read is observed inside the job that writes the table, and only the transformed frame is
+    cached for the quarantine write, with `value` kept only on the rows that need it. The
+    former plan (`single_pass=False`: cache the source, count it in a job of its own, cache
+    the transformed frame, write twice) built two caches of the whole batch; it stays here so
+    `exactly bench` can measure both side by side (BENCHMARKS.md).
     """
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     source = with_coordinates(
         read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
-    ).persist()
+    )
+    observation: Observation | None = None
+    records_read: int | None = None
+    cached: list[DataFrame] = []
     try:
-        records_read = source.count()
-        seconds["read"] = time.perf_counter() - t0
+        if single_pass:
+            observation = Observation()
+            source = source.observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ))
+        else:
+            source = source.persist()
+            cached.append(source)
+            records_read = source.count()
+            seconds["read"] = time.perf_counter() - t0
         out = transform(source)
         _check_output(out, transform_name)
+        if single_pass:
+            # the table drops `value`; only quarantined rows need it, so only they cache it
+            out = out.withColumn("value", F.when(F.col("_error").isNotNull(), F.col("value")))
         out = out.persist()
+        cached.append(out)
         good = out.where(F.col("_error").isNull()).drop("_error", "value")
         bad = out.where(F.col("_error").isNotNull()).select(
             *COORDINATES, "_error", F.col("value").alias("_raw_value")
@@ -136,13 +160,19 @@ def stage(
         crashpoint("during_stage")
         bad.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[QUARANTINE]))
         seconds["write"] = time.perf_counter() - t1
+        if records_read is None:
+            records_read = _observed_records(observation)
+        if records_read is None:
+            # the transform's output does not derive from its input (or the metrics did not
+            # arrive): count the source in a job of its own rather than trust nothing
+            records_read = source.count()
         schemas = {
             TABLE: encode_schema(to_arrow_schema(good.schema, timezone="UTC")),
             QUARANTINE: encode_schema(to_arrow_schema(bad.schema, timezone="UTC")),
         }
-        out.unpersist()
     finally:
-        source.unpersist()
+        for frame in reversed(cached):
+            frame.unpersist()
     t2 = time.perf_counter()
     files = [
         *parquet_files.describe(attempt_dirs[TABLE], table_roots[TABLE], TABLE),
@@ -157,3 +187,23 @@ def stage(
             f"{table_records} + {quarantine_records} quarantined: the transform dropped records"
         )
     return StageOutput(files, schemas, records_read, table_records, quarantine_records, seconds)
+
+
+def _observed_records(observation: Observation | None) -> int | None:
+    """The records counted by `observation`, or None if no finished job reported them.
+
+    Never blocks for long: a classic Observation is completed by a listener on Spark's
+    asynchronous listener bus, so its future is given a few seconds, not forever (its `get`
+    would wait for a job that may never come); a Spark Connect one holds `{}` until reported.
+    """
+    if observation is None:
+        return None
+    handle = getattr(observation, "_jo", None)
+    if handle is not None:
+        deadline = time.monotonic() + _OBSERVATION_WAIT_S
+        while not handle.future().isCompleted():
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.01)
+    value = (observation.get or {}).get(_RECORDS_READ)
+    return None if value is None else int(value)

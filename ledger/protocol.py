@@ -107,12 +107,14 @@ def plan_ranges(
     positions: Mapping[int, int],
     available: Mapping[int, Available],
     max_records_per_partition: int,
+    starting_offsets: str = "earliest",
 ) -> list[OffsetRange]:
     """Fix the next batch's range for every partition at one instant.
 
     `positions` maps partition -> the end offset of the last batch that holds a range (the
     next offset to read). A partition Kafka reports that has no position yet (a new topic,
-    or a partition added later) starts at its earliest offset.
+    or a partition added later) starts at its earliest offset, or with `starting_offsets`
+    "latest" at its last stable offset (older records are then for a fill backfill).
 
     Protects: ranges are contiguous with the previous batch (start == stored position, never
     a skip or an overlap); `end` never passes the last stable offset, so an open transaction
@@ -132,7 +134,8 @@ def plan_ranges(
     ranges = []
     for partition in sorted(available):
         avail = available[partition]
-        start = positions.get(partition, avail.earliest)
+        first = avail.earliest if starting_offsets == "earliest" else avail.last_stable
+        start = positions.get(partition, first)
         check_readable(topic, partition, start, avail)
         end = min(avail.last_stable, start + max_records_per_partition)
         ranges.append(OffsetRange(topic, partition, start, end))
@@ -198,6 +201,14 @@ def check_contiguous(
 
 def is_empty(ranges: Iterable[OffsetRange]) -> bool:
     return all(r.span == 0 for r in ranges)
+
+
+def worth_planning(ranges: Iterable[OffsetRange], positions: Mapping[int, int]) -> bool:
+    """A batch is worth committing if it reads something, or if it fixes the starting
+    position of a partition that has none yet (with starting offsets "latest", an empty
+    first batch is what pins where the pipeline starts)."""
+    ranges = list(ranges)
+    return not is_empty(ranges) or any(r.partition not in positions for r in ranges)
 
 
 @dataclass(frozen=True)

@@ -410,16 +410,18 @@ class LedgerStore:
         owner: Owner | None = None,
         params: Mapping[str, Any] | None = None,
         batch_id: int | None = None,
+        contiguous: bool = True,
     ) -> Batch | None:
         """Record a new PLANNED batch with the next batch id, in one transaction.
 
         `ranges_for(positions) -> list[OffsetRange] | None` computes the ranges from the stored
         positions read inside the same transaction, so two planners can never both build on
         the same positions: the batch id is the primary key and the loser's insert fails.
-        `batch_id` names the new batch (it must be above every existing id); by default
-        it is the next one. Refuses while any batch of this application id is still in
-        flight. When
-        `ranges_for` returns None nothing is recorded and None is returned.
+        Backfills pass `contiguous=False`: their ranges are chosen by an operator, not
+        continued from the previous batch. `batch_id` names the new batch (it must be
+        above every existing id); by default it is the next one. Refuses while any batch of
+        this application id is still in flight. When `ranges_for` returns None nothing is
+        recorded and None is returned.
         """
         owner = owner or this_owner()
         now = utcnow()
@@ -454,7 +456,8 @@ class LedgerStore:
                 if proposed is None:
                     return None
                 new_ranges = list(proposed)
-                check_contiguous(positions, new_ranges, f"{app_id}/{batch_id}")
+                if contiguous:
+                    check_contiguous(positions, new_ranges, f"{app_id}/{batch_id}")
                 token = uuid.uuid4().hex
                 conn.execute(
                     batches.insert().values(

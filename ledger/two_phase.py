@@ -32,9 +32,9 @@ from ledger.protocol import (
     BatchState,
     OffsetRange,
     check_ranges_readable,
-    is_empty,
     owner_may_be_alive,
     plan_ranges,
+    worth_planning,
 )
 from ledger.store import Batch, BusyError, LedgerStore, StagedFile, this_owner, utcnow
 
@@ -108,6 +108,7 @@ class TwoPhaseCommit:
         max_records_per_partition: int,
         kind: str = "live",
         lease_seconds: float = 120.0,
+        starting_offsets: str = "earliest",
         log: Callable[[str], None] = lambda _msg: None,
     ) -> None:
         self.store = store
@@ -119,6 +120,7 @@ class TwoPhaseCommit:
         self.publisher = publisher
         self.max_records_per_partition = max_records_per_partition
         self.lease_seconds = lease_seconds
+        self.starting_offsets = starting_offsets
         self.log = log
 
     # -- begin / invoke / preCommit / commit / abort -------------------------------------
@@ -135,9 +137,13 @@ class TwoPhaseCommit:
 
         def ranges_for(positions: Mapping[int, int]) -> list[OffsetRange] | None:
             planned[:] = plan_ranges(
-                self.source.topic, positions, available, self.max_records_per_partition
+                self.source.topic,
+                positions,
+                available,
+                self.max_records_per_partition,
+                self.starting_offsets,
             )
-            return None if is_empty(planned) and not allow_empty else planned
+            return planned if allow_empty or worth_planning(planned, positions) else None
 
         batch = self.store.plan(
             pipeline=self.pipeline,
@@ -148,6 +154,31 @@ class TwoPhaseCommit:
         )
         if batch is not None:
             crashpoint("after_plan")
+        return batch
+
+    def begin_fixed(
+        self,
+        ranges: Sequence[OffsetRange],
+        params: Mapping[str, Any],
+        *,
+        batch_id: int | None = None,
+    ) -> Batch:
+        """Plan a batch over operator-chosen ranges (a backfill) instead of the next ones.
+
+        `params` identify the request; the caller checks it is allowed (ledger/backfill.py).
+        """
+        check_ranges_readable(ranges, self.source.available())
+        batch = self.store.plan(
+            pipeline=self.pipeline,
+            app_id=self.app_id,
+            kind=self.kind,
+            ranges_for=lambda _positions: list(ranges),
+            params=params,
+            batch_id=batch_id,
+            contiguous=False,
+        )
+        assert batch is not None
+        crashpoint("after_plan")
         return batch
 
     def invoke(self, batch: Batch) -> tuple[Batch, StageOutput]:
@@ -327,12 +358,15 @@ class TwoPhaseCommit:
 
     def run_batch(self, *, allow_empty: bool = False) -> BatchReport | None:
         """Plan, stage, prepare, commit and ack one batch; None if there was nothing to do."""
-        timings: dict[str, float] = {}
         t = time.perf_counter()
         batch = self.begin(allow_empty=allow_empty)
-        timings["plan"] = time.perf_counter() - t
         if batch is None:
             return None
+        return self.finish(batch, {"plan": time.perf_counter() - t})
+
+    def finish(self, batch: Batch, timings: dict[str, float] | None = None) -> BatchReport:
+        """Stage, prepare, commit and ack a planned batch."""
+        timings = dict(timings or {})
         t = time.perf_counter()
         batch, output = self.invoke(batch)
         timings["stage"] = time.perf_counter() - t

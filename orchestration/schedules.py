@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from ledger.protocol import IN_FLIGHT, is_empty, plan_ranges
+from ledger.protocol import IN_FLIGHT, plan_ranges, worth_planning
 from orchestration.micro_batch import BATCH_TAG, PipelineJobs
 
 
@@ -26,13 +26,15 @@ def next_batch_request(
             f"batch {batch.batch_id} is {batch.state}; it finishes (or the re-drive sensor "
             "finishes it) before the next one is planned"
         )
+    positions = tpc.store.positions(config.app_id)
     ranges = plan_ranges(
         config.kafka.topic,
-        tpc.store.positions(config.app_id),
+        positions,
         tpc.source.available(),
         config.batch.max_records_per_partition,
+        config.kafka.starting_offsets,
     )
-    if is_empty(ranges):
+    if not worth_planning(ranges, positions):
         return dg.SkipReason(f"{config.kafka.topic}: caught up, nothing new to read")
     latest = tpc.store.batches(app_id=config.app_id, limit=1)
     next_id = (latest[0].batch_id if latest else 0) + 1

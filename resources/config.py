@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -30,6 +30,9 @@ class KafkaSettings(_Strict):
     bootstrap_servers: str = Field(min_length=1)
     topic: str = Field(min_length=1)
     group_id: str | None = None
+    #: where a partition without a committed position starts: its earliest offset, or its
+    #: last stable offset (older records can then be ingested by a fill backfill)
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
     #: passed to every Kafka client (security settings etc.); never logged
     options: dict[str, str] = Field(default_factory=dict)
 

@@ -9,20 +9,83 @@ not enforce the version for you (protocol.md, invariant 2).
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import hashlib
 import json
+import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 import dagster as dg
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
-from deltalake.transaction import AddAction
+from deltalake.transaction import AddAction, RemoveAction
 
 from ledger.errors import InconsistencyError
+from ledger.protocol import OffsetRange
 from ledger.store import StagedFile
+from resources import storage
+
+#: Longer strings are left out of min/max: a truncated max would be smaller than the real
+#: value and make data skipping drop rows that match.
+_MAX_STAT_STRING = 64
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return value if len(value) <= _MAX_STAT_STRING else None
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    if isinstance(value, Decimal):
+        return None
+    return None
+
+
+def delta_stats(meta: pq.FileMetaData) -> dict[str, Any]:
+    """Delta `stats` for one file from its footer: numRecords, and min/max/nullCount for
+    top-level primitive columns whose every row group carries statistics."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    schema = meta.schema
+    for col_index in range(meta.num_columns):
+        path = schema.column(col_index).path
+        if "." in path:
+            continue
+        lo = hi = None
+        null_count = 0
+        complete = True
+        for rg in range(meta.num_row_groups):
+            st = meta.row_group(rg).column(col_index).statistics
+            if st is None:
+                complete = False
+                break
+            null_count += st.null_count or 0
+            if st.has_min_max:
+                lo = st.min if lo is None else min(lo, st.min)
+                hi = st.max if hi is None else max(hi, st.max)
+        if not complete:
+            continue
+        nulls[path] = null_count
+        lo_json, hi_json = _json_value(lo), _json_value(hi)
+        if lo_json is not None and hi_json is not None:
+            mins[path], maxs[path] = lo_json, hi_json
+    return {"numRecords": meta.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
 
 #: The key under which every exactly commit stores its batch in the commit info.
 METADATA_KEY = "exactly"
@@ -84,20 +147,92 @@ class DeltaTarget:
         files: Iterable[StagedFile],
         schema: pa.Schema,
         metadata: Mapping[str, Any],
-        max_tries: int = 50,
     ) -> CommitOutcome:
         """Add exactly `files` and the app transaction (app_id, batch_id) in one commit.
 
         Idempotent: a batch at or below the table's version for `app_id` publishes nothing.
-        A lost race is re-checked against the freshly read table before the next try, so a
-        concurrent commit of the same batch makes this call return `published=False`, never
-        a second copy. Protects invariants 1, 2 and 3.
+        Protects invariants 1, 2 and 3.
         """
-        adds = [
-            AddAction(f.path, f.size, {}, f.modification_time, True, f.stats)
-            for f in files
-            if f.records > 0
-        ]
+        adds = _adds(files)
+        return self._commit(app_id, batch_id, schema, metadata, lambda _table, _try: adds)
+
+    def replace(
+        self,
+        *,
+        app_id: str,
+        batch_id: int,
+        files: Iterable[StagedFile],
+        schema: pa.Schema,
+        metadata: Mapping[str, Any],
+        ranges: Sequence[OffsetRange],
+        rewrite_dir: str,
+    ) -> CommitOutcome:
+        """In one commit: remove every row whose coordinates fall in `ranges` and add `files`.
+
+        Rows are removed by predicate, not by file: a file that also holds rows outside the
+        ranges (after compaction merged several batches, say) is rewritten without them
+        into `rewrite_dir`, and the commit swaps it. Readers see the old rows or the new
+        ones, never both and never neither. Which files to rewrite is decided again on
+        every try, from the table as it is then.
+        """
+        adds = _adds(files)
+
+        def actions(table: DeltaTable, attempt: int) -> list[Any]:
+            return [*adds, *self._remove_rows(table, ranges, rewrite_dir, attempt)]
+
+        return self._commit(app_id, batch_id, schema, metadata, actions)
+
+    def _remove_rows(
+        self, table: DeltaTable, ranges: Sequence[OffsetRange], rewrite_dir: str, attempt: int
+    ) -> list[Any]:
+        actions: list[Any] = []
+        now_ms = int(time.time() * 1000)
+        for entry in _files_touching(table, ranges):
+            path = entry["path"]
+            data = pq.read_table(storage.join(self.uri, path))
+            hit = _in_ranges(data, ranges)
+            removed = pc.sum(hit.cast(pa.int64())).as_py() or 0
+            if removed == 0:
+                continue
+            actions.append(RemoveAction(path, True, now_ms, entry["size_bytes"], {}))
+            kept = data.filter(pc.invert(hit))
+            if kept.num_rows == 0:
+                continue
+            digest = hashlib.sha1(path.encode()).hexdigest()[:16]
+            target = storage.join(rewrite_dir, f"rewrite-{attempt}-{digest}.parquet")
+            storage.ensure_parent(target)
+            pq.write_table(kept, target)
+            meta = pq.read_metadata(target)
+            info = storage.file_info(target)
+            actions.append(
+                AddAction(
+                    storage.relative(target, self.uri),
+                    info.size,
+                    {},
+                    info.modification_time_ms,
+                    True,
+                    json.dumps(delta_stats(meta), separators=(",", ":")),
+                )
+            )
+        return actions
+
+    def _commit(
+        self,
+        app_id: str,
+        batch_id: int,
+        schema: pa.Schema,
+        metadata: Mapping[str, Any],
+        actions_for: Callable[[DeltaTable, int], list[Any]],
+        max_tries: int = 50,
+    ) -> CommitOutcome:
+        """The compare-and-set loop every commit goes through.
+
+        Read the table; if its version for `app_id` is at or past `batch_id` the batch is
+        already there. Otherwise commit with no automatic retry: if anyone committed in
+        between, the commit fails and the next try re-reads and decides again, so a
+        concurrent commit of the same batch ends here as `published=False`, never a second
+        copy (invariant 2).
+        """
         started = time.perf_counter()
         last_error: Exception | None = None
         for tries in range(1, max_tries + 1):
@@ -110,7 +245,7 @@ class DeltaTarget:
                 return CommitOutcome(False, table.version(), tries, time.perf_counter() - started)
             try:
                 table.create_write_transaction(
-                    adds,
+                    actions_for(table, tries),
                     "append",
                     schema,
                     commit_properties=CommitProperties(
@@ -147,6 +282,46 @@ class DeltaTarget:
                 found.append({**meta, "table_version": entry.get("version")})
         found.sort(key=lambda m: m["batch_id"])
         return found
+
+
+def _adds(files: Iterable[StagedFile]) -> list[AddAction]:
+    return [
+        AddAction(f.path, f.size, {}, f.modification_time, True, f.stats)
+        for f in files
+        if f.records > 0
+    ]
+
+
+def _files_touching(table: DeltaTable, ranges: Sequence[OffsetRange]) -> list[dict[str, Any]]:
+    """Files whose statistics say they may hold rows in `ranges` (all, without statistics)."""
+    actions = pa.table(table.get_add_actions(flatten=True))
+    found = []
+    for row in actions.to_pylist():
+        p_lo, p_hi = row.get("min._kafka_partition"), row.get("max._kafka_partition")
+        o_lo, o_hi = row.get("min._kafka_offset"), row.get("max._kafka_offset")
+        if None in (p_lo, p_hi, o_lo, o_hi) or any(
+            p_lo <= r.partition <= p_hi and o_lo < r.end and r.start <= o_hi for r in ranges
+        ):
+            found.append(row)
+    return found
+
+
+def _in_ranges(data: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
+    """Per row: do its coordinates fall in one of `ranges`?"""
+    hit = pa.chunked_array([pa.array([False] * data.num_rows)])
+    for r in ranges:
+        one = pc.and_(
+            pc.and_(
+                pc.equal(data["_kafka_topic"], r.topic),
+                pc.equal(data["_kafka_partition"], r.partition),
+            ),
+            pc.and_(
+                pc.greater_equal(data["_kafka_offset"], r.start),
+                pc.less(data["_kafka_offset"], r.end),
+            ),
+        )
+        hit = pc.or_(hit, pc.fill_null(one, False))
+    return hit
 
 
 class DeltaResource(dg.ConfigurableResource):

@@ -87,6 +87,19 @@ def list_data_files(folder: str, suffix: str = ".parquet") -> list[FileInfo]:
     return found
 
 
+def file_info(uri: str) -> FileInfo:
+    if is_remote(uri):
+        raise NotImplementedError("object storage arrives with the object-store issue")
+    stat = Path(uri).stat()
+    return FileInfo(uri, stat.st_size, int(stat.st_mtime * 1000))
+
+
+def ensure_parent(uri: str) -> None:
+    """Local folders must exist before a file is written into them; object stores have none."""
+    if not is_remote(uri):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+
+
 def exists(uri: str) -> bool:
     if is_remote(uri):
         raise NotImplementedError("object storage arrives with the object-store issue")

@@ -1,0 +1,285 @@
+"""Backfills against the real broker, Spark and Delta: fill, replace, compaction, retention,
+and a crash at every crash point of a backfill."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from deltalake import DeltaTable
+
+from jobs.examples.sample_data import pageviews
+from jobs.micro_batch import build, build_backfill
+from ledger.backfill import BackfillError, BackfillMode, plan_backfill
+from ledger.crash import CRASH_EXIT_CODE
+from ledger.errors import DataLossError
+from ledger.protocol import BatchState, OffsetRange
+from ledger.store import LedgerStore
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+
+V2 = "tests.transforms:pageviews_v2"
+COLUMNS = ["_kafka_partition", "_kafka_offset", "event_id", "app", "user", "url", "ts"]
+
+
+def live_until_caught_up(config: Any, spark: Any) -> None:
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    while tpc.run_batch() is not None:
+        pass
+
+
+def backfill(config: Any, spark: Any, mode: str, rng: OffsetRange, **kw: Any) -> Any:
+    transform = kw.pop("transform", V2)
+    tpc = build_backfill(config, transform=transform, spark_factory=lambda: spark)
+    batch, planned = plan_backfill(
+        tpc,
+        live_app_id=config.app_id,
+        mode=BackfillMode(mode),
+        ranges=[rng],
+        transform=transform,
+        **kw,
+    )
+    return tpc.finish(batch).batch if planned else None
+
+
+def rows(config: Any) -> list[tuple[Any, ...]]:
+    table = DeltaTable(config.delta.table_uri).to_pyarrow_table(columns=COLUMNS)
+    return sorted(tuple(r[c] for c in COLUMNS) for r in table.to_pylist())
+
+
+def apps_by_coordinate(config: Any) -> dict[tuple[int, int], str]:
+    return {(r[0], r[1]): r[3] for r in rows(config)}
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "exactly_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_fill_ingests_what_came_before_the_live_start_and_rejects_overlaps(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2, starting_offsets="latest")
+    topic = config.kafka.topic
+    kafka_client.produce_to_partitions(topic, {0: list(pageviews(100)), 1: list(pageviews(60))})
+    live_until_caught_up(config, spark)  # pins the start at offsets 100 and 60
+    kafka_client.produce_to_partitions(topic, {0: list(pageviews(40, start=100)), 1: []})
+    live_until_caught_up(config, spark)
+    assert sum(1 for r in rows(config) if r[0] == 0) == 40
+
+    version = DeltaTable(config.delta.table_uri).version()
+    with pytest.raises(BackfillError, match=r"overlaps committed data: batch pageviews/\d+"):
+        backfill(config, spark, "fill", OffsetRange(topic, 0, 90, 110))
+    with pytest.raises(BackfillError, match="belong to the live pipeline"):
+        backfill(config, spark, "fill", OffsetRange(topic, 0, 150, 160))
+    assert DeltaTable(config.delta.table_uri).version() == version
+
+    result = cli(
+        "backfill",
+        "-c",
+        str(config_path(config)),
+        "--partition",
+        "0",
+        "--from",
+        "0",
+        "--to",
+        "100",
+        "--mode",
+        "fill",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "fill batch 1 ACKED" in result.stdout and "records=100" in result.stdout
+    again = cli(
+        "backfill",
+        "-c",
+        str(config_path(config)),
+        "--partition",
+        "0",
+        "--from",
+        "0",
+        "--to",
+        "100",
+        "--mode",
+        "fill",
+    )
+    assert again.returncode == 0 and "already done" in again.stdout
+    overlap = cli(
+        "backfill",
+        "-c",
+        str(config_path(config)),
+        "--partition",
+        "0",
+        "--from",
+        "50",
+        "--to",
+        "60",
+        "--mode",
+        "fill",
+    )
+    assert overlap.returncode == 2
+    assert "overlaps committed data: batch pageviews.backfill/1" in overlap.stderr
+    backfill(config, spark, "fill", OffsetRange(topic, 1, 0, 60))
+
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert (table, quarantined) == (200, 0)
+
+
+def test_replace_while_the_live_pipeline_keeps_committing(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(3, max_records=150)
+    topic = config.kafka.topic
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(400, start=400 * p, malformed_every=40)) for p in range(3)}
+    )
+    live_until_caught_up(config, spark)
+    before = apps_by_coordinate(config)
+    kafka_client.produce(topic, pageviews(1500, start=1200, malformed_every=40))
+    live = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "exactly_cli",
+            "run",
+            "-c",
+            str(config_path(config)),
+            "--until-caught-up",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        replaced = backfill(config, spark, "replace", OffsetRange(topic, 1, 50, 250))
+    finally:
+        out = live.communicate(timeout=600)[0]
+    assert live.returncode == 0, out
+    assert replaced is not None and replaced.state is BatchState.ACKED
+    live_until_caught_up(config, spark)
+
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 2700
+    after = apps_by_coordinate(config)
+    for coord, app in after.items():
+        in_range = coord[0] == 1 and 50 <= coord[1] < 250
+        if in_range:
+            assert app == before[coord].upper(), coord
+        else:
+            assert app == app.lower(), coord
+    assert sum(1 for c in after if c[0] == 1 and 50 <= c[1] < 250) > 150
+
+
+def test_replace_twice_gives_the_same_table(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2, max_records=200)
+    kafka_client.produce(config.kafka.topic, pageviews(600, malformed_every=25))
+    live_until_caught_up(config, spark)
+    rng = OffsetRange(config.kafka.topic, 0, 10, 180)
+    assert backfill(config, spark, "replace", rng) is not None
+    once = rows(config)
+    version = DeltaTable(config.delta.table_uri).version()
+    assert backfill(config, spark, "replace", rng) is None  # identical request: nothing to do
+    assert DeltaTable(config.delta.table_uri).version() == version
+    assert backfill(config, spark, "replace", rng, again=True) is not None
+    assert DeltaTable(config.delta.table_uri).version() > version
+    assert rows(config) == once
+    assert_exactly_once(config, kafka_client)
+
+
+def test_replace_removes_rows_by_predicate_after_compaction(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(1, max_records=100)
+    kafka_client.produce(config.kafka.topic, pageviews(400), partition=0)
+    live_until_caught_up(config, spark)
+    spark.sql(f"OPTIMIZE delta.`{config.delta.table_uri}`").collect()
+    actions = pa.table(DeltaTable(config.delta.table_uri).get_add_actions(flatten=True)).to_pylist()
+    assert len(actions) == 1
+    assert (actions[0]["min._batch_id"], actions[0]["max._batch_id"]) == (1, 4)
+
+    backfill(config, spark, "replace", OffsetRange(config.kafka.topic, 0, 150, 170))
+    apps = apps_by_coordinate(config)
+    changed = sorted(c[1] for c, app in apps.items() if app != app.lower())
+    assert changed == list(range(150, 170))
+    assert_exactly_once(config, kafka_client)
+    # the compacted file was swapped for a rewrite without those rows, plus the new rows
+    files = pa.table(DeltaTable(config.delta.table_uri).get_add_actions(flatten=True)).to_pylist()
+    assert sorted(f["num_records"] for f in files) == [20, 380]
+
+
+def test_a_range_deleted_by_retention_fails_loudly_and_commits_nothing(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(1)
+    kafka_client.produce(config.kafka.topic, pageviews(300), partition=0)
+    live_until_caught_up(config, spark)
+    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap_servers})
+    for future in admin.delete_records([TopicPartition(config.kafka.topic, 0, 100)]).values():
+        future.result(timeout=30)
+    version = DeltaTable(config.delta.table_uri).version()
+    with pytest.raises(DataLossError, match=r"offsets \[50, 100\) are no longer in Kafka"):
+        backfill(config, spark, "replace", OffsetRange(config.kafka.topic, 0, 50, 150))
+    assert DeltaTable(config.delta.table_uri).version() == version
+    assert LedgerStore(config.ledger.url).batches(app_id="pageviews.backfill") == []
+
+
+BACKFILL_CRASHES = {
+    "after_plan": BatchState.PLANNED,
+    "during_stage": BatchState.PLANNED,
+    "after_stage": BatchState.STAGED,
+    "after_prepare": BatchState.PREPARED,
+    "after_delta_commit": BatchState.PREPARED,
+    "after_committed": BatchState.COMMITTED,
+}
+
+
+@pytest.mark.parametrize("point", sorted(BACKFILL_CRASHES))
+def test_a_crash_during_a_replace_then_recovery_keeps_exactly_once(
+    point: str, spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2, max_records=500)
+    kafka_client.produce(config.kafka.topic, pageviews(600, malformed_every=30))
+    live_until_caught_up(config, spark)
+    before = apps_by_coordinate(config)
+    result = cli(
+        "backfill",
+        "-c",
+        str(config_path(config)),
+        "--partition",
+        "1",
+        "--from",
+        "20",
+        "--to",
+        "200",
+        "--mode",
+        "replace",
+        "--transform",
+        V2,
+        env={"EXACTLY_CRASH_AT": point},
+    )
+    assert result.returncode == CRASH_EXIT_CODE, result.stdout + result.stderr
+    store = LedgerStore(config.ledger.url)
+    (crashed,) = store.batches(app_id="pageviews.backfill")
+    assert crashed.state is BACKFILL_CRASHES[point]
+
+    # restart: recovery finishes a voted replace; an unvoted one is abandoned and redone
+    rng = OffsetRange(config.kafka.topic, 1, 20, 200)
+    backfill(config, spark, "replace", rng)
+    done = [b for b in store.batches(app_id="pageviews.backfill") if b.state is BatchState.ACKED]
+    assert len(done) == 1
+    assert_exactly_once(config, kafka_client)
+    for coord, app in apps_by_coordinate(config).items():
+        in_range = coord[0] == 1 and 20 <= coord[1] < 200
+        assert app == (before[coord].upper() if in_range else before[coord]), coord
