@@ -250,7 +250,10 @@ def test_a_crash_during_a_replace_then_recovery_keeps_exactly_once(
     point: str, spark: Any, kafka_client: Any, pipeline_factory: Any
 ) -> None:
     config = pipeline_factory(2, max_records=500)
-    kafka_client.produce(config.kafka.topic, pageviews(600, malformed_every=30))
+    kafka_client.produce_to_partitions(
+        config.kafka.topic,
+        {p: list(pageviews(300, start=300 * p, malformed_every=30)) for p in (0, 1)},
+    )
     live_until_caught_up(config, spark)
     before = apps_by_coordinate(config)
     result = cli(
