@@ -203,12 +203,16 @@ def is_empty(ranges: Iterable[OffsetRange]) -> bool:
     return all(r.span == 0 for r in ranges)
 
 
-def worth_planning(ranges: Iterable[OffsetRange], positions: Mapping[int, int]) -> bool:
-    """A batch is worth committing if it reads something, or if it fixes the starting
-    position of a partition that has none yet (with starting offsets "latest", an empty
-    first batch is what pins where the pipeline starts)."""
+def worth_planning(
+    ranges: Iterable[OffsetRange], positions: Mapping[int, int], starting_offsets: str
+) -> bool:
+    """A batch is worth committing if it reads something, or, with starting offsets
+    "latest", if it pins the start of a partition that has no position yet (otherwise the
+    start would keep moving with the topic's end and skip what arrives meanwhile)."""
     ranges = list(ranges)
-    return not is_empty(ranges) or any(r.partition not in positions for r in ranges)
+    if not is_empty(ranges):
+        return True
+    return starting_offsets == "latest" and any(r.partition not in positions for r in ranges)
 
 
 @dataclass(frozen=True)

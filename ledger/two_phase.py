@@ -143,7 +143,11 @@ class TwoPhaseCommit:
                 self.max_records_per_partition,
                 self.starting_offsets,
             )
-            return planned if allow_empty or worth_planning(planned, positions) else None
+            return (
+                planned
+                if allow_empty or worth_planning(planned, positions, self.starting_offsets)
+                else None
+            )
 
         batch = self.store.plan(
             pipeline=self.pipeline,

@@ -15,7 +15,7 @@ def build_definitions() -> dg.Definitions:
     jobs, schedules, sensors, assets = [], [], [], []
     for config in load_pipelines():
         pipeline = build_pipeline_jobs(config)
-        jobs += [pipeline.micro_batch, pipeline.redrive]
+        jobs += [pipeline.micro_batch, pipeline.redrive, pipeline.backfill]
         schedules.append(build_schedule(pipeline))
         sensors += build_sensors(pipeline)
         assets.append(pipeline.table)

@@ -10,19 +10,24 @@ one process so its ops share one Spark session and pass the stage output in memo
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import dagster as dg
 from deltalake import DeltaTable
+from pydantic import Field
 
-from jobs.micro_batch import SharedSpark, build
-from ledger.protocol import MUST_FINISH, BatchState
+from jobs.micro_batch import SharedSpark, build, build_backfill
+from ledger.backfill import BACKFILL, BackfillMode, plan_backfill
+from ledger.protocol import MUST_FINISH, BatchState, OffsetRange
 from ledger.store import Batch
 from ledger.two_phase import StageOutput, TwoPhaseCommit
 from resources.config import PipelineConfig
 
 PIPELINE_TAG = "exactly/pipeline"
 BATCH_TAG = "exactly/batch"
+#: A run for an existing batch's partition reprocesses it (a replace backfill) only when an
+#: operator asked: a partition backfill launched from the UI, or this tag set by hand.
+REPROCESS_TAGS = frozenset({"dagster/backfill", "exactly/reprocess"})
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,9 @@ class PipelineJobs:
     table: dg.AssetSpec
     micro_batch: dg.JobDefinition
     redrive: dg.JobDefinition
+    backfill: dg.JobDefinition
     coordinator: Any  # () -> TwoPhaseCommit, shared with the sensors and the schedule
+    backfill_coordinator: Any  # () -> TwoPhaseCommit of the pipeline's backfills
 
 
 def batch_metadata(batch: Batch) -> dict[str, Any]:
@@ -78,8 +85,30 @@ def _timed(coordinator: TwoPhaseCommit, batch: Batch, phase: str, started: float
     return coordinator.store.record_metrics(batch, {"phase_s": phases})
 
 
+class OffsetRangeConfig(dg.Config):
+    partition: int = Field(description="Kafka partition")
+    start: int = Field(description="first offset of the range", ge=0)
+    end: int = Field(description="the offset after the last one", ge=1)
+    topic: str | None = Field(default=None, description="default: the pipeline's topic")
+
+
+class BackfillRequest(dg.Config):
+    """The launchpad of the backfill job."""
+
+    mode: Literal["fill", "replace"] = Field(
+        default="fill",
+        description="fill: offsets nothing covers yet; replace: reprocess committed offsets",
+    )
+    ranges: list[OffsetRangeConfig] = Field(default_factory=list)
+    transform: str | None = Field(
+        default=None, description="module:function instead of the pipeline's transform"
+    )
+    again: bool = Field(default=False, description="repeat an identical finished backfill")
+
+
 def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
     name = config.pipeline
+    pipeline_config = config
     batches = dg.DynamicPartitionsDefinition(name=f"{name}_batches")
     table = dg.AssetSpec(
         key=f"{name}_table",
@@ -93,14 +122,40 @@ def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
     def coordinator() -> TwoPhaseCommit:
         return build(config, spark_factory=spark)
 
-    def publish_event(context: dg.OpExecutionContext, tpc: TwoPhaseCommit, batch: Batch) -> None:
-        context.log_event(
-            dg.AssetMaterialization(
-                asset_key=table.key,
-                partition=str(batch.batch_id),
-                metadata={**batch_metadata(batch), **table_metadata(tpc, config)},
+    def coordinator_for(batch: Batch) -> TwoPhaseCommit:
+        """Live batches and reprocessing (replace backfill) batches flow through the same ops."""
+        if batch.kind == BACKFILL:
+            return build_backfill(
+                config, transform=batch.params.get("transform"), spark_factory=spark
             )
+        return coordinator()
+
+    def publish_event(context: dg.OpExecutionContext, tpc: TwoPhaseCommit, batch: Batch) -> None:
+        partition = context.partition_key if context.has_partition_key else str(batch.batch_id)
+        meta = {**batch_metadata(batch), **table_metadata(tpc, config)}
+        if batch.kind == BACKFILL:
+            meta["reprocessed_by"] = f"{batch.app_id}/{batch.batch_id}"
+        context.log_event(
+            dg.AssetMaterialization(asset_key=table.key, partition=partition, metadata=meta)
         )
+
+    def reprocess(context: dg.OpExecutionContext, existing: Batch) -> Batch | None:
+        """A partition backfill over existing batches replaces their ranges."""
+        ranges = [r for r in existing.ranges if r.span]
+        if not ranges:
+            context.log.info(f"batch {existing.batch_id} read nothing; nothing to reprocess")
+            return None
+        tpc = build_backfill(config, spark_factory=spark)
+        batch, _ = plan_backfill(
+            tpc,
+            live_app_id=config.app_id,
+            mode=BackfillMode.REPLACE,
+            ranges=ranges,
+            transform=config.transform,
+            again=True,
+        )
+        context.log.info(f"reprocessing batch {existing.batch_id} as {batch.label}")
+        return batch
 
     @dg.op(name=f"{name}_plan", out=dg.Out(Batch, is_required=False))
     def plan(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
@@ -111,6 +166,11 @@ def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
             context.log.info(f"recovered batch {done.batch_id}: {done.state}")
         wanted = int(context.partition_key) if context.has_partition_key else None
         if wanted is not None and (existing := tpc.store.get(config.app_id, wanted)):
+            asked = REPROCESS_TAGS & set(context.run.tags)
+            if asked and existing.state in (BatchState.COMMITTED, BatchState.ACKED):
+                if replacement := reprocess(context, existing):
+                    yield dg.Output(replacement, metadata=batch_metadata(replacement))
+                return
             context.log.info(f"batch {wanted} already exists ({existing.state}); nothing to plan")
             return
         batch = tpc.begin(batch_id=wanted)
@@ -126,7 +186,7 @@ def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
     @dg.op(name=f"{name}_stage", out={"batch": dg.Out(Batch), "staged_files": dg.Out(StageOutput)})
     def stage(batch: Batch) -> Iterator[dg.Output[Any]]:
         started = time.perf_counter()
-        tpc = coordinator()
+        tpc = coordinator_for(batch)
         staged, output = tpc.invoke(batch)
         staged = _timed(tpc, staged, "stage", started)
         yield dg.Output(staged, "batch", metadata=batch_metadata(staged))
@@ -135,14 +195,14 @@ def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
     @dg.op(name=f"{name}_prepare", out=dg.Out(Batch))
     def prepare(batch: Batch, staged_files: StageOutput) -> dg.Output[Batch]:
         started = time.perf_counter()
-        tpc = coordinator()
+        tpc = coordinator_for(batch)
         prepared = _timed(tpc, tpc.pre_commit(batch, staged_files), "prepare", started)
         return dg.Output(prepared, metadata=batch_metadata(prepared))
 
     @dg.op(name=f"{name}_commit", out=dg.Out(Batch))
     def commit(context: dg.OpExecutionContext, batch: Batch) -> dg.Output[Batch]:
         started = time.perf_counter()
-        tpc = coordinator()
+        tpc = coordinator_for(batch)
         acked = _timed(tpc, tpc.ack(tpc.commit(batch)), "commit", started)
         publish_event(context, tpc, acked)
         return dg.Output(acked, metadata=batch_metadata(acked))
@@ -185,4 +245,54 @@ def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
     def redrive() -> None:
         redrive_commit()
 
-    return PipelineJobs(config, batches, table, micro_batch, redrive, coordinator)
+    @dg.op(name=f"{name}_backfill_ranges", out=dg.Out(Batch, is_required=False))
+    def run_backfill(
+        context: dg.OpExecutionContext, config: BackfillRequest
+    ) -> Iterator[dg.Output[Batch]]:
+        """Finish voted backfill batches, then fill or replace the requested ranges."""
+        transform = config.transform or pipeline_config.transform
+        tpc = build_backfill(pipeline_config, transform=transform, spark_factory=spark)
+        for done in tpc.recover_and_commit():
+            context.log.info(f"recovered backfill batch {done.batch_id}: {done.state}")
+        if not config.ranges:
+            context.log.info("no ranges requested: recovery only")
+            return
+        ranges = [
+            OffsetRange(r.topic or pipeline_config.kafka.topic, r.partition, r.start, r.end)
+            for r in config.ranges
+        ]
+        batch, planned = plan_backfill(
+            tpc,
+            live_app_id=pipeline_config.app_id,
+            mode=BackfillMode(config.mode),
+            ranges=ranges,
+            transform=transform,
+            again=config.again,
+        )
+        if not planned:
+            context.log.info(f"already done as {batch.label} ({batch.state}); nothing to do")
+            return
+        context.instance.add_run_tags(
+            context.run_id, {BATCH_TAG: f"{batch.app_id}/{batch.batch_id}"}
+        )
+        report = tpc.finish(batch)
+        yield dg.Output(report.batch, metadata=batch_metadata(report.batch))
+
+    @dg.job(
+        name=f"{name}_backfill",
+        description=(
+            f"Fill or replace offset ranges of pipeline {name!r}, exactly once, while the live "
+            "pipeline keeps running. Without ranges it only finishes voted backfill batches."
+        ),
+        executor_def=dg.in_process_executor,
+        tags={PIPELINE_TAG: f"{name}.backfill"},
+    )
+    def backfill() -> None:
+        run_backfill()
+
+    def backfill_coordinator() -> TwoPhaseCommit:
+        return build_backfill(config, spark_factory=spark)
+
+    return PipelineJobs(
+        config, batches, table, micro_batch, redrive, backfill, coordinator, backfill_coordinator
+    )

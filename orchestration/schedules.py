@@ -34,7 +34,7 @@ def next_batch_request(
         config.batch.max_records_per_partition,
         config.kafka.starting_offsets,
     )
-    if not worth_planning(ranges, positions):
+    if not worth_planning(ranges, positions, config.kafka.starting_offsets):
         return dg.SkipReason(f"{config.kafka.topic}: caught up, nothing new to read")
     latest = tpc.store.batches(app_id=config.app_id, limit=1)
     next_id = (latest[0].batch_id if latest else 0) + 1

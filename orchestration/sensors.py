@@ -37,35 +37,53 @@ def alerts_for(jobs: PipelineJobs) -> AlertsResource:
     )
 
 
-def _run_alive(instance: dg.DagsterInstance, pipeline: str, batch_id: int) -> bool:
+def _run_alive(instance: dg.DagsterInstance, pipeline_tag: str, batch_tag: str) -> bool:
     runs = instance.get_runs(
-        dg.RunsFilter(tags={PIPELINE_TAG: pipeline, BATCH_TAG: str(batch_id)}, statuses=_ALIVE),
+        dg.RunsFilter(tags={PIPELINE_TAG: pipeline_tag, BATCH_TAG: batch_tag}, statuses=_ALIVE),
         limit=1,
     )
     return bool(runs)
 
 
+VOTED = [BatchState.PREPARED, BatchState.COMMITTED]
+
+
 def redrive_requests(jobs: PipelineJobs, instance: dg.DagsterInstance) -> Iterator[dg.RunRequest]:
     """A commit-only run for every voted batch nobody is finishing.
 
-    The run key is (batch, attempt): an attempt is re-driven once; if that run dies too,
-    its takeover raised the attempt and the next evaluation may launch again.
+    Live batches get a re-drive run of their partition; backfill batches a backfill run
+    without ranges, which only recovers. The run key is (batch, attempt): an attempt is
+    re-driven once; if that run dies too, its takeover raised the attempt and the next
+    evaluation may launch again.
     """
+    pipeline = jobs.config.pipeline
     tpc = jobs.coordinator()
-    voted = tpc.store.batches(
-        app_id=jobs.config.app_id, states=[BatchState.PREPARED, BatchState.COMMITTED]
-    )
-    for batch in sorted(voted, key=lambda b: b.batch_id):
-        if _run_alive(instance, jobs.config.pipeline, batch.batch_id) or tpc.may_be_alive(batch):
+    for batch in sorted(tpc.store.batches(app_id=tpc.app_id, states=VOTED), key=_id):
+        if _run_alive(instance, pipeline, str(batch.batch_id)) or tpc.may_be_alive(batch):
             continue
         key = str(batch.batch_id)
         if not instance.has_dynamic_partition(jobs.batches.name, key):
             instance.add_dynamic_partitions(jobs.batches.name, [key])
         yield dg.RunRequest(
             run_key=f"{batch.app_id}:{batch.batch_id}:{batch.attempt}",
+            job_name=jobs.redrive.name,
             partition_key=key,
             tags={BATCH_TAG: key},
         )
+    backfills = jobs.backfill_coordinator()
+    for batch in sorted(backfills.store.batches(app_id=backfills.app_id, states=VOTED), key=_id):
+        label = f"{batch.app_id}/{batch.batch_id}"
+        if _run_alive(instance, f"{pipeline}.backfill", label) or backfills.may_be_alive(batch):
+            continue
+        yield dg.RunRequest(
+            run_key=f"{batch.app_id}:{batch.batch_id}:{batch.attempt}",
+            job_name=jobs.backfill.name,
+            tags={BATCH_TAG: label},
+        )
+
+
+def _id(batch: Batch) -> int:
+    return batch.batch_id
 
 
 @dataclass(frozen=True)
@@ -120,9 +138,13 @@ def evaluate_stuck(
     for key in open_keys:
         app_id, _, batch_id = key.rpartition("/")
         current[key] = store.get(app_id, int(batch_id))
+    prepared = [
+        *store.batches(app_id=config.app_id, states=[BatchState.PREPARED]),
+        *store.batches(app_id=jobs.backfill_coordinator().app_id, states=[BatchState.PREPARED]),
+    ]
     decision = decide_stuck(
         open_keys,
-        store.batches(app_id=config.app_id, states=[BatchState.PREPARED]),
+        prepared,
         current,
         utcnow(),
         config.alerts.stuck_prepared_after_seconds,
@@ -174,7 +196,7 @@ def build_sensors(jobs: PipelineJobs) -> list[dg.SensorDefinition]:
 
     @dg.sensor(
         name=f"{name}_redrive_sensor",
-        job=jobs.redrive,
+        jobs=[jobs.redrive, jobs.backfill],
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
@@ -203,7 +225,7 @@ def build_sensors(jobs: PipelineJobs) -> list[dg.SensorDefinition]:
 
     @dg.run_failure_sensor(
         name=f"{name}_run_failure_sensor",
-        monitored_jobs=[jobs.micro_batch, jobs.redrive],
+        monitored_jobs=[jobs.micro_batch, jobs.redrive, jobs.backfill],
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Alerts through the pipeline's sinks when one of its runs fails.",
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from ledger.protocol import BatchState
@@ -246,3 +247,65 @@ def test_instance_settings_allow_one_run_per_pipeline(tmp_path: Path) -> None:
     assert limits == [
         {"key": "exactly/pipeline", "value": {"applyLimitPerUniqueValue": True}, "limit": 1}
     ]
+
+
+def test_backfill_job_and_partition_backfill_replace_ranges(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    topic = config.kafka.topic
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(150, start=150 * p)) for p in (0, 1)}
+    )
+    jobs = build_pipeline_jobs(config)
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    assert jobs.micro_batch.execute_in_process(instance=instance, partition_key="1").success
+
+    def apps() -> dict[tuple[int, int], str]:
+        table = DeltaTable(config.delta.table_uri).to_pyarrow_table()
+        return {(r["_kafka_partition"], r["_kafka_offset"]): r["app"] for r in table.to_pylist()}
+
+    # the backfill job's launchpad: ranges, mode and a fixed transform
+    run_config = {
+        "ops": {
+            "pageviews_backfill_ranges": {
+                "config": {
+                    "mode": "replace",
+                    "ranges": [{"partition": 0, "start": 10, "end": 50}],
+                    "transform": "tests.transforms:pageviews_v2",
+                }
+            }
+        }
+    }
+    result = jobs.backfill.execute_in_process(instance=instance, run_config=run_config)
+    assert result.success
+    replaced = result.output_for_node("pageviews_backfill_ranges")
+    assert replaced.state is BatchState.ACKED and replaced.app_id == "pageviews.backfill"
+    upper = sorted(c for c, app in apps().items() if app != app.lower())
+    assert upper == [(0, o) for o in range(10, 50)]
+
+    # a plain re-run of an existing batch's partition plans nothing
+    rerun = jobs.micro_batch.execute_in_process(instance=instance, partition_key="1")
+    assert rerun.success
+    assert {e.step_key for e in rerun.all_events if e.event_type_value == "STEP_SKIPPED"} == {
+        "pageviews_stage",
+        "pageviews_prepare",
+        "pageviews_commit",
+    }
+    # a partition backfill from the UI reprocesses the batch with the pipeline's transform
+    fixed = build_pipeline_jobs(
+        config.model_copy(update={"transform": "tests.transforms:pageviews_v2"})
+    )
+    result = fixed.micro_batch.execute_in_process(
+        instance=instance, partition_key="1", tags={"dagster/backfill": "ui-test"}
+    )
+    assert result.success
+    batch = result.output_for_node("pageviews_commit")
+    assert batch.kind == "backfill" and batch.state is BatchState.ACKED
+    assert all(app == app.upper() for app in apps().values())
+    (materialization,) = result.asset_materializations_for_node("pageviews_commit")
+    assert materialization.partition == "1"
+    assert (
+        materialization.metadata["reprocessed_by"].value == f"pageviews.backfill/{batch.batch_id}"
+    )
+    assert assert_exactly_once(config, kafka_client) == (300, 0)
