@@ -1,0 +1,145 @@
+"""The machine's limits for this work: how fast the topic can be read, and Parquet written.
+
+Neither includes JSON parsing or a Delta commit, so the product can only approach them:
+they say how much of the time is the unavoidable part.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from deltalake import DeltaTable
+
+from bench.product import BenchError
+from resources.broker import java_executable
+from resources.jars import kafka_classpath
+
+PERF_TOOL = "org.apache.kafka.tools.ConsumerPerformance"
+
+
+def consume_confluent(bootstrap: str, topic: str, partitions: int, records: int) -> dict[str, Any]:
+    """Read every record of the topic with one librdkafka consumer, doing nothing with them.
+
+    The Python loop touches each message once (its value's length), which is the least any
+    Python consumer can do.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-consume-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    count = value_bytes = 0
+    remaining = set(range(partitions))
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        started = time.perf_counter()
+        deadline = time.monotonic() + 600
+        while remaining and time.monotonic() < deadline:
+            for message in consumer.consume(num_messages=10_000, timeout=1.0):
+                error = message.error()
+                if error is None:
+                    count += 1
+                    value_bytes += len(message.value() or b"")
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    remaining.discard(message.partition())
+                else:
+                    raise BenchError(f"consuming {topic}: {error.str()}")
+        seconds = time.perf_counter() - started
+    finally:
+        consumer.close()
+    if count != records:
+        raise BenchError(f"the consumer read {count} records of {topic}, not {records}")
+    return {"records": count, "bytes": value_bytes, "seconds": seconds}
+
+
+def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
+    """Kafka's own ConsumerPerformance tool, from the broker's jars, in a JVM of its own.
+
+    Its `fetch` figures exclude the consumer group's join, and the JVM's start is outside
+    both: this is the rate the Java client (the one Spark uses) can read the topic at.
+    """
+    command = [
+        java_executable(),
+        "-Xmx512m",
+        "-cp",
+        kafka_classpath(),
+        PERF_TOOL,
+        "--bootstrap-server",
+        bootstrap,
+        "--topic",
+        topic,
+        "--messages",
+        str(records),
+        "--timeout",
+        "120000",
+    ]
+    started = time.perf_counter()
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
+    )
+    wall = time.perf_counter() - started
+    lines = [line for line in result.stdout.splitlines() if line.count(",") >= 9]
+    if result.returncode != 0 or len(lines) < 2:
+        tail = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+        raise BenchError(f"{PERF_TOOL} failed (exit {result.returncode}): {tail}")
+    header = [h.strip() for h in lines[0].split(",")]
+    row = dict(zip(header, (v.strip() for v in lines[-1].split(",")), strict=True))
+    consumed = int(float(row["data.consumed.in.nMsg"]))
+    if consumed != records:
+        raise BenchError(f"{PERF_TOOL} read {consumed} records of {topic}, not {records}")
+    fetch_ms = float(row["fetch.time.ms"])
+    return {
+        "records": consumed,
+        "seconds": fetch_ms / 1000.0,
+        "with_group_join_seconds": fetch_ms / 1000.0 + float(row["rebalance.time.ms"]) / 1000.0,
+        "jvm_wall_seconds": wall,
+        "tool": dict(row),
+    }
+
+
+def table_rows(table_uri: str) -> pa.Table:
+    """The rows a product run committed to its data table: the input of the Parquet limit."""
+    return DeltaTable(table_uri).to_pyarrow_table()
+
+
+def parquet_write(rows: pa.Table, folder: Path, threads: int | None = None) -> dict[str, Any]:
+    """Write `rows` as snappy Parquet (Spark's codec here), one slice per core, in parallel.
+
+    pyarrow releases the GIL while encoding, so the threads use every core as Spark's tasks
+    do; the folder is on the same disk as the tables.
+    """
+    threads = threads or os.cpu_count() or 1
+    folder.mkdir(parents=True, exist_ok=True)
+    step = -(-rows.num_rows // threads)
+    slices = [rows.slice(i * step, step) for i in range(threads)]
+
+    def write(index: int) -> int:
+        path = folder / f"part-{index:05d}.parquet"
+        pq.write_table(slices[index], path, compression="snappy")
+        return path.stat().st_size
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        written = sum(pool.map(write, range(threads)))
+    seconds = time.perf_counter() - started
+    return {
+        "records": rows.num_rows,
+        "seconds": seconds,
+        "threads": threads,
+        "arrow_bytes": rows.nbytes,
+        "parquet_bytes": written,
+    }

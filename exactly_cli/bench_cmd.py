@@ -1,0 +1,142 @@
+"""`exactly bench`: throughput, commit latency and per-batch cost against the alternatives.
+
+The harness lives in the `bench` package; this module only turns arguments into its
+Settings, prints the report and writes the JSON. The full run is a benchmark, not a test:
+`--smoke` runs every section on tiny data so CI keeps the harness working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from ledger.errors import ConfigError
+
+
+def _batch_sizes(text: str) -> tuple[int | None, ...]:
+    """'100000,1000000,all' -> (100000, 1000000, None)."""
+    sizes: list[int | None] = []
+    for part in text.split(","):
+        part = part.strip().lower()
+        if part == "all":
+            sizes.append(None)
+        elif part.isdigit() and int(part) > 0:
+            sizes.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"{part!r} is neither a positive count nor 'all'")
+    return tuple(sizes)
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a list of counts") from None
+    if any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError(f"{text!r}: every count must be at least 1")
+    return counts
+
+
+def register(subparsers: Any) -> None:
+    """Add `bench` to the top-level sub-command parsers."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark against Spark Structured Streaming and the machine's limits",
+        description=(
+            "Produce a page-view data set on an embedded broker, then measure this product "
+            "(CLI path and Dagster run), Spark Structured Streaming (availableNow, Delta sink) "
+            "and the machine's limits (raw consume, pyarrow Parquet write) in one run; "
+            "print medians and ratios. Defaults are the full run of BENCHMARKS.md."
+        ),
+    )
+    parser.add_argument("--records", type=int, help="records in the data set (default 2,000,000)")
+    parser.add_argument("--partitions", type=int, help="topic partitions (default 8)")
+    parser.add_argument("--record-bytes", type=int, help="size of a record (default 500)")
+    parser.add_argument(
+        "--batch-sizes",
+        type=_batch_sizes,
+        help="records per batch, comma-separated, 'all' = all at once (default 100000,1000000,all)",
+    )
+    parser.add_argument(
+        "--dagster-batch", type=_batch_sizes, help="records per Dagster run (default 100000)"
+    )
+    parser.add_argument("--repeat", type=int, help="repetitions; medians are reported (default 3)")
+    parser.add_argument(
+        "--empty-batches", type=int, help="empty batches per variant per repetition (default 3)"
+    )
+    parser.add_argument(
+        "--files", type=_counts, help="files per commit to time (default 10,100,1000)"
+    )
+    parser.add_argument("--history", type=int, help="commits in the history test (default 1000)")
+    parser.add_argument("--spark-master", help="Spark master (default local[2], as pipelines)")
+    parser.add_argument("--work-dir", type=Path, help="parent of the temporary folder")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--json-out", type=Path, help="also write every figure as JSON here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="DIR",
+        help="write Spark's event log to DIR and print where each contender's Spark time "
+        "goes (turns the event log on: use its figures to find costs, not to compare)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny data (2,000 records), one repetition, 20-commit history: checks the harness",
+    )
+    parser.set_defaults(func=cmd_bench)
+
+
+def settings_from(args: argparse.Namespace) -> Any:
+    """The harness settings: the smoke or full defaults, overridden by what was given."""
+    from bench.harness import SMOKE, Settings
+
+    base = SMOKE if args.smoke else Settings()
+    given = {
+        "records": args.records,
+        "partitions": args.partitions,
+        "record_bytes": args.record_bytes,
+        "batch_records": args.batch_sizes,
+        "repeat": args.repeat,
+        "empty_batches": args.empty_batches,
+        "file_counts": args.files,
+        "history": args.history,
+        "spark_master": args.spark_master,
+        "work_dir": args.work_dir,
+        "profile_dir": args.profile,
+    }
+    changes = {k: v for k, v in given.items() if v is not None}
+    if args.dagster_batch is not None:
+        changes["dagster_batch_records"] = args.dagster_batch[0]  # None = all at once
+    if args.keep:
+        changes["keep"] = True
+    settings = dataclasses.replace(base, **changes)
+    for name in ("records", "partitions", "repeat", "history"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if settings.empty_batches < 0:
+        raise ConfigError("--empty-batches must be at least 0")
+    return settings
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from bench.harness import run
+    from bench.report import render
+
+    settings = settings_from(args)
+    result = run(settings, log=lambda line: print(line, flush=True))
+    print()
+    print(render(result), flush=True)
+    if "spark_profile" in result:
+        from bench.spark_profile import render as render_profile
+
+        print()
+        print(render_profile(result["spark_profile"]), flush=True)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"\nbench: figures written to {args.json_out}")
+    return 0

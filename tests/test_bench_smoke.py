@@ -1,0 +1,90 @@
+"""`exactly bench --smoke`: every section of the benchmark runs and yields figures.
+
+Speed is never asserted here (the machine is shared; figures are for BENCHMARKS.md): only
+that the harness still works end to end and its JSON holds every section, with positive
+figures. It runs as a child process because the harness starts and stops its own broker and
+Spark session, which must not be the test session's shared ones.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SMOKE_TIMEOUT_S = 600
+
+
+def _numbers(value: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    """Every number in a JSON document, with where it is."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, int | float):
+        yield path, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _numbers(item, f"{path}[{index}]")
+
+
+@pytest.mark.slow
+def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", "bench", "--smoke", "--json-out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=SMOKE_TIMEOUT_S,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for heading in ("Throughput", "Time per phase", "Fixed cost", "Limits", "Ratios", "delta-rs"):
+        assert heading in result.stdout
+    doc = json.loads(out.read_text())
+    summary = doc["summary"]
+
+    systems = {(t["system"], t["plan"], t["batch"]) for t in summary["throughput"]}
+    batches = {"all"}
+    for batch in batches:
+        assert ("exactly", "single-pass", batch) in systems
+        assert ("exactly", "two-pass", batch) in systems
+        assert ("structured-streaming", "delta sink", batch) in systems
+    for t in summary["throughput"]:
+        assert t["records_per_s"] > 0 and t["mib_per_s"] > 0 and t["batches"] >= 1
+    for t in summary["throughput"]:
+        if t["system"] == "exactly":
+            assert set(t["phases_per_batch_s"]) == {"plan", "stage", "prepare", "commit", "ack"}
+    assert summary["dagster"]["records_per_s"] > 0 and summary["dagster"]["batches"] == 1
+    assert summary["dagster"]["idle_run_s"] > 0
+    assert set(summary["empty_batch"]) == {
+        "single-pass",
+        "two-pass",
+        "structured-streaming idle run",
+        "dagster idle run",
+    }
+    assert set(summary["limits"]) == {"consume_confluent", "consume_java", "parquet_pyarrow"}
+    assert {r["batch"] for r in summary["ratios"]} == batches
+    assert all(v is not None for r in summary["ratios"] for v in r.values())
+    assert set(summary["delta_commit"]["files"]) == {"10", "100", "1000"}
+    history = summary["delta_commit"]["history"]
+    assert history["commits"] == 20 and len(history["windows"]) == 4
+
+    # every figure of every section is there and positive: a zero or a negative time or
+    # rate means a section measured nothing (the Dagster overhead is a difference of two
+    # times, which noise can make negative)
+    sections = ("throughput", "dagster", "empty_batch", "limits", "ratios", "delta_commit")
+    for section in sections:
+        figures = list(_numbers(summary[section], section))
+        assert figures, f"section {section} has no figures"
+        bad = [(where, v) for where, v in figures if not v > 0 and "overhead" not in where]
+        assert not bad, f"figures that are not positive: {bad}"
+    for section in ("repetitions", "history", "data_set", "machine"):
+        assert doc[section], section
