@@ -76,10 +76,7 @@ def commit_metadata(batch: Batch) -> dict[str, Any]:
         "kind": batch.kind,
         "batch_id": batch.batch_id,
         "attempt": batch.attempt,
-        "ranges": [
-            {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-            for r in batch.ranges
-        ],
+        "ranges": [r.as_dict() for r in batch.ranges],
         "params": batch.params,
     }
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from ledger.errors import DataLossError, InconsistencyError
 
@@ -92,6 +93,19 @@ class OffsetRange:
 
     def __str__(self) -> str:
         return f"{self.topic}-{self.partition}[{self.start},{self.end})"
+
+    def as_dict(self) -> dict[str, str | int]:
+        """The form stored in commit metadata and shown by `exactly ledger --json`."""
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "start": self.start,
+            "end": self.end,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OffsetRange:
+        return cls(str(data["topic"]), int(data["partition"]), int(data["start"]), int(data["end"]))
 
 
 @dataclass(frozen=True)

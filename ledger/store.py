@@ -20,7 +20,7 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
-from sqlalchemy.exc import IntegrityError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ledger.errors import (
     ConfigError,
@@ -180,10 +180,7 @@ class Batch:
             "committed_at": self.committed_at.isoformat() if self.committed_at else None,
             "table_version": self.table_version,
             "error": self.error,
-            "ranges": [
-                {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-                for r in self.ranges
-            ],
+            "ranges": [r.as_dict() for r in self.ranges],
             "metrics": self.metrics,
             "params": self.params,
         }
@@ -458,24 +455,16 @@ class LedgerStore:
                 new_ranges = list(proposed)
                 if contiguous:
                     check_contiguous(positions, new_ranges, f"{app_id}/{batch_id}")
-                token = uuid.uuid4().hex
-                conn.execute(
-                    batches.insert().values(
-                        app_id=app_id,
-                        batch_id=batch_id,
-                        pipeline=pipeline,
-                        kind=kind,
-                        state=str(BatchState.PLANNED),
-                        attempt=1,
-                        token=token,
-                        owner=str(owner),
-                        heartbeat_at=now,
-                        created_at=now,
-                        updated_at=now,
-                        params=dict(params or {}),
-                        metrics={},
-                        schemas={},
-                    )
+                self._insert_batch(
+                    conn,
+                    app_id=app_id,
+                    batch_id=batch_id,
+                    pipeline=pipeline,
+                    kind=kind,
+                    state=BatchState.PLANNED,
+                    owner=owner,
+                    created_at=now,
+                    params=params,
                 )
                 self._insert_ranges(conn, app_id, batch_id, new_ranges)
         except IntegrityError as exc:
@@ -506,6 +495,34 @@ class LedgerStore:
         if current is None:
             return "it no longer exists"
         return f"it is {current.state} at attempt {current.attempt} (owner {current.owner})"
+
+    @staticmethod
+    def _insert_batch(
+        conn: Connection,
+        *,
+        state: BatchState,
+        owner: Owner,
+        created_at: datetime,
+        params: Mapping[str, Any] | None,
+        **columns: Any,
+    ) -> None:
+        """A new batch row at attempt 1 with a fresh token."""
+        now = utcnow()
+        conn.execute(
+            batches.insert().values(
+                state=str(state),
+                attempt=1,
+                token=uuid.uuid4().hex,
+                owner=str(owner),
+                heartbeat_at=now,
+                created_at=created_at,
+                updated_at=now,
+                params=dict(params or {}),
+                metrics={},
+                schemas={},
+                **columns,
+            )
+        )
 
     def _insert_ranges(
         self, conn: Connection, app_id: str, batch_id: int, rngs: Iterable[OffsetRange]
@@ -699,36 +716,26 @@ class LedgerStore:
         params: Mapping[str, Any] | None = None,
     ) -> bool:
         """Re-create a COMMITTED batch found in the Delta log (invariant 7). Idempotent."""
-        now = utcnow()
         try:
             with self._tx() as conn:
                 if self._get(conn, app_id, batch_id) is not None:
                     return False
-                conn.execute(
-                    batches.insert().values(
-                        app_id=app_id,
-                        batch_id=batch_id,
-                        pipeline=pipeline,
-                        kind=kind,
-                        state=str(BatchState.COMMITTED),
-                        attempt=1,
-                        token=uuid.uuid4().hex,
-                        owner=str(this_owner()),
-                        heartbeat_at=now,
-                        created_at=committed_at,
-                        updated_at=now,
-                        committed_at=committed_at,
-                        table_version=table_version,
-                        params={**dict(params or {}), "rebuilt_from_delta_log": True},
-                        metrics={},
-                        schemas={},
-                    )
+                self._insert_batch(
+                    conn,
+                    app_id=app_id,
+                    batch_id=batch_id,
+                    pipeline=pipeline,
+                    kind=kind,
+                    state=BatchState.COMMITTED,
+                    owner=this_owner(),
+                    created_at=committed_at,
+                    params={**dict(params or {}), "rebuilt_from_delta_log": True},
+                    committed_at=committed_at,
+                    table_version=table_version,
                 )
                 self._insert_ranges(conn, app_id, batch_id, ranges)
-        except (IntegrityError, SQLAlchemyError) as exc:
-            if isinstance(exc, IntegrityError):
-                return False
-            raise
+        except IntegrityError:
+            return False  # a concurrent rebuild inserted it first
         return True
 
     def dispose(self) -> None:

@@ -301,10 +301,7 @@ class TwoPhaseCommit:
         for entry in entries:
             if self.store.get(self.app_id, entry["batch_id"]) is not None:
                 continue
-            ranges = [
-                OffsetRange(r["topic"], r["partition"], r["start"], r["end"])
-                for r in entry["ranges"]
-            ]
+            ranges = [OffsetRange.from_dict(r) for r in entry["ranges"]]
             rebuilt += self.store.insert_committed(
                 pipeline=self.pipeline,
                 app_id=self.app_id,

@@ -152,43 +152,33 @@ def evaluate_stuck(
     alerts = alerts_for(jobs)
     for batch in decision.stuck:
         minutes = (utcnow() - batch.prepared_at).total_seconds() / 60 if batch.prepared_at else 0
-        alerts.send(
-            Alert(
-                kind="stuck_prepared",
-                pipeline=config.pipeline,
-                title=f"{config.pipeline}: batch {batch.batch_id} stuck in PREPARED",
-                text=(
-                    f"batch {batch.batch_id} (attempt {batch.attempt}) voted {minutes:.1f} min ago "
-                    f"and is not committed; its ranges {' '.join(map(str, batch.ranges))} must be "
-                    "published before Kafka retention deletes them. The re-drive sensor retries; "
-                    f"see `exactly ledger -c <config>` and the {config.pipeline}_redrive runs."
-                ),
-                details={
-                    "batch_id": batch.batch_id,
-                    "attempt": batch.attempt,
-                    "state": str(batch.state),
-                    "app_id": batch.app_id,
-                },
-            ),
-            log,
+        text = (
+            f"batch {batch.batch_id} (attempt {batch.attempt}) voted {minutes:.1f} min ago "
+            f"and is not committed; its ranges {' '.join(map(str, batch.ranges))} must be "
+            "published before Kafka retention deletes them. The re-drive sensor retries; "
+            f"see `exactly ledger -c <config>` and the {config.pipeline}_redrive runs."
         )
+        alerts.send(_batch_alert("stuck_prepared", "stuck in PREPARED", text, batch), log)
     for batch in decision.resolved:
-        alerts.send(
-            Alert(
-                kind="resolved",
-                pipeline=config.pipeline,
-                title=f"{config.pipeline}: batch {batch.batch_id} committed",
-                text=f"batch {batch.batch_id} is {batch.state} now (attempt {batch.attempt}).",
-                details={
-                    "batch_id": batch.batch_id,
-                    "attempt": batch.attempt,
-                    "state": str(batch.state),
-                    "app_id": batch.app_id,
-                },
-            ),
-            log,
-        )
+        text = f"batch {batch.batch_id} is {batch.state} now (attempt {batch.attempt})."
+        alerts.send(_batch_alert("resolved", "committed", text, batch), log)
     return decision, json.dumps(decision.open_after)
+
+
+def _batch_alert(kind: str, what: str, text: str, batch: Batch) -> Alert:
+    label = str(batch.batch_id) if batch.kind == "live" else f"{batch.app_id}/{batch.batch_id}"
+    return Alert(
+        kind=kind,
+        pipeline=batch.pipeline,
+        title=f"{batch.pipeline}: batch {label} {what}",
+        text=text,
+        details={
+            "batch_id": batch.batch_id,
+            "attempt": batch.attempt,
+            "state": str(batch.state),
+            "app_id": batch.app_id,
+        },
+    )
 
 
 def build_sensors(jobs: PipelineJobs) -> list[dg.SensorDefinition]:
