@@ -1,0 +1,154 @@
+"""Spark Connect: a server started by `start_connect_server` serves remote sessions that read
+exact Kafka ranges and write Delta that delta-rs reads, beside the classic session fixture.
+
+Real server, broker and tables; no mocks. One server per module (its JVM takes 15-30 s to
+start here); each test opens and stops its own remote session, which costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import functions as F
+from pyspark.sql.utils import is_remote
+
+from jobs.stage import read_ranges
+from ledger.errors import ConfigError, ExactlyError, UnreachableError
+from ledger.protocol import OffsetRange
+from resources.broker import free_port
+from resources.kafka import KafkaClient
+from resources.spark import ConnectServer, build_session, start_connect_server, stop_session
+
+pytestmark = pytest.mark.slow
+
+# Generous: the 2 cores are shared with the broker, a classic Spark JVM and other engineers.
+SERVER_START_TIMEOUT = 600.0
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
+    server = start_connect_server(
+        free_port(), work_dir=tmp_path_factory.mktemp("connect"), timeout=SERVER_START_TIMEOUT
+    )
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def remote(connect_server: ConnectServer) -> Iterator[Any]:
+    """A remote session of its own; stopping it returns the process to classic mode."""
+    session = build_session(connect_server.url)
+    try:
+        yield session
+    finally:
+        stop_session(session)
+
+
+def test_server_listens_on_loopback_and_answers_a_query(
+    connect_server: ConnectServer, remote: Any
+) -> None:
+    assert connect_server.url.startswith("sc://127.0.0.1:")
+    assert connect_server.running()
+    assert is_remote()
+    assert remote.version == "4.2.0"
+    assert remote.range(5).selectExpr("sum(id) AS s").collect()[0]["s"] == 10
+    # the server was started with Delta's extension and the project's Parquet settings
+    assert remote.conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
+    assert remote.conf.get("spark.sql.parquet.outputTimestampType") == "TIMESTAMP_MICROS"
+    assert remote.conf.get("spark.sql.session.timeZone") == "UTC"
+
+
+def test_same_url_reuses_the_open_session(connect_server: ConnectServer, remote: Any) -> None:
+    assert build_session(connect_server.url) is remote
+
+
+def test_remote_delta_table_reads_back_remotely_and_through_delta_rs(
+    remote: Any, tmp_path: Path
+) -> None:
+    uri = str(tmp_path / "t")
+    ts = datetime(2026, 1, 1, tzinfo=UTC)
+    df = remote.createDataFrame(
+        [(1, "web", ts), (2, "ios", ts), (3, None, ts)], "id long, app string, ts timestamp"
+    ).withColumn("day", F.to_date("ts"))  # a Connect column: F follows the session's mode
+    df.write.format("delta").save(uri)
+
+    back = remote.read.format("delta").load(uri).orderBy("id").collect()
+    assert [(r["id"], r["app"]) for r in back] == [(1, "web"), (2, "ios"), (3, None)]
+    assert {r["ts"].timestamp() for r in back} == {1767225600.0}
+
+    table = DeltaTable(uri).to_pyarrow_table().sort_by("id")
+    assert table.column("id").to_pylist() == [1, 2, 3]
+    assert table.column("app").to_pylist() == ["web", "ios", None]
+    assert table.schema.field("ts").type == pa.timestamp("us", tz="UTC")
+    assert {t.timestamp() for t in table.column("ts").to_pylist()} == {1767225600.0}
+    # written as INT64 microseconds, not Spark's default INT96
+    for name in DeltaTable(uri).file_uris():
+        column = pq.ParquetFile(name).schema.column(pq.ParquetFile(name).schema.names.index("ts"))
+        assert column.physical_type == "INT64"
+
+
+def test_remote_session_reads_exact_kafka_ranges(
+    remote: Any, kafka_client: KafkaClient, topic_factory: Any
+) -> None:
+    topic = topic_factory(3)
+    kafka_client.produce_to_partitions(
+        topic, {0: [f"p0-{i}" for i in range(10)], 1: [f"p1-{i}" for i in range(4)]}
+    )
+    ranges = [
+        OffsetRange(topic, 0, 2, 7),
+        OffsetRange(topic, 1, 1, 4),
+        OffsetRange(topic, 2, 0, 0),  # nothing new in this partition
+    ]
+    rows = read_ranges(remote, kafka_client.bootstrap_servers, ranges).collect()
+    got = sorted((r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows)
+    assert got == [(0, o, f"p0-{o}") for o in range(2, 7)] + [(1, o, f"p1-{o}") for o in (1, 2, 3)]
+
+    empty = read_ranges(remote, kafka_client.bootstrap_servers, [OffsetRange(topic, 2, 0, 0)])
+    assert empty.count() == 0
+    assert "value" in empty.columns
+
+
+def test_classic_session_works_beside_and_after_a_remote_one(
+    spark: Any, connect_server: ConnectServer
+) -> None:
+    mode_before = "SPARK_CONNECT_MODE_ENABLED" in os.environ
+    session = build_session(connect_server.url)
+    try:
+        assert session.range(3).count() == 3
+        assert spark.range(4).count() == 4  # the classic session keeps running meanwhile
+        with pytest.raises(ConfigError, match="one API mode per process"):
+            build_session("local[2]")
+    finally:
+        stop_session(session)
+    assert ("SPARK_CONNECT_MODE_ENABLED" in os.environ) == mode_before
+    assert not is_remote()
+    # classic column functions are classic again
+    assert spark.range(4).select(F.sum(F.col("id"))).first()[0] == 6
+
+
+def test_unreachable_url_fails_at_once() -> None:
+    with pytest.raises(UnreachableError, match="no Spark Connect server listens"):
+        build_session(f"sc://127.0.0.1:{free_port()}")
+    assert not is_remote()
+
+
+def test_start_refuses_a_port_in_use(connect_server: ConnectServer, tmp_path: Path) -> None:
+    with pytest.raises(ExactlyError, match="already in use"):
+        start_connect_server(connect_server.port, work_dir=tmp_path)
+
+
+def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
+    # an invalid driver memory makes the launcher fail before the JVM listens
+    with pytest.raises(UnreachableError, match="exited") as failure:
+        start_connect_server(free_port(), {"spark.driver.memory": "lots"}, work_dir=tmp_path)
+    assert str(tmp_path / "connect-server.log") in str(failure.value)
