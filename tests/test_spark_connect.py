@@ -20,12 +20,11 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.utils import is_remote
 
-from jobs.stage import read_ranges
 from ledger.errors import ConfigError, ExactlyError, UnreachableError
-from ledger.protocol import OffsetRange
 from resources.broker import free_port
 from resources.kafka import KafkaClient
 from resources.spark import ConnectServer, build_session, start_connect_server, stop_session
+from tests.test_spark_kafka_delta import assert_reads_exact_ranges
 
 pytestmark = pytest.mark.slow
 
@@ -100,22 +99,7 @@ def test_remote_delta_table_reads_back_remotely_and_through_delta_rs(
 def test_remote_session_reads_exact_kafka_ranges(
     remote: Any, kafka_client: KafkaClient, topic_factory: Any
 ) -> None:
-    topic = topic_factory(3)
-    kafka_client.produce_to_partitions(
-        topic, {0: [f"p0-{i}" for i in range(10)], 1: [f"p1-{i}" for i in range(4)]}
-    )
-    ranges = [
-        OffsetRange(topic, 0, 2, 7),
-        OffsetRange(topic, 1, 1, 4),
-        OffsetRange(topic, 2, 0, 0),  # nothing new in this partition
-    ]
-    rows = read_ranges(remote, kafka_client.bootstrap_servers, ranges).collect()
-    got = sorted((r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows)
-    assert got == [(0, o, f"p0-{o}") for o in range(2, 7)] + [(1, o, f"p1-{o}") for o in (1, 2, 3)]
-
-    empty = read_ranges(remote, kafka_client.bootstrap_servers, [OffsetRange(topic, 2, 0, 0)])
-    assert empty.count() == 0
-    assert "value" in empty.columns
+    assert_reads_exact_ranges(remote, kafka_client, topic_factory(3))
 
 
 def test_classic_session_works_beside_and_after_a_remote_one(

@@ -14,21 +14,29 @@ from ledger.protocol import OffsetRange
 from resources.kafka import KafkaClient
 
 
-def test_spark_reads_exact_ranges_including_an_empty_partition(
-    spark: Any, kafka_client: KafkaClient, topic_factory: Any
-) -> None:
-    topic = topic_factory(3)
-    kafka_client.produce_to_partitions(
+def assert_reads_exact_ranges(session: Any, client: KafkaClient, topic: str) -> None:
+    """Through `session` (classic or Spark Connect), the Kafka source returns exactly the
+    requested offsets of each partition, and nothing for an empty range."""
+    client.produce_to_partitions(
         topic, {0: [f"p0-{i}" for i in range(10)], 1: [f"p1-{i}" for i in range(4)]}
     )
     ranges = [
         OffsetRange(topic, 0, 2, 7),
-        OffsetRange(topic, 1, 0, 4),
+        OffsetRange(topic, 1, 1, 4),
         OffsetRange(topic, 2, 0, 0),  # nothing new in this partition
     ]
-    rows = read_ranges(spark, kafka_client.bootstrap_servers, ranges).collect()
+    rows = read_ranges(session, client.bootstrap_servers, ranges).collect()
     got = sorted((r["partition"], r["offset"], bytes(r["value"]).decode()) for r in rows)
-    assert got == [(0, o, f"p0-{o}") for o in range(2, 7)] + [(1, o, f"p1-{o}") for o in range(4)]
+    assert got == [(0, o, f"p0-{o}") for o in range(2, 7)] + [(1, o, f"p1-{o}") for o in (1, 2, 3)]
+    empty = read_ranges(session, client.bootstrap_servers, [OffsetRange(topic, 2, 0, 0)])
+    assert empty.count() == 0
+    assert "value" in empty.columns
+
+
+def test_spark_reads_exact_ranges_including_an_empty_partition(
+    spark: Any, kafka_client: KafkaClient, topic_factory: Any
+) -> None:
+    assert_reads_exact_ranges(spark, kafka_client, topic_factory(3))
 
 
 def test_all_empty_ranges_read_as_an_empty_frame(spark: Any, topic_factory: Any) -> None:
