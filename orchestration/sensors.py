@@ -34,6 +34,7 @@ def alerts_for(jobs: PipelineJobs) -> AlertsResource:
         webhook_url_env=settings.webhook_url_env,
         slack_token_env=settings.slack_token_env,
         slack_channel=settings.slack_channel,
+        slack_api_url=settings.slack_api_url,
     )
 
 

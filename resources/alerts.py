@@ -82,13 +82,17 @@ class WebhookSink:
 
 
 class SlackSink:
-    """Posts to a Slack channel through dagster-slack, token from an environment variable."""
+    """Posts to a Slack channel through dagster-slack, token from an environment variable.
+
+    `api_url` replaces Slack's API root (an egress proxy, or a local stand-in in tests).
+    """
 
     name = "slack"
 
-    def __init__(self, token_env: str, channel: str) -> None:
+    def __init__(self, token_env: str, channel: str, api_url: str | None = None) -> None:
         self.token_env = token_env
         self.channel = channel
+        self.api_url = api_url
 
     def send(self, alert: Alert) -> None:
         from dagster_slack import SlackResource
@@ -97,6 +101,8 @@ class SlackSink:
         if not token:
             raise RuntimeError(f"environment variable {self.token_env} (Slack token) is not set")
         client = SlackResource(token=token).get_client()
+        if self.api_url:
+            client.base_url = self.api_url.rstrip("/") + "/"
         client.chat_postMessage(channel=self.channel, text=f"*{alert.title}*\n{alert.text}")
 
 
@@ -106,13 +112,14 @@ class AlertsResource(dg.ConfigurableResource):
     webhook_url_env: str | None = None
     slack_token_env: str | None = None
     slack_channel: str | None = None
+    slack_api_url: str | None = None
 
     def sinks(self, log: Callable[[str], None]) -> list[AlertSink]:
         sinks: list[AlertSink] = [LogSink(log)]
         if self.webhook_url_env:
             sinks.append(WebhookSink(self.webhook_url_env))
         if self.slack_token_env and self.slack_channel:
-            sinks.append(SlackSink(self.slack_token_env, self.slack_channel))
+            sinks.append(SlackSink(self.slack_token_env, self.slack_channel, self.slack_api_url))
         return sinks
 
     def send(self, alert: Alert, log: Callable[[str], None]) -> list[str]:

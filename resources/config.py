@@ -81,6 +81,8 @@ class AlertSettings(_Strict):
     webhook_url_env: str | None = None
     slack_token_env: str | None = None
     slack_channel: str | None = None
+    #: Slack's API root, for an egress proxy; default Slack itself
+    slack_api_url: str | None = None
 
     @field_validator("webhook_url_env", "slack_token_env")
     @classmethod
