@@ -8,6 +8,7 @@ of a shared machine's load land on both sides of every ratio.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import shutil
@@ -122,14 +123,58 @@ def _warm_up(spark: Any, root: Path, bootstrap: str) -> None:
     spark.range(10).write.format("delta").save(str(root / "warmup" / "delta"))
 
 
+class SparkHolder:
+    """The harness's Spark session, replaced if a contender kills its JVM.
+
+    A contender that runs out of heap in local mode takes the whole driver JVM down with it
+    (Spark exits on an uncaught OutOfMemoryError). That is a result to report, not a reason
+    to lose the rest of the run: the next contender gets a fresh session.
+    """
+
+    def __init__(self, master: str, conf: dict[str, str]) -> None:
+        from resources.spark import build_session
+
+        self.master = master
+        self.conf = conf
+        self.build = build_session
+        self.session = build_session(master, conf)
+        self.restarts = 0
+
+    def alive(self) -> bool:
+        try:
+            return not self.session.sparkContext._jsc.sc().isStopped()
+        except Exception:
+            return False
+
+    def restart(self) -> float:
+        """Forget the dead JVM's gateway and start a new session; returns its start time."""
+        from pyspark import SparkContext
+        from pyspark.sql import SparkSession
+
+        with contextlib.suppress(Exception):
+            self.session.stop()
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        SparkContext._active_spark_context = None
+        SparkSession._instantiatedSession = None
+        SparkSession._activeSession = None
+        started = time.perf_counter()
+        self.session = self.build(self.master, self.conf)
+        self.restarts += 1
+        return time.perf_counter() - started
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.session.stop()
+
+
 def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the whole benchmark and return the raw figures with their summary.
 
     Everything lives in a fresh temporary folder (removed at the end unless `keep`); the
-    broker and the Spark session are stopped whatever happens.
+    broker and the Spark session are stopped whatever happens. A contender that fails is
+    recorded as failed (with why) and the run goes on.
     """
-    from resources.spark import build_session
-
     started = time.perf_counter()
     result: dict[str, Any] = {
         "settings": {
@@ -162,16 +207,17 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
         )
         conf = spark_profile.event_log_conf(settings.profile_dir) if settings.profile_dir else {}
         t = time.perf_counter()
-        spark = build_session(settings.spark_master, conf)
+        spark = SparkHolder(settings.spark_master, conf)
         result["spark_session_start_s"] = time.perf_counter() - t
         try:
-            _warm_up(spark, root, bootstrap)
+            _warm_up(spark.session, root, bootstrap)
             result["repetitions"] = [
                 _repetition(spark, root / f"rep-{i + 1}", bootstrap, data.records, settings, i, log)
                 for i in range(settings.repeat)
             ]
             log(f"bench: delta-rs history of {settings.history} commits")
             result["history"] = commits.commit_vs_history(root / "history", settings.history)
+            result["spark_restarts"] = spark.restarts
         finally:
             spark.stop()
     finally:
@@ -182,8 +228,31 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
     result["total_seconds"] = time.perf_counter() - started
     if settings.profile_dir:
         result["spark_profile"] = spark_profile.summarize(settings.profile_dir)
+    result["failures"] = failures(result)
     result["summary"] = summarize(result)
     return result
+
+
+def failures(result: dict[str, Any]) -> list[str]:
+    """Every contender that failed, as 'repetition/what: why'."""
+    found = []
+    for index, rep in enumerate(result.get("repetitions", []), start=1):
+        for what, figures in _contenders(rep):
+            if isinstance(figures, dict) and "failed" in figures:
+                found.append(f"{index}/{what}: {figures['failed']}")
+    return found
+
+
+def _contenders(rep: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    for plan, by_label in rep["product"].items():
+        for label, figures in by_label.items():
+            yield f"exactly {plan} {label}", figures
+    for label, figures in rep["peer"].items():
+        yield f"structured-streaming {label}", figures
+    yield "dagster", rep["dagster"]
+    for name, figures in rep["limits"].items():
+        yield f"limit {name}", figures
+    yield "delta commit by files", rep["commits"]["files"]
 
 
 @contextlib.contextmanager
@@ -193,11 +262,50 @@ def _described(spark: Any, label: str) -> Iterator[None]:
     try:
         yield
     finally:
-        spark.sparkContext.setJobDescription(None)
+        with contextlib.suppress(Exception):  # the JVM may be gone: that is reported
+            spark.sparkContext.setJobDescription(None)
+
+
+def _reason(exc: BaseException, spark_died: bool) -> str:
+    """One line saying why a contender failed (py4j cannot even print a dead JVM's error)."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if "OutOfMemoryError" in text:
+        first = "java.lang.OutOfMemoryError: Java heap space"
+    reason = f"{type(exc).__name__}: {first[:300]}" if first else type(exc).__name__
+    if spark_died:
+        reason += " (Spark's JVM died: its stderr says why, e.g. OutOfMemoryError)"
+    return reason
+
+
+def _contend(
+    spark: SparkHolder,
+    tag: str,
+    what: str,
+    action: Callable[[Any], dict[str, Any]],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """Run one contender on the current session; a failure is recorded, not raised."""
+    try:
+        with _described(spark.session, what):
+            figures = action(spark.session)
+    except Exception as exc:
+        died = not spark.alive()
+        reason = _reason(exc, died)
+        log(f"{tag} {what}: FAILED: {reason}")
+        if died:
+            log(f"{tag} Spark restarted in {spark.restart():.1f} s")
+        return {"failed": reason}
+    if "records" in figures and "seconds" in figures:
+        log(_line(tag, what, figures))
+    return figures
 
 
 def _repetition(
-    spark: Any,
+    spark: SparkHolder,
     root: Path,
     bootstrap: str,
     records: int,
@@ -209,7 +317,7 @@ def _repetition(
     tag = f"[{index + 1}/{settings.repeat}]"
     out: dict[str, Any] = {"product": {"single-pass": {}, "two-pass": {}}, "peer": {}}
     plans = [True, False] if index % 2 == 0 else [False, True]
-    parquet_rows = None
+    rows: list[Any] = []
     for position, batch_records in enumerate(settings.batch_records):
         label = batch_label(batch_records)
         per_partition = _per_partition(batch_records, records, settings.partitions)
@@ -217,31 +325,31 @@ def _repetition(
             plan = "single-pass" if single_pass else "two-pass"
             name = f"bench_{plan.replace('-', '_')}_{label}"
             config = product.pipeline_config(root / name, name, bootstrap, TOPIC, per_partition)
-            with _described(spark, f"exactly {plan} {label}"):
-                figures = product.run_cli_path(
-                    spark,
-                    config,
-                    expected_records=records,
-                    single_pass=single_pass,
-                    empty_batches=settings.empty_batches if position == 0 else 0,
-                )
-            out["product"][plan][label] = figures
-            log(_line(tag, f"exactly {plan} batch={label}", figures))
-            if single_pass and parquet_rows is None:
-                parquet_rows = limits.table_rows(config.delta.table_uri)
+
+            cli_path = functools.partial(
+                _cli_path,
+                config=config,
+                records=records,
+                single_pass=single_pass,
+                empty_batches=settings.empty_batches if position == 0 else 0,
+                rows=rows,
+            )
+            out["product"][plan][label] = _contend(
+                spark, tag, f"exactly {plan} {label}", cli_path, log
+            )
             shutil.rmtree(root / name, ignore_errors=True)
-        figures = peer.run_structured_streaming(
-            spark,
-            root / f"peer-{label}",
+        peer_root = root / f"peer-{label}"
+        streaming = functools.partial(
+            peer.run_structured_streaming,
+            root=peer_root,
             bootstrap=bootstrap,
             topic=TOPIC,
             max_offsets_per_trigger=batch_records,
             expected_records=records,
             name=f"{spark_profile.DESCRIPTION_PREFIX} structured-streaming {label}",
         )
-        out["peer"][label] = figures
-        log(_line(tag, f"Structured Streaming batch={label}", figures))
-        shutil.rmtree(root / f"peer-{label}", ignore_errors=True)
+        out["peer"][label] = _contend(spark, tag, f"structured-streaming {label}", streaming, log)
+        shutil.rmtree(peer_root, ignore_errors=True)
 
     label = batch_label(settings.dagster_batch_records)
     name = f"bench_dagster_{label}"
@@ -252,30 +360,89 @@ def _repetition(
         TOPIC,
         _per_partition(settings.dagster_batch_records, records, settings.partitions),
     )
-    with _described(spark, f"exactly dagster {label}"):
-        out["dagster"] = product.run_dagster(config, expected_records=records)
-    log(_line(tag, f"exactly Dagster batch={label}", out["dagster"]))
+    out["dagster"] = _contend(
+        spark,
+        tag,
+        f"exactly dagster {label}",
+        lambda _session: product.run_dagster(config, expected_records=records),
+        log,
+    )
     shutil.rmtree(root / name, ignore_errors=True)
 
-    consume = limits.consume_confluent(bootstrap, TOPIC, settings.partitions, records)
-    log(_line(tag, "limit: consume (confluent-kafka)", consume))
-    java = limits.consume_java(bootstrap, TOPIC, records)
-    log(_line(tag, "limit: consume (ConsumerPerformance)", java))
-    if parquet_rows is None:
-        raise product.BenchError("no single-pass run left its rows for the Parquet limit")
-    parquet = limits.parquet_write(parquet_rows, root / "parquet-limit")
-    log(_line(tag, "limit: Parquet write (pyarrow)", parquet))
-    shutil.rmtree(root / "parquet-limit", ignore_errors=True)
-    out["limits"] = {"consume_confluent": consume, "consume_java": java, "parquet": parquet}
-    out["commits"] = {
-        "files": commits.commit_vs_files(root / "commits", list(settings.file_counts))
-    }
-    files = ", ".join(
-        f"{n}: {v['median_s'] * 1000:.0f} ms" for n, v in out["commits"]["files"].items()
+    out["limits"] = {}
+    floors = _contend(
+        spark,
+        tag,
+        "spark floors",
+        lambda session: limits.spark_floors(
+            session, bootstrap, TOPIC, settings.partitions, records, root / "floors"
+        ),
+        log,
     )
-    log(f"{tag} delta-rs commit by files: {files}")
+    for floor, figures in floors.items():
+        if isinstance(figures, dict):
+            log(_line(tag, f"Spark floor: {floor.replace('_', ' ')}", figures))
+    out["limits"]["spark_floors"] = floors
+    shutil.rmtree(root / "floors", ignore_errors=True)
+    out["limits"]["consume_confluent"] = _contend(
+        spark,
+        tag,
+        "limit: consume (confluent-kafka)",
+        lambda _s: limits.consume_confluent(bootstrap, TOPIC, settings.partitions, records),
+        log,
+    )
+    out["limits"]["consume_java"] = _contend(
+        spark,
+        tag,
+        "limit: consume (ConsumerPerformance)",
+        lambda _s: limits.consume_java(bootstrap, TOPIC, records),
+        log,
+    )
+
+    def parquet(_session: Any) -> dict[str, Any]:
+        if not rows:
+            raise product.BenchError("no single-pass run left its rows for the Parquet limit")
+        return limits.parquet_write(rows[0], root / "parquet-limit")
+
+    out["limits"]["parquet"] = _contend(spark, tag, "limit: Parquet write (pyarrow)", parquet, log)
+    rows.clear()
+    shutil.rmtree(root / "parquet-limit", ignore_errors=True)
+    files = _contend(
+        spark,
+        tag,
+        "delta-rs commit by files",
+        lambda _s: commits.commit_vs_files(root / "commits", list(settings.file_counts)),
+        log,
+    )
+    out["commits"] = {"files": files}
+    if "failed" not in files:
+        shown = ", ".join(f"{n}: {v['median_s'] * 1000:.0f} ms" for n, v in files.items())
+        log(f"{tag} delta-rs commit by files: {shown}")
     shutil.rmtree(root, ignore_errors=True)
     return out
+
+
+def _cli_path(
+    session: Any,
+    *,
+    config: Any,
+    records: int,
+    single_pass: bool,
+    empty_batches: int,
+    rows: list[Any],
+) -> dict[str, Any]:
+    """One CLI-path run; the first single-pass run also keeps its table's rows, the input
+    of the Parquet limit."""
+    figures = product.run_cli_path(
+        session,
+        config,
+        expected_records=records,
+        single_pass=single_pass,
+        empty_batches=empty_batches,
+    )
+    if single_pass and not rows:
+        rows.append(limits.table_rows(config.delta.table_uri))
+    return figures
 
 
 def _line(tag: str, what: str, figures: dict[str, Any]) -> str:

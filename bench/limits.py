@@ -143,3 +143,52 @@ def parquet_write(rows: pa.Table, folder: Path, threads: int | None = None) -> d
         "arrow_bytes": rows.nbytes,
         "parquet_bytes": written,
     }
+
+
+def spark_floors(
+    spark: Any, bootstrap: str, topic: str, partitions: int, records: int, folder: Path
+) -> dict[str, dict[str, Any]]:
+    """What Spark itself costs for this data, in the session every contender uses.
+
+    Three single-job passes over the whole topic, each adding one step: read it through the
+    Kafka source and discard it (`noop` sink); read and apply the transform; read, transform
+    and write the table's rows as Parquet (one output, no cache). The product's stage does
+    the last, plus the quarantine output and the cache that lets it read Kafka only once.
+    """
+    from jobs.examples.pageviews import transform
+    from jobs.stage import read_ranges, with_coordinates
+    from ledger.protocol import OffsetRange
+    from resources import storage
+
+    ranges = [
+        OffsetRange(topic, p, 0, n) for p, n in enumerate(_ends(bootstrap, topic, partitions))
+    ]
+
+    def source() -> Any:
+        return with_coordinates(read_ranges(spark, bootstrap, ranges), 0)
+
+    def parsed() -> Any:
+        return transform(source())
+
+    passes = {
+        "kafka_read": lambda: source().write.format("noop").mode("overwrite").save(),
+        "kafka_read_parse": lambda: parsed().write.format("noop").mode("overwrite").save(),
+        "kafka_read_parse_parquet": lambda: (
+            parsed().drop("value", "_error").write.parquet(storage.spark_uri(str(folder / "floor")))
+        ),
+    }
+    found: dict[str, dict[str, Any]] = {}
+    for name, action in passes.items():
+        started = time.perf_counter()
+        action()
+        found[name] = {"records": records, "seconds": time.perf_counter() - started}
+    return found
+
+
+def _ends(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    """Each partition's last stable offset (the topic is written once, before any pass)."""
+    from resources.kafka import KafkaClient
+
+    with KafkaClient(bootstrap, timeout=60) as client:
+        offsets = client.offsets(topic, range(partitions))
+    return [offsets[p].last_stable for p in range(partitions)]

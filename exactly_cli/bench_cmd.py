@@ -123,6 +123,7 @@ def settings_from(args: argparse.Namespace) -> Any:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Exit 1 if any contender failed: its figures are missing from the medians."""
     from bench.harness import run
     from bench.report import render
 
@@ -139,4 +140,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         args.json_out.parent.mkdir(parents=True, exist_ok=True)
         args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
         print(f"\nbench: figures written to {args.json_out}")
+    if result["failures"]:
+        print(f"bench: {len(result['failures'])} contender run(s) failed; see FAILED above")
+        return 1
     return 0

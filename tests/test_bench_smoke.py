@@ -70,7 +70,15 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
         "structured-streaming idle run",
         "dagster idle run",
     }
-    assert set(summary["limits"]) == {"consume_confluent", "consume_java", "parquet_pyarrow"}
+    assert not doc["failures"] and not summary["failures"]
+    assert set(summary["limits"]) == {
+        "consume_confluent",
+        "consume_java",
+        "spark_kafka_read",
+        "spark_kafka_read_parse",
+        "spark_kafka_read_parse_parquet",
+        "parquet",
+    }
     assert {r["batch"] for r in summary["ratios"]} == batches
     assert all(v is not None for r in summary["ratios"] for v in r.values())
     assert set(summary["delta_commit"]["files"]) == {"10", "100", "1000"}
