@@ -115,12 +115,42 @@ def _per_partition(batch_records: int | None, records: int, partitions: int) -> 
     return -(-batch_records // partitions)
 
 
-def _warm_up(spark: Any, root: Path, bootstrap: str) -> None:
-    """Load the Kafka source, Parquet writer, Delta and delta-spark classes into the JVM and
-    let the JIT see them once, so the first measured contender is not charged for it."""
-    config = product.pipeline_config(root / "warmup", "warmup", bootstrap, TOPIC, 100)
-    build(config, spark_factory=lambda: spark).run_batch()
-    spark.range(10).write.format("delta").save(str(root / "warmup" / "delta"))
+#: Records the warm-up reads: enough for the JIT to compile the hot paths of the Kafka
+#: source, the JSON parser, the cache and the Parquet and Delta writers (a JVM that has
+#: only seen a few hundred records runs its first large contender up to twice as slow).
+WARM_UP_RECORDS = 200_000
+
+
+def warm_up(spark: Any, root: Path, bootstrap: str, records: int, partitions: int) -> float:
+    """Run the product's stage and a delta-spark write over the first records of the topic,
+    in a throwaway pipeline; return how long it took.
+
+    Run after every new session, so no contender is charged for a cold JVM: the first
+    one measured, or the one that follows a session another contender killed.
+    """
+    from pyspark.sql import functions as F
+
+    from jobs.examples.pageviews import transform
+    from jobs.stage import read_ranges, with_coordinates
+    from ledger.protocol import OffsetRange
+
+    started = time.perf_counter()
+    folder = Path(tempfile.mkdtemp(prefix="warm-up-", dir=root))
+    try:
+        count = min(records, WARM_UP_RECORDS)
+        per_partition = _per_partition(count, records, partitions)
+        config = product.pipeline_config(folder, "warm_up", bootstrap, TOPIC, per_partition)
+        build(config, spark_factory=lambda: spark).run_batch()
+        ranges = [
+            OffsetRange(TOPIC, p, 0, min(n, per_partition))
+            for p, n in enumerate(split(records, partitions))
+        ]
+        frame = transform(with_coordinates(read_ranges(spark, bootstrap, ranges), 0))
+        frame = frame.withColumn("_raw_value", F.col("value")).drop("value")
+        frame.write.format("delta").save(str(folder / "delta"))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return time.perf_counter() - started
 
 
 class SparkHolder:
@@ -131,13 +161,17 @@ class SparkHolder:
     to lose the rest of the run: the next contender gets a fresh session.
     """
 
-    def __init__(self, master: str, conf: dict[str, str]) -> None:
+    def __init__(self, master: str, conf: dict[str, str], warm_up: Callable[[Any], float]) -> None:
         from resources.spark import build_session
 
         self.master = master
         self.conf = conf
         self.build = build_session
+        self.warm_up = warm_up
+        started = time.perf_counter()
         self.session = build_session(master, conf)
+        self.start_seconds = time.perf_counter() - started
+        self.warm_up_seconds = [warm_up(self.session)]
         self.restarts = 0
 
     def alive(self) -> bool:
@@ -147,7 +181,8 @@ class SparkHolder:
             return False
 
     def restart(self) -> float:
-        """Forget the dead JVM's gateway and start a new session; returns its start time."""
+        """Forget the dead JVM's gateway, start a new session and warm it up; returns how
+        long the start took (the warm-up is recorded apart)."""
         from pyspark import SparkContext
         from pyspark.sql import SparkSession
 
@@ -160,8 +195,10 @@ class SparkHolder:
         SparkSession._activeSession = None
         started = time.perf_counter()
         self.session = self.build(self.master, self.conf)
+        seconds = time.perf_counter() - started
+        self.warm_up_seconds.append(self.warm_up(self.session))
         self.restarts += 1
-        return time.perf_counter() - started
+        return seconds
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
@@ -200,17 +237,28 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
                 partitions=settings.partitions,
                 record_bytes=settings.record_bytes,
             )
+        # the broker's 1 GB of fresh segments would otherwise be written back to disk while
+        # the first contender reads them, and charged to it
+        os.sync()
         result["data_set"] = data.as_dict()
         log(
             f"bench: produced {data.records:,} records ({data.value_bytes / 2**20:,.0f} MiB) "
             f"to {settings.partitions} partitions in {data.produce_seconds:.1f} s"
         )
         conf = spark_profile.event_log_conf(settings.profile_dir) if settings.profile_dir else {}
-        t = time.perf_counter()
-        spark = SparkHolder(settings.spark_master, conf)
-        result["spark_session_start_s"] = time.perf_counter() - t
+        spark = SparkHolder(
+            settings.spark_master,
+            conf,
+            functools.partial(
+                warm_up,
+                root=root,
+                bootstrap=bootstrap,
+                records=data.records,
+                partitions=settings.partitions,
+            ),
+        )
+        result["spark_session_start_s"] = spark.start_seconds
         try:
-            _warm_up(spark.session, root, bootstrap)
             result["repetitions"] = [
                 _repetition(spark, root / f"rep-{i + 1}", bootstrap, data.records, settings, i, log)
                 for i in range(settings.repeat)
@@ -218,6 +266,7 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
             log(f"bench: delta-rs history of {settings.history} commits")
             result["history"] = commits.commit_vs_history(root / "history", settings.history)
             result["spark_restarts"] = spark.restarts
+            result["warm_up_s"] = spark.warm_up_seconds
         finally:
             spark.stop()
     finally:

@@ -239,6 +239,8 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "startup": {
             "broker_start_s": result["broker_start_s"],
             "spark_session_start_s": result["spark_session_start_s"],
+            "warm_up_s": result.get("warm_up_s", []),
+            "spark_restarts": result.get("spark_restarts", 0),
         },
         "failures": result.get("failures", []),
     }
@@ -288,7 +290,9 @@ def render(result: dict[str, Any]) -> str:
         f"{machine['memory_gib']:.1f} GiB, {machine['java']}, Python {machine['python']}; "
         f"load average {result['load_before']} before, {result['load_after']} after",
         f"startup (not in any figure below): broker {s['startup']['broker_start_s']:.1f} s, "
-        f"Spark session {s['startup']['spark_session_start_s']:.1f} s; "
+        f"Spark session {s['startup']['spark_session_start_s']:.1f} s, "
+        f"JIT warm-up {', '.join(f'{w:.1f}' for w in s['startup']['warm_up_s'])} s "
+        f"({s['startup']['spark_restarts']} restart(s)); "
         f"producing the data set took {data['produce_seconds']:.1f} s",
         "",
         "Throughput, Kafka -> committed Delta",
