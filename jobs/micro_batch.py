@@ -45,10 +45,14 @@ class KafkaOffsetSource:
 class SparkStager:
     """Runs jobs/stage.py for a batch, in a Spark session created on first use."""
 
-    def __init__(self, config: PipelineConfig, spark_factory: Callable[[], Any]) -> None:
+    def __init__(
+        self, config: PipelineConfig, spark_factory: Callable[[], Any], *, single_pass: bool = True
+    ) -> None:
         self.config = config
         self.spark_factory = spark_factory
         self.transform = config.load_transform()
+        #: False runs the former two-pass stage plan, kept for `exactly bench` to compare
+        self.single_pass = single_pass
 
     def stage(self, batch: Batch) -> StageOutput:
         roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
@@ -65,6 +69,7 @@ class SparkStager:
             table_roots=roots,
             transform=self.transform,
             transform_name=self.config.transform,
+            single_pass=self.single_pass,
         )
 
 
