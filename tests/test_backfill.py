@@ -184,7 +184,10 @@ def test_replace_twice_gives_the_same_table(
     spark: Any, kafka_client: Any, pipeline_factory: Any
 ) -> None:
     config = pipeline_factory(2, max_records=200)
-    kafka_client.produce(config.kafka.topic, pageviews(600, malformed_every=25))
+    kafka_client.produce_to_partitions(
+        config.kafka.topic,
+        {p: list(pageviews(300, start=300 * p, malformed_every=25)) for p in (0, 1)},
+    )
     live_until_caught_up(config, spark)
     rng = OffsetRange(config.kafka.topic, 0, 10, 180)
     assert backfill(config, spark, "replace", rng) is not None

@@ -212,7 +212,9 @@ def test_offsets_deleted_from_kafka_fail_loudly_and_commit_nothing(
     spark: Any, kafka_client: Any, pipeline_factory: Any
 ) -> None:
     config = pipeline_factory(2, max_records=50)
-    kafka_client.produce(config.kafka.topic, pageviews(400))
+    kafka_client.produce_to_partitions(
+        config.kafka.topic, {p: list(pageviews(200, start=200 * p)) for p in (0, 1)}
+    )
     tpc = build(config, spark_factory=lambda: spark)
     tpc.run_batch()
     version = DeltaTable(config.delta.table_uri).version()
