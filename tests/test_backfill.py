@@ -78,6 +78,10 @@ def test_fill_ingests_what_came_before_the_live_start_and_rejects_overlaps(
     live_until_caught_up(config, spark)
     assert sum(1 for r in rows(config) if r[0] == 0) == 40
 
+    def fill_cli(start: int, end: int) -> subprocess.CompletedProcess[str]:
+        args = ["--partition", "0", "--from", str(start), "--to", str(end), "--mode", "fill"]
+        return cli("backfill", "-c", str(config_path(config)), *args)
+
     version = DeltaTable(config.delta.table_uri).version()
     with pytest.raises(BackfillError, match=r"overlaps committed data: batch pageviews/\d+"):
         backfill(config, spark, "fill", OffsetRange(topic, 0, 90, 110))
@@ -85,48 +89,12 @@ def test_fill_ingests_what_came_before_the_live_start_and_rejects_overlaps(
         backfill(config, spark, "fill", OffsetRange(topic, 0, 150, 160))
     assert DeltaTable(config.delta.table_uri).version() == version
 
-    result = cli(
-        "backfill",
-        "-c",
-        str(config_path(config)),
-        "--partition",
-        "0",
-        "--from",
-        "0",
-        "--to",
-        "100",
-        "--mode",
-        "fill",
-    )
+    result = fill_cli(0, 100)
     assert result.returncode == 0, result.stderr
     assert "fill batch 1 ACKED" in result.stdout and "records=100" in result.stdout
-    again = cli(
-        "backfill",
-        "-c",
-        str(config_path(config)),
-        "--partition",
-        "0",
-        "--from",
-        "0",
-        "--to",
-        "100",
-        "--mode",
-        "fill",
-    )
+    again = fill_cli(0, 100)
     assert again.returncode == 0 and "already done" in again.stdout
-    overlap = cli(
-        "backfill",
-        "-c",
-        str(config_path(config)),
-        "--partition",
-        "0",
-        "--from",
-        "50",
-        "--to",
-        "60",
-        "--mode",
-        "fill",
-    )
+    overlap = fill_cli(50, 60)
     assert overlap.returncode == 2
     assert "overlaps committed data: batch pageviews.backfill/1" in overlap.stderr
     backfill(config, spark, "fill", OffsetRange(topic, 1, 0, 60))
