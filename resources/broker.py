@@ -126,8 +126,15 @@ def port_in_use(port: int, host: str = HOST) -> bool:
 
 
 def cluster_id() -> str:
-    """A KRaft cluster id: the 16 bytes of a uuid4, base64url without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    """A KRaft cluster id: the 16 bytes of a uuid4, base64url without padding.
+
+    Never one that starts with '-' (1 in 64 would): kafka-storage's argument parser takes
+    it for an option and formatting fails. Kafka's own Uuid.randomUuid skips those too.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not text.startswith("-"):
+            return text
 
 
 def java_executable() -> str:

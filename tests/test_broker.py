@@ -19,7 +19,13 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from ledger.errors import ExactlyError
-from resources.broker import AlreadyRunningError, EmbeddedBroker, free_port, read_properties
+from resources.broker import (
+    AlreadyRunningError,
+    EmbeddedBroker,
+    cluster_id,
+    free_port,
+    read_properties,
+)
 from resources.kafka import KafkaClient, KafkaResource, PartitionOffsets, Record
 
 pytestmark = pytest.mark.slow
@@ -287,3 +293,10 @@ def test_cli_create_topic_on_unreachable_kafka_prints_one_line() -> None:
     assert lines[0].startswith(f"exactly: error: Kafka at {bootstrap} did not answer within 10s")
     assert "Connection refused" in lines[0]
     assert result.stdout == ""
+
+
+def test_cluster_ids_never_look_like_options() -> None:
+    """kafka-storage parses a leading '-' as an option; 1 in 64 random ids would have one."""
+    ids = [cluster_id() for _ in range(2000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(i) == 22 for i in ids)
