@@ -11,6 +11,7 @@ import contextlib
 import functools
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -153,6 +154,17 @@ def warm_up(spark: Any, root: Path, bootstrap: str, records: int, partitions: in
     return time.perf_counter() - started
 
 
+def _process_cpu(pid: int | None) -> float:
+    """utime + stime of a live process, in seconds (0 if it is gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class SparkHolder:
     """The harness's Spark session, replaced if a contender kills its JVM.
 
@@ -168,11 +180,31 @@ class SparkHolder:
         self.conf = conf
         self.build = build_session
         self.warm_up = warm_up
+        self.broker_pid: int | None = None
         started = time.perf_counter()
         self.session = build_session(master, conf)
         self.start_seconds = time.perf_counter() - started
+        self.jvm_pid = self._jvm_pid()
         self.warm_up_seconds = [warm_up(self.session)]
         self.restarts = 0
+
+    def _jvm_pid(self) -> int | None:
+        with contextlib.suppress(Exception):
+            return int(self.session.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
+        return None
+
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds used so far by Spark's JVM, the broker, this process and its
+        finished children (the ConsumerPerformance JVM): less sensitive to other
+        processes' load than wall time, since it counts only work done."""
+        own = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return {
+            "spark": _process_cpu(self.jvm_pid),
+            "broker": _process_cpu(self.broker_pid),
+            "python": own.ru_utime + own.ru_stime,
+            "children": children.ru_utime + children.ru_stime,
+        }
 
     def alive(self) -> bool:
         try:
@@ -196,6 +228,7 @@ class SparkHolder:
         started = time.perf_counter()
         self.session = self.build(self.master, self.conf)
         seconds = time.perf_counter() - started
+        self.jvm_pid = self._jvm_pid()
         self.warm_up_seconds.append(self.warm_up(self.session))
         self.restarts += 1
         return seconds
@@ -257,6 +290,7 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
                 partitions=settings.partitions,
             ),
         )
+        spark.broker_pid = broker.status().pid
         result["spark_session_start_s"] = spark.start_seconds
         try:
             result["repetitions"] = [
@@ -337,10 +371,16 @@ def _contend(
     action: Callable[[Any], dict[str, Any]],
     log: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Run one contender on the current session; a failure is recorded, not raised."""
+    """Run one contender on the current session; a failure is recorded, not raised.
+
+    Its figures get the CPU seconds each process spent on it, and the 1-minute load
+    average when it finished (how busy the shared machine was).
+    """
+    before = spark.cpu()
     try:
         with _described(spark.session, what):
             figures = action(spark.session)
+        after = spark.cpu()
     except Exception as exc:
         died = not spark.alive()
         reason = _reason(exc, died)
@@ -349,6 +389,8 @@ def _contend(
             log(f"{tag} Spark restarted in {spark.restart():.1f} s")
         return {"failed": reason}
     if "records" in figures and "seconds" in figures:
+        figures["cpu_s"] = {k: max(0.0, after[k] - before[k]) for k in after}
+        figures["load_1m"] = float(_load().split()[0])
         log(_line(tag, what, figures))
     return figures
 
@@ -424,7 +466,7 @@ def _repetition(
         tag,
         "spark floors",
         lambda session: limits.spark_floors(
-            session, bootstrap, TOPIC, settings.partitions, records, root / "floors"
+            session, bootstrap, TOPIC, settings.partitions, records, root / "floors", spark.cpu
         ),
         log,
     )
@@ -496,7 +538,12 @@ def _cli_path(
 
 def _line(tag: str, what: str, figures: dict[str, Any]) -> str:
     seconds = figures["seconds"]
+    extra = ""
+    if "cpu_s" in figures:
+        extra += f", {sum(figures['cpu_s'].values()):.1f} CPU s"
+    if figures.get("load_1m") is not None:
+        extra += f", load {figures['load_1m']:.1f}"
     return (
         f"{tag} {what}: {figures['records']:,} records in {seconds:.1f} s "
-        f"({figures['records'] / seconds:,.0f} records/s)"
+        f"({figures['records'] / seconds:,.0f} records/s{extra})"
     )

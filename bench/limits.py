@@ -10,6 +10,7 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,13 @@ def parquet_write(rows: pa.Table, folder: Path, threads: int | None = None) -> d
 
 
 def spark_floors(
-    spark: Any, bootstrap: str, topic: str, partitions: int, records: int, folder: Path
+    spark: Any,
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    records: int,
+    folder: Path,
+    meter: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """What Spark itself costs for this data, in the session every contender uses.
 
@@ -154,6 +161,7 @@ def spark_floors(
     Kafka source and discard it (`noop` sink); read and apply the transform; read, transform
     and write the table's rows as Parquet (one output, no cache). The product's stage does
     the last, plus the quarantine output and the cache that lets it read Kafka only once.
+    `meter` (CPU seconds per process so far) gives each pass its CPU seconds.
     """
     from jobs.examples.pageviews import transform
     from jobs.stage import read_ranges, with_coordinates
@@ -179,9 +187,13 @@ def spark_floors(
     }
     found: dict[str, dict[str, Any]] = {}
     for name, action in passes.items():
+        before = meter() if meter else {}
         started = time.perf_counter()
         action()
         found[name] = {"records": records, "seconds": time.perf_counter() - started}
+        if meter:
+            after = meter()
+            found[name]["cpu_s"] = {k: max(0.0, after[k] - before[k]) for k in after}
     return found
 
 

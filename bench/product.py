@@ -13,10 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from jobs.micro_batch import SparkStager, build
-from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
 from ledger.errors import ExactlyError
-from ledger.store import Batch
-from ledger.two_phase import BatchReport, StageOutput
+from ledger.two_phase import BatchReport
 from resources.config import PipelineConfig, parse_config
 
 #: The phases of one batch, as BatchReport.seconds names them.
@@ -49,32 +47,6 @@ def pipeline_config(
         source=f"<bench {name}>",
         base_dir=root,
     )
-
-
-class TwoPassStager(SparkStager):
-    """The stage plan as it was before the improvement, for the side-by-side comparison.
-
-    Same arguments as SparkStager.stage, plus `single_pass=False`: cache the source, count it
-    in its own job, cache the transformed frame, write twice (jobs/stage.py).
-    """
-
-    def stage(self, batch: Batch) -> StageOutput:
-        roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
-        return stage(
-            self.spark_factory(),
-            bootstrap_servers=self.config.kafka.bootstrap_servers,
-            kafka_options=self.config.kafka.options,
-            ranges=batch.ranges,
-            batch_id=batch.batch_id,
-            attempt_dirs={
-                t: attempt_folder(root, batch.app_id, batch.batch_id, batch.attempt)
-                for t, root in roots.items()
-            },
-            table_roots=roots,
-            transform=self.transform,
-            transform_name=self.config.transform,
-            single_pass=False,
-        )
 
 
 def _batch_figures(report: BatchReport) -> dict[str, Any]:
@@ -111,7 +83,8 @@ def run_cli_path(
     """
     tpc = build(config, spark_factory=lambda: spark)
     if not single_pass:
-        tpc.stager = TwoPassStager(config, lambda: spark)
+        # the former stage plan, for the before/after comparison (jobs/stage.py)
+        tpc.stager = SparkStager(config, lambda: spark, single_pass=False)
     reports: list[BatchReport] = []
     started = time.perf_counter()
     tpc.recover_and_commit()

@@ -52,15 +52,30 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
+def cpu_per_m(run: Any, process: str | None = None) -> float | None:
+    """CPU seconds per million records of one run (all processes, or one of them)."""
+    if not ok(run) or "cpu_s" not in run:
+        return None
+    cpu = run["cpu_s"]
+    spent = sum(cpu.values()) if process is None else cpu.get(process, 0.0)
+    return spent / run["records"] * 1e6
+
+
 def _rates(runs: Sequence[Any], mean_bytes: float) -> dict[str, Any]:
     """The medians every throughput row has, over the runs that did not fail."""
     good = [r for r in runs if ok(r)]
+    processes = sorted({k for r in good for k in r.get("cpu_s", {})})
     return {
         "runs": len(good),
         "failed": [r["failed"] for r in runs if not ok(r)],
         "seconds": median(r["seconds"] for r in good),
         "records_per_s": median(rate(r, mean_bytes)["records_per_s"] for r in good),
         "mib_per_s": median(rate(r, mean_bytes)["mib_per_s"] for r in good),
+        "cpu_s_per_m_records": median(cpu_per_m(r) for r in good),
+        "cpu_s_per_m_records_by_process": {
+            k: median(cpu_per_m(r, k) for r in good) for k in processes
+        },
+        "load_1m": median(r.get("load_1m") for r in good),
     }
 
 
@@ -204,6 +219,12 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     def per_rep_ratio(num: Any, den: Any) -> float | None:
         return median(_ratio(num(r), den(r)) for r in reps)
 
+    def product_cpu(plan: str, label: str) -> Any:
+        return lambda r: cpu_per_m(product(r, plan, label))
+
+    def peer_cpu(label: str) -> Any:
+        return lambda r: cpu_per_m(r["peer"][label])
+
     ratios = []
     for label in labels:
         after, before = product_rate("single-pass", label), product_rate("two-pass", label)
@@ -221,6 +242,13 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 ),
                 "single_pass_over_two_pass": per_rep_ratio(after, before),
                 "two_pass_over_structured_streaming": per_rep_ratio(before, peer_rate(label)),
+                # CPU spent per record, the other way round (above 1: exactly spends less)
+                "cpu_two_pass_over_single_pass": per_rep_ratio(
+                    product_cpu("two-pass", label), product_cpu("single-pass", label)
+                ),
+                "cpu_structured_streaming_over_product": per_rep_ratio(
+                    peer_cpu(label), product_cpu("single-pass", label)
+                ),
             }
         )
     file_runs = [r["commits"]["files"] for r in reps if ok(r["commits"]["files"])]
@@ -310,6 +338,9 @@ def render(result: dict[str, Any]) -> str:
                 _n(t["seconds"], 1),
                 _n(t["records_per_s"]),
                 _n(t["mib_per_s"], 1),
+                _n(t["cpu_s_per_m_records"], 1),
+                _n(t["cpu_s_per_m_records_by_process"].get("broker"), 1),
+                _n(t["load_1m"], 1),
             ]
         )
     d = s["dagster"]
@@ -323,9 +354,13 @@ def render(result: dict[str, Any]) -> str:
             _n(d["seconds"], 1),
             _n(d["records_per_s"]),
             _n(d["mib_per_s"], 1),
+            _n(d["cpu_s_per_m_records"], 1),
+            _n(d["cpu_s_per_m_records_by_process"].get("broker"), 1),
+            _n(d["load_1m"], 1),
         ]
     )
     header = ["system", "plan", "batch", "batches", "runs ok", "seconds", "records/s", "MiB/s"]
+    header += ["CPU s/M rec", "(broker)", "load"]
     out += _table(header, rows)
 
     out += ["", "Time per phase, mean seconds per batch (exactly, CLI path)"]
@@ -367,10 +402,11 @@ def render(result: dict[str, Any]) -> str:
             _runs(figures),
             _n(figures["records_per_s"]),
             _n(figures["mib_per_s"], 1),
+            _n(figures["cpu_s_per_m_records"], 1),
         ]
         for key, figures in lim.items()
     ]
-    out += _table(["limit", "runs ok", "records/s", "MiB/s"], rows)
+    out += _table(["limit", "runs ok", "records/s", "MiB/s", "CPU s/M rec"], rows)
 
     out += ["", "Ratios of records/s (median of the per-repetition ratios)"]
     rows = [
@@ -383,6 +419,14 @@ def render(result: dict[str, Any]) -> str:
             _x(r["structured_streaming_over_consume_limit"]),
             _x(r["single_pass_over_two_pass"]),
             _x(r["two_pass_over_structured_streaming"]),
+        ]
+        for r in s["ratios"]
+    ]
+    cpu_rows = [
+        [
+            r["batch"],
+            _x(r["cpu_structured_streaming_over_product"]),
+            _x(r["cpu_two_pass_over_single_pass"]),
         ]
         for r in s["ratios"]
     ]
@@ -399,6 +443,8 @@ def render(result: dict[str, Any]) -> str:
         ],
         rows,
     )
+    out += ["", "CPU seconds per record, the other way round (above 1: exactly spends less)"]
+    out += _table(["batch", "SSS/exactly", "improvement (before/after)"], cpu_rows)
 
     commit = s["delta_commit"]
     files = "  ".join(f"{n} files: {_ms(v['median_s'])}" for n, v in commit["files"].items())
