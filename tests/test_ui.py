@@ -20,6 +20,7 @@ import pytest
 import yaml
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from jobs.examples.sample_data import pageviews
 from orchestration.micro_batch import BATCH_TAG
@@ -197,8 +198,19 @@ def test_launch_a_micro_batch_from_the_dagster_ui(
     # Its Launchpad: pick partition 1, launch.
     page.get_by_role("tab", name="Launchpad").click()
     expect(page).to_have_url(re.compile(rf"/jobs/{JOB}/playground"))
-    page.get_by_placeholder("Partition").click()
-    page.get_by_role("menuitem", name="1", exact=True).click()
+    # Under load the partition list can arrive after the menu opened empty: reopen it (and
+    # reload the Launchpad) until partition 1 is offered.
+    for tries in range(4):
+        page.get_by_placeholder("Partition").click()
+        item = page.get_by_role("menuitem", name="1", exact=True)
+        try:
+            item.click(timeout=20_000)
+            break
+        except PlaywrightTimeoutError:
+            if tries == 3:
+                raise
+            page.keyboard.press("Escape")
+            page.reload()
     expect(page.get_by_placeholder("Partition")).to_have_value("1")
     launch = page.get_by_role("button", name="Launch Run")
     expect(launch).to_be_enabled()  # once the partition's run config and tags are loaded
