@@ -129,6 +129,31 @@ def safe_topic_name(text: str, max_length: int = 200) -> str:
     return _TOPIC_NAME_UNSAFE.sub("-", text).strip("-.")[:max_length] or "topic"
 
 
+class Deliveries:
+    """Delivery reports of one idempotent producer, checked as they arrive.
+
+    Reports of one idempotent producer come in order per partition, so offsets must rise
+    strictly: an acknowledgement at or below the partition's previous offset is a record the
+    broker took for a retry of one it already had, and did not write. Kept to a few numbers
+    per partition so that millions of records cost no memory.
+    """
+
+    def __init__(self) -> None:
+        self.failures: list[KafkaError] = []
+        self.overlaps: list[tuple[int, int, int]] = []  # (partition, previous, offset)
+        self._last: dict[int, int] = {}
+
+    def report(self, error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            self.failures.append(error)
+            return
+        partition, offset = message.partition(), message.offset()
+        previous = self._last.get(partition, -1)
+        if offset <= previous:
+            self.overlaps.append((partition, previous, offset))
+        self._last[partition] = max(previous, offset)
+
+
 class KafkaClient:
     """Kafka operations for one cluster, with clear errors and bounded waits.
 
@@ -148,16 +173,12 @@ class KafkaClient:
         self.options: dict[str, str] = dict(options or {})
         self.timeout = timeout
         self._admin: AdminClient | None = None
-        self._producer: Producer | None = None
         self._last_error: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Deliver what is queued (bounded) and drop the underlying clients."""
-        if self._producer is not None:
-            self._producer.flush(self._produce_timeout())
-        self._producer = None
+        """Drop the underlying admin client (producers live for one `produce` call)."""
         self._admin = None
 
     def __enter__(self) -> KafkaClient:
@@ -251,20 +272,25 @@ class KafkaClient:
     def _produce_timeout(self) -> float:
         return self.timeout + 10
 
-    def _producer_client(self) -> Producer:
-        """An idempotent producer: retries can neither duplicate nor reorder records."""
-        if self._producer is None:
-            self._producer = Producer(
-                self._config(
-                    {
-                        "acks": "all",
-                        "enable.idempotence": True,
-                        "linger.ms": 5,
-                        "message.timeout.ms": int(self.timeout * 1000),
-                    }
-                )
+    def _new_producer(self) -> Producer:
+        """An idempotent producer for one `produce` call: retries can neither duplicate nor
+        reorder records.
+
+        Not shared across calls: an idempotent producer's per-partition sequence numbers are
+        client state, and a long-lived one that forgets a partition (metadata flapping while
+        topics come and go) restarts its sequence at 0, which the broker may then take for a
+        retry and acknowledge without writing. A fresh producer has a fresh producer id.
+        """
+        return Producer(
+            self._config(
+                {
+                    "acks": "all",
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    "message.timeout.ms": int(self.timeout * 1000),
+                }
             )
-        return self._producer
+        )
 
     # -- cluster -----------------------------------------------------------------------------
 
@@ -514,22 +540,31 @@ class KafkaClient:
         topic: str,
         items: Iterable[tuple[int | None, bytes | str | None, bytes | str]],
     ) -> int:
-        producer = self._producer_client()
-        failures: list[KafkaError] = []
-
-        def on_delivery(error: KafkaError | None, _message: Message) -> None:
-            if error is not None:
-                failures.append(error)
-
+        producer = self._new_producer()
+        deliveries = Deliveries()
         count = 0
-        for partition, key, value in items:
-            self._enqueue(producer, topic, partition, key, value, on_delivery)
-            count += 1
-        self._flush(producer, topic)
-        if failures:
+        try:
+            for partition, key, value in items:
+                self._enqueue(producer, topic, partition, key, value, deliveries.report)
+                count += 1
+            self._flush(producer, topic)
+        except BaseException:
+            producer.purge()  # so that close() does not wait for records nobody will see
+            raise
+        finally:
+            producer.close()
+        if deliveries.failures:
             raise self._error(
-                f"producing {count} records to topic {topic!r} ({len(failures)} not delivered)",
-                failures[0],
+                f"producing {count} records to topic {topic!r} "
+                f"({len(deliveries.failures)} not delivered)",
+                deliveries.failures[0],
+            )
+        if deliveries.overlaps:
+            partition, previous, offset = deliveries.overlaps[0]
+            raise ExactlyError(
+                f"Kafka at {self.bootstrap_servers} acknowledged {len(deliveries.overlaps)} of "
+                f"{count} records for topic {topic!r} at offsets already taken (first: "
+                f"partition {partition} offset {offset} after {previous}); they were not written"
             )
         return count
 
