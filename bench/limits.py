@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -67,6 +69,32 @@ def consume_confluent(bootstrap: str, topic: str, partitions: int, records: int)
     return {"records": count, "bytes": value_bytes, "seconds": seconds}
 
 
+def _run_measured(
+    command: list[str], timeout: float
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run `command` and return its output with the CPU seconds that process itself used.
+
+    Read from the child's own rusage (wait4), not from RUSAGE_CHILDREN: the latter also
+    takes in any other child reaped meanwhile, such as a Spark JVM that died of
+    OutOfMemoryError earlier, and once charged hundreds of its CPU seconds to this tool.
+    """
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        watchdog = threading.Timer(timeout, process.kill)
+        watchdog.start()
+        try:
+            _pid, status, usage = os.wait4(process.pid, 0)
+        finally:
+            watchdog.cancel()
+        process.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(
+            command, process.returncode, out.read().decode(), err.read().decode()
+        )
+    return result, usage.ru_utime + usage.ru_stime
+
+
 def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
     """Kafka's own ConsumerPerformance tool, from the broker's jars, in a JVM of its own.
 
@@ -89,9 +117,7 @@ def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
         "120000",
     ]
     started = time.perf_counter()
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL
-    )
+    result, cpu_s = _run_measured(command, timeout=600)
     wall = time.perf_counter() - started
     lines = [line for line in result.stdout.splitlines() if line.count(",") >= 9]
     if result.returncode != 0 or len(lines) < 2:
@@ -108,6 +134,7 @@ def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
         "seconds": fetch_ms / 1000.0,
         "with_group_join_seconds": fetch_ms / 1000.0 + float(row["rebalance.time.ms"]) / 1000.0,
         "jvm_wall_seconds": wall,
+        "child_cpu_s": cpu_s,
         "tool": dict(row),
     }
 
