@@ -1,6 +1,43 @@
+"""Test-suite wiring: the shared fixtures, and the unit/integration split.
+
+Every test is marked `unit` or `integration` automatically, so nobody has to remember to:
+a test is `integration` when it asks for a fixture that starts a real server or JVM (the
+Kafka broker, Spark, PostgreSQL; directly or through another fixture), takes the PostgreSQL
+variant of `ledger_url`, or is marked `integration` by hand (tests that start their own
+broker, Connect server or Dagster webserver). Everything else is `unit`, and
+`pytest -m unit` runs it all in seconds with no JVM and no server.
+"""
+
+from __future__ import annotations
+
+import pytest
+
 pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.postgres",
     "tests.fixtures.pipeline",
     "tests.fixtures.webhook",
 ]
+
+#: Fixtures that start a JVM or a server. `item.fixturenames` is the closure of what a test
+#: requests, so a fixture built on one of these (e.g. `pipeline_factory`) counts too.
+SERVER_FIXTURES = frozenset({"kafka_broker", "spark", "postgres_url"})
+
+
+def _starts_a_server(item: pytest.Item) -> bool:
+    if item.get_closest_marker("integration") is not None:
+        return True
+    names = set(getattr(item, "fixturenames", ()))
+    if names & SERVER_FIXTURES:
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("ledger_url") == "postgresql"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if _starts_a_server(item):
+            if item.get_closest_marker("integration") is None:
+                item.add_marker(pytest.mark.integration)
+        else:
+            item.add_marker(pytest.mark.unit)

@@ -41,7 +41,7 @@ def _may_be_zero(where: str) -> bool:
     return "overhead" in where or "by_process" in where
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(

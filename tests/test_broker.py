@@ -28,7 +28,7 @@ from resources.broker import (
 )
 from resources.kafka import KafkaClient, KafkaResource, PartitionOffsets, Record
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 180.0

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from jobs.examples.sample_data import pageviews
@@ -65,6 +66,7 @@ def test_missing_config_file(tmp_path: Path) -> None:
     assert "nope.yaml" in line
 
 
+@pytest.mark.integration  # starts no server, but waits out the Kafka client's real timeout (~30 s)
 def test_unreachable_broker_is_one_line_naming_it(tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
     path = write_config(tmp_path, kafka__bootstrap_servers=bootstrap)

@@ -26,7 +26,7 @@ from resources.kafka import KafkaClient
 from resources.spark import ConnectServer, build_session, start_connect_server, stop_session
 from tests.test_spark_kafka_delta import assert_reads_exact_ranges
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 # Generous: the 2 cores are shared with the broker, a classic Spark JVM and other engineers.
 SERVER_START_TIMEOUT = 600.0

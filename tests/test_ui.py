@@ -34,7 +34,7 @@ from tests.fixtures.dagster_ui import (
 )
 from tests.fixtures.pipeline import assert_exactly_once
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.integration
 
 PIPELINE = "uitest"
 JOB = f"{PIPELINE}_micro_batch"
