@@ -20,12 +20,10 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ledger.batch import Batch, BatchKind
 from ledger.errors import ExactlyError
 from ledger.protocol import BatchState, OffsetRange
-from ledger.store import Batch
 from ledger.two_phase import TwoPhaseCommit
-
-LIVE, BACKFILL = "live", "backfill"
 
 
 class BackfillMode(enum.StrEnum):
@@ -57,7 +55,7 @@ def coverage(batches: Iterable[Batch]) -> dict[tuple[str, int], list[Covered]]:
     for batch in batches:
         if batch.state is BatchState.ABORTED:
             continue
-        if batch.kind == BACKFILL and batch.params.get("mode") != BackfillMode.FILL:
+        if batch.kind == BatchKind.BACKFILL and batch.params.get("mode") != BackfillMode.FILL:
             continue
         label = f"{batch.app_id}/{batch.batch_id}"
         for r in batch.ranges:

@@ -14,20 +14,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from ledger.errors import ConfigError, FencedError, InconsistencyError, UnreachableError
-from ledger.protocol import TRANSITIONS, BatchState, OffsetRange, Owner
-from ledger.store import (
-    SCHEMA_VERSION,
-    Batch,
+from ledger.batch import Batch, StagedFile, this_owner
+from ledger.errors import (
     BusyError,
-    LedgerStore,
-    StagedFile,
-    batches,
-    files_table,
-    meta_table,
-    ranges_table,
-    this_owner,
+    ConfigError,
+    FencedError,
+    InconsistencyError,
+    UnreachableError,
 )
+from ledger.protocol import TRANSITIONS, BatchState, OffsetRange, Owner
+from ledger.schema import SCHEMA_VERSION, batches_table, files_table, meta_table, ranges_table
+from ledger.store import LedgerStore
 from tests.fixtures.postgres import free_port
 
 S = BatchState
@@ -494,7 +491,7 @@ def test_tables_hold_only_what_was_written(store: LedgerStore) -> None:
     with store.engine.connect() as conn:
         counts = [
             conn.execute(sa.select(sa.func.count()).select_from(t)).scalar()
-            for t in (batches, ranges_table, files_table)
+            for t in (batches_table, ranges_table, files_table)
         ]
     assert counts == [1, 2, 1]
 
