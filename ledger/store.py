@@ -338,6 +338,36 @@ class LedgerStore:
         if rows:
             conn.execute(ranges_table.insert(), rows)
 
+    def _guarded_update(
+        self,
+        conn: Connection,
+        batch: Batch,
+        values: Mapping[str, Any],
+        *,
+        same_state: bool,
+        refused: str,
+    ) -> None:
+        """Write `values` to the batch's row only while `batch`'s attempt token (and, with
+        `same_state`, its state) still hold there: every write of an attempt goes through
+        here, so a stale attempt changes nothing and learns it was fenced (invariant 6).
+        Transitions and takeovers start from the state they read; metrics and heartbeats
+        belong to the attempt whatever its state.
+
+        The FencedError reads "batch <label> was <refused>: <what the batch is now>".
+        """
+        guard = [
+            batches_table.c.app_id == batch.app_id,
+            batches_table.c.batch_id == batch.batch_id,
+            batches_table.c.token == batch.token,
+        ]
+        if same_state:
+            guard.append(batches_table.c.state == str(batch.state))
+        result = conn.execute(batches_table.update().where(*guard).values(**values))
+        if result.rowcount != 1:
+            raise FencedError(
+                f"batch {batch.label} was {refused}: {self._describe_current(conn, batch)}"
+            )
+
     def _cas(
         self,
         conn: Connection,
@@ -346,21 +376,13 @@ class LedgerStore:
         values: dict[str, Any],
     ) -> None:
         """The compare-and-set every transition goes through (invariant 6)."""
-        result = conn.execute(
-            batches_table.update()
-            .where(
-                batches_table.c.app_id == batch.app_id,
-                batches_table.c.batch_id == batch.batch_id,
-                batches_table.c.state == str(batch.state),
-                batches_table.c.token == batch.token,
-            )
-            .values(state=str(target), updated_at=utcnow(), **values)
+        self._guarded_update(
+            conn,
+            batch,
+            {**values, "state": str(target), "updated_at": utcnow()},
+            same_state=True,
+            refused=f"fenced moving {batch.state} -> {target}",
         )
-        if result.rowcount != 1:
-            raise FencedError(
-                f"batch {batch.label} was fenced moving {batch.state} -> {target}: "
-                f"{self._describe_current(conn, batch)}"
-            )
 
     def transition(
         self,
@@ -418,20 +440,13 @@ class LedgerStore:
     def record_metrics(self, batch: Batch, metrics: Mapping[str, Any]) -> Batch:
         """Merge metrics without changing state; fenced like any other write."""
         with self._tx() as conn:
-            result = conn.execute(
-                batches_table.update()
-                .where(
-                    batches_table.c.app_id == batch.app_id,
-                    batches_table.c.batch_id == batch.batch_id,
-                    batches_table.c.token == batch.token,
-                )
-                .values(metrics={**batch.metrics, **metrics}, updated_at=utcnow())
+            self._guarded_update(
+                conn,
+                batch,
+                {"metrics": {**batch.metrics, **metrics}, "updated_at": utcnow()},
+                same_state=False,
+                refused="fenced while recording metrics",
             )
-            if result.rowcount != 1:
-                raise FencedError(
-                    f"batch {batch.label} was fenced while recording metrics: "
-                    f"{self._describe_current(conn, batch)}"
-                )
             updated = self._get(conn, batch.app_id, batch.batch_id)
         assert updated is not None
         return updated
@@ -444,27 +459,19 @@ class LedgerStore:
         """
         with self._tx() as conn:
             now = utcnow()
-            result = conn.execute(
-                batches_table.update()
-                .where(
-                    batches_table.c.app_id == batch.app_id,
-                    batches_table.c.batch_id == batch.batch_id,
-                    batches_table.c.state == str(batch.state),
-                    batches_table.c.token == batch.token,
-                )
-                .values(
-                    attempt=batch.attempt + 1,
-                    token=uuid.uuid4().hex,
-                    owner=str(owner or this_owner()),
-                    heartbeat_at=now,
-                    updated_at=now,
-                )
+            self._guarded_update(
+                conn,
+                batch,
+                {
+                    "attempt": batch.attempt + 1,
+                    "token": uuid.uuid4().hex,
+                    "owner": str(owner or this_owner()),
+                    "heartbeat_at": now,
+                    "updated_at": now,
+                },
+                same_state=True,
+                refused="taken over by someone else first",
             )
-            if result.rowcount != 1:
-                raise FencedError(
-                    f"batch {batch.label} was taken over by someone else first: "
-                    f"{self._describe_current(conn, batch)}"
-                )
             updated = self._get(conn, batch.app_id, batch.batch_id)
         assert updated is not None
         return updated
@@ -484,21 +491,15 @@ class LedgerStore:
                 )
 
     def heartbeat(self, batch: Batch) -> None:
+        """Renew the attempt's lease; any state, as long as the attempt still owns it."""
         with self._tx() as conn:
-            result = conn.execute(
-                batches_table.update()
-                .where(
-                    batches_table.c.app_id == batch.app_id,
-                    batches_table.c.batch_id == batch.batch_id,
-                    batches_table.c.token == batch.token,
-                )
-                .values(heartbeat_at=utcnow())
+            self._guarded_update(
+                conn,
+                batch,
+                {"heartbeat_at": utcnow()},
+                same_state=False,
+                refused="fenced (heartbeat refused)",
             )
-            if result.rowcount != 1:
-                raise FencedError(
-                    f"batch {batch.label} was fenced (heartbeat refused): "
-                    f"{self._describe_current(conn, batch)}"
-                )
 
     def insert_committed(
         self,
