@@ -3,7 +3,8 @@
 Every state change is one compare-and-set UPDATE on (state, attempt token): a stale attempt
 that wakes up later changes zero rows and learns it was fenced (invariant 6). The prepare
 vote writes the file list and the new state in one database transaction, so a crash leaves
-either no vote or a complete one.
+either no vote or a complete one. A database that does not answer is an UnreachableError
+naming it, whichever call found out.
 """
 
 from __future__ import annotations
@@ -59,20 +60,26 @@ class LedgerStore:
         """The URL without its password: safe for logs and the UI."""
         return self.engine.url.render_as_string(hide_password=True)
 
-    def schema_version(self) -> int:
-        with self.engine.connect() as conn:
-            value = conn.execute(
-                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
-            ).scalar_one()
-        return int(value)
+    # -- connections --------------------------------------------------------------------
+
+    @contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """A database that does not answer ends the command with one line naming it (never
+        its password), whichever read or write found out."""
+        try:
+            yield
+        except OperationalError as exc:
+            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._reachable(), self.engine.connect() as conn:
+            yield conn
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except OperationalError as exc:
-            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+        with self._reachable(), self.engine.begin() as conn:
+            yield conn
 
     # -- reads --------------------------------------------------------------------------
 
@@ -119,8 +126,15 @@ class LedgerStore:
             for r in rows
         ]
 
+    def schema_version(self) -> int:
+        with self._read() as conn:
+            value = conn.execute(
+                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
+            ).scalar_one()
+        return int(value)
+
     def get(self, app_id: str, batch_id: int) -> Batch | None:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return self._get(conn, app_id, batch_id)
 
     def _get(self, conn: Connection, app_id: str, batch_id: int) -> Batch | None:
@@ -152,14 +166,11 @@ class LedgerStore:
             query = query.where(batches_table.c.state.in_([str(s) for s in states]))
         if limit is not None:
             query = query.limit(limit)
-        try:
-            with self.engine.connect() as conn:
-                return self._to_batches(conn, conn.execute(query).all())
-        except OperationalError as exc:
-            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+        with self._read() as conn:
+            return self._to_batches(conn, conn.execute(query).all())
 
     def files(self, app_id: str, batch_id: int) -> list[StagedFile]:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 sa.select(files_table)
                 .where(files_table.c.app_id == app_id, files_table.c.batch_id == batch_id)
@@ -172,7 +183,7 @@ class LedgerStore:
 
     def positions(self, app_id: str) -> dict[int, int]:
         """The next offset per partition: the ends of the newest batch that holds a range."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return self._positions(conn, app_id)
 
     def _positions(self, conn: Connection, app_id: str) -> dict[int, int]:
@@ -482,7 +493,7 @@ class LedgerStore:
         Checked before publishing, so a zombie learns it was replaced before it touches the
         table; the table's own version check still decides if the two race.
         """
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             current = self._get(conn, batch.app_id, batch.batch_id)
             if current is None or (current.state, current.token) != (batch.state, batch.token):
                 raise FencedError(
