@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs import parquet_files
+from ledger.batch import BatchKind
 from resources.delta import DeltaTarget
 
 APP_ID = "bench"
@@ -52,7 +53,7 @@ def _metadata(batch_id: int, partitions: int = 8) -> dict[str, Any]:
     return {
         "app_id": APP_ID,
         "pipeline": APP_ID,
-        "kind": "live",
+        "kind": BatchKind.LIVE,
         "batch_id": batch_id,
         "attempt": 1,
         "ranges": [

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from ledger.errors import ExactlyError
-from ledger.store import BusyError, LedgerStore
+from ledger.errors import BusyError, ExactlyError
+from ledger.store import LedgerStore
 from resources.config import PipelineConfig, load_config
 
 _DEMO_CONFIG = Path(__file__).resolve().parent.parent / "pipelines" / "pageviews.yaml"

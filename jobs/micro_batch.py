@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
-from ledger.backfill import BACKFILL, backfill_app_id
+from ledger.backfill import backfill_app_id
+from ledger.batch import Batch, BatchKind, StagedFile
 from ledger.protocol import Available, OffsetRange
-from ledger.store import Batch, LedgerStore, StagedFile
+from ledger.store import LedgerStore
 from ledger.two_phase import PublishResult, StageOutput, TwoPhaseCommit
 from resources.config import PipelineConfig
 from resources.delta import DeltaTarget, decode_schema
@@ -168,7 +169,7 @@ def build_backfill(
         spark_factory=spark_factory,
         log=log,
         app_id=backfill_app_id(config.pipeline),
-        kind=BACKFILL,
+        kind=BatchKind.BACKFILL,
     )
 
 
@@ -179,7 +180,7 @@ def build(
     spark_factory: Callable[[], Any] | None = None,
     log: Callable[[str], None] = lambda _m: None,
     app_id: str | None = None,
-    kind: str = "live",
+    kind: BatchKind = BatchKind.LIVE,
 ) -> TwoPhaseCommit:
     client = KafkaClient(config.kafka.bootstrap_servers, config.kafka.options)
     storage_options = config.delta.storage_options

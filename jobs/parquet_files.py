@@ -10,7 +10,7 @@ import json
 
 import pyarrow.parquet as pq
 
-from ledger.store import StagedFile
+from ledger.batch import StagedFile
 from resources import storage
 from resources.delta import delta_stats
 

@@ -1,8 +1,8 @@
 """Backfills: which offset ranges an operator may fill or replace, decided from the ledger.
 
-Pure. A backfill is a batch of its own kind under its own application id
+A backfill is a batch of its own kind (BatchKind.BACKFILL) under its own application id
 (`<pipeline>.backfill`), so its Delta transaction versions never collide with the live
-pipeline's; this module only decides whether the requested ranges are allowed:
+pipeline's; this module decides whether the requested ranges are allowed:
 
 - fill ingests offsets nothing covers yet. Offsets at or past the live pipeline's position
   belong to the live pipeline (it will read them), so a fill may only cover offsets below
@@ -11,6 +11,10 @@ pipeline's; this module only decides whether the requested ranges are allowed:
   their rows are removed and the new ones added in one Delta transaction. Offsets nobody
   committed cannot be replaced: there is nothing to replace, and adding them would
   duplicate what the live pipeline reads later.
+
+The rules are pure functions of the batches and positions they are given, so each can be
+tested alone; `plan_backfill`, at the end, is the one function with I/O: it reads the
+ledger, finishes earlier backfills and plans the batch through the coordinator.
 """
 
 from __future__ import annotations
@@ -20,12 +24,10 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ledger.batch import Batch, BatchKind
 from ledger.errors import ExactlyError
 from ledger.protocol import BatchState, OffsetRange
-from ledger.store import Batch
 from ledger.two_phase import TwoPhaseCommit
-
-LIVE, BACKFILL = "live", "backfill"
 
 
 class BackfillMode(enum.StrEnum):
@@ -57,7 +59,7 @@ def coverage(batches: Iterable[Batch]) -> dict[tuple[str, int], list[Covered]]:
     for batch in batches:
         if batch.state is BatchState.ABORTED:
             continue
-        if batch.kind == BACKFILL and batch.params.get("mode") != BackfillMode.FILL:
+        if batch.kind == BatchKind.BACKFILL and batch.params.get("mode") != BackfillMode.FILL:
             continue
         label = f"{batch.app_id}/{batch.batch_id}"
         for r in batch.ranges:
@@ -135,6 +137,9 @@ def params_for(mode: BackfillMode, ranges: Sequence[OffsetRange], transform: str
         "transform": transform,
         "ranges": [[r.topic, r.partition, r.start, r.end] for r in normalize(ranges)],
     }
+
+
+# -- the I/O: read the ledger, then plan ------------------------------------------------
 
 
 def plan_backfill(

@@ -29,6 +29,10 @@ class FencedError(ExactlyError):
     """
 
 
+class BusyError(ExactlyError):
+    """Another live attempt holds an in-flight batch of this application id."""
+
+
 class DataLossError(ExactlyError):
     """Offsets that a batch must read are no longer in Kafka (retention or truncation)."""
 

@@ -1,34 +1,26 @@
-"""The commit ledger: durable batch states on SQLAlchemy (SQLite file or PostgreSQL).
+"""The commit ledger: durable batch states in the database ledger/schema.py describes.
 
 Every state change is one compare-and-set UPDATE on (state, attempt token): a stale attempt
 that wakes up later changes zero rows and learns it was fenced (invariant 6). The prepare
 vote writes the file list and the new state in one database transaction, so a crash leaves
-either no vote or a complete one.
+either no vote or a complete one. A database that does not answer is an UnreachableError
+naming it, whichever call found out.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import socket
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from ledger.errors import (
-    ConfigError,
-    ExactlyError,
-    FencedError,
-    InconsistencyError,
-    UnreachableError,
-)
+from ledger.batch import Batch, BatchKind, StagedFile, this_owner, utcnow
+from ledger.errors import BusyError, FencedError, InconsistencyError, UnreachableError
 from ledger.protocol import (
     HOLDS_RANGE,
     IN_FLIGHT,
@@ -38,75 +30,14 @@ from ledger.protocol import (
     check_contiguous,
     check_transition,
 )
-
-#: Bump with every schema change; a ledger written by a newer exactly is refused.
-SCHEMA_VERSION = 1
-
-metadata = sa.MetaData()
-
-meta_table = sa.Table(
-    "exactly_meta",
-    metadata,
-    sa.Column("key", sa.String(64), primary_key=True),
-    sa.Column("value", sa.String(256), nullable=False),
+from ledger.schema import (
+    batches_table,
+    create_ledger_engine,
+    ensure_schema,
+    files_table,
+    meta_table,
+    ranges_table,
 )
-
-batches = sa.Table(
-    "exactly_batches",
-    metadata,
-    sa.Column("app_id", sa.String(255), primary_key=True),
-    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("pipeline", sa.String(255), nullable=False, index=True),
-    sa.Column("kind", sa.String(16), nullable=False),
-    sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("attempt", sa.Integer, nullable=False),
-    sa.Column("token", sa.String(32), nullable=False),
-    sa.Column("owner", sa.String(255), nullable=False),
-    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
-    sa.Column("prepared_at", sa.DateTime(timezone=True)),
-    sa.Column("committed_at", sa.DateTime(timezone=True)),
-    sa.Column("table_version", sa.BigInteger),
-    sa.Column("error", sa.Text),
-    sa.Column("schemas", sa.JSON),
-    sa.Column("metrics", sa.JSON),
-    sa.Column("params", sa.JSON),
-)
-
-ranges_table = sa.Table(
-    "exactly_ranges",
-    metadata,
-    sa.Column("app_id", sa.String(255), primary_key=True),
-    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("topic", sa.String(255), primary_key=True),
-    sa.Column("partition", sa.Integer, primary_key=True, autoincrement=False),
-    sa.Column("start_offset", sa.BigInteger, nullable=False),
-    sa.Column("end_offset", sa.BigInteger, nullable=False),
-    sa.ForeignKeyConstraint(
-        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
-    ),
-)
-
-files_table = sa.Table(
-    "exactly_files",
-    metadata,
-    sa.Column("app_id", sa.String(255), primary_key=True),
-    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("target", sa.String(16), primary_key=True),
-    sa.Column("path", sa.String(1024), primary_key=True),
-    sa.Column("size", sa.BigInteger, nullable=False),
-    sa.Column("records", sa.BigInteger, nullable=False),
-    sa.Column("modification_time", sa.BigInteger, nullable=False),
-    sa.Column("stats", sa.Text, nullable=False),
-    sa.ForeignKeyConstraint(
-        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
-    ),
-)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def _aware(ts: datetime | None) -> datetime | None:
@@ -116,176 +47,39 @@ def _aware(ts: datetime | None) -> datetime | None:
     return ts.replace(tzinfo=UTC)
 
 
-def this_owner() -> Owner:
-    return Owner(socket.gethostname(), os.getpid())
-
-
-@dataclass(frozen=True)
-class StagedFile:
-    """One Parquet file an attempt wrote, as the vote records it and Delta will add it.
-
-    `path` is relative to the root of the table it belongs to (`target`).
-    """
-
-    target: str
-    path: str
-    size: int
-    records: int
-    modification_time: int
-    stats: str
-
-
-@dataclass(frozen=True)
-class Batch:
-    app_id: str
-    batch_id: int
-    pipeline: str
-    kind: str
-    state: BatchState
-    attempt: int
-    token: str
-    owner: Owner
-    heartbeat_at: datetime
-    created_at: datetime
-    updated_at: datetime
-    prepared_at: datetime | None
-    committed_at: datetime | None
-    table_version: int | None
-    error: str | None
-    ranges: tuple[OffsetRange, ...]
-    schemas: dict[str, str] = field(default_factory=dict)
-    metrics: dict[str, Any] = field(default_factory=dict)
-    params: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return f"{self.app_id}/{self.batch_id} attempt {self.attempt}"
-
-    @property
-    def span(self) -> int:
-        return sum(r.span for r in self.ranges)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "app_id": self.app_id,
-            "batch_id": self.batch_id,
-            "pipeline": self.pipeline,
-            "kind": self.kind,
-            "state": str(self.state),
-            "attempt": self.attempt,
-            "owner": str(self.owner),
-            "created_at": self.created_at.isoformat(),
-            "updated_at": self.updated_at.isoformat(),
-            "prepared_at": self.prepared_at.isoformat() if self.prepared_at else None,
-            "committed_at": self.committed_at.isoformat() if self.committed_at else None,
-            "table_version": self.table_version,
-            "error": self.error,
-            "ranges": [r.as_dict() for r in self.ranges],
-            "metrics": self.metrics,
-            "params": self.params,
-        }
-
-
-class BusyError(ExactlyError):
-    """Another live attempt holds an in-flight batch of this application id."""
-
-
-def _configure_sqlite(engine: Engine) -> None:
-    """WAL for concurrent readers, FULL sync so a vote survives power loss, and
-    BEGIN IMMEDIATE so two writers queue instead of failing to upgrade a read lock."""
-
-    @sa.event.listens_for(engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=FULL")
-        cur.execute("PRAGMA busy_timeout=30000")
-        cur.execute("PRAGMA foreign_keys=ON")
-        cur.close()
-
-    @sa.event.listens_for(engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _mask_password(url: str) -> str:
-    """Hide `user:password@` in a URL that may not even parse: errors must not leak it."""
-    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
-
-
-def create_ledger_engine(url: str) -> Engine:
-    try:
-        parsed = sa.engine.make_url(url)
-    except Exception:
-        raise ConfigError(f"ledger.url {_mask_password(url)!r} is not a database URL") from None
-    if parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
-            os.makedirs(os.path.dirname(os.path.abspath(parsed.database)), exist_ok=True)
-        engine = sa.create_engine(parsed, connect_args={"timeout": 30})
-        _configure_sqlite(engine)
-        return engine
-    try:
-        return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
-    except (ImportError, sa.exc.ArgumentError) as exc:
-        raise ConfigError(f"ledger.url {parsed!r}: unsupported database: {exc}") from exc
-
-
 class LedgerStore:
     """Durable batch records for one or many pipelines in one database."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = create_ledger_engine(url)
-        self._ensure_schema()
-
-    # -- schema -------------------------------------------------------------------------
-
-    def _ensure_schema(self) -> None:
-        try:
-            with self.engine.begin() as conn:
-                metadata.create_all(conn)
-                row = conn.execute(
-                    sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
-                ).scalar_one_or_none()
-                if row is None:
-                    conn.execute(
-                        meta_table.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
-                    )
-                elif int(row) > SCHEMA_VERSION:
-                    raise ConfigError(
-                        f"ledger at {self.safe_url} has schema version {row}, newer than "
-                        f"this exactly supports ({SCHEMA_VERSION}); upgrade exactly"
-                    )
-        except IntegrityError:
-            # two processes created the schema at once; the other one won, which is fine
-            return
-        except OperationalError as exc:
-            raise UnreachableError(
-                f"ledger database {self.safe_url} is unreachable: {exc.orig}"
-            ) from exc
+        ensure_schema(self.engine)
 
     @property
     def safe_url(self) -> str:
         """The URL without its password: safe for logs and the UI."""
         return self.engine.url.render_as_string(hide_password=True)
 
-    def schema_version(self) -> int:
-        with self.engine.connect() as conn:
-            value = conn.execute(
-                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
-            ).scalar_one()
-        return int(value)
+    # -- connections --------------------------------------------------------------------
+
+    @contextmanager
+    def _reachable(self) -> Iterator[None]:
+        """A database that does not answer ends the command with one line naming it (never
+        its password), whichever read or write found out."""
+        try:
+            yield
+        except OperationalError as exc:
+            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self._reachable(), self.engine.connect() as conn:
+            yield conn
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        try:
-            with self.engine.begin() as conn:
-                yield conn
-        except OperationalError as exc:
-            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+        with self._reachable(), self.engine.begin() as conn:
+            yield conn
 
     # -- reads --------------------------------------------------------------------------
 
@@ -312,7 +106,7 @@ class LedgerStore:
                 app_id=r.app_id,
                 batch_id=r.batch_id,
                 pipeline=r.pipeline,
-                kind=r.kind,
+                kind=BatchKind(r.kind),
                 state=BatchState(r.state),
                 attempt=r.attempt,
                 token=r.token,
@@ -332,13 +126,22 @@ class LedgerStore:
             for r in rows
         ]
 
+    def schema_version(self) -> int:
+        with self._read() as conn:
+            value = conn.execute(
+                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
+            ).scalar_one()
+        return int(value)
+
     def get(self, app_id: str, batch_id: int) -> Batch | None:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return self._get(conn, app_id, batch_id)
 
     def _get(self, conn: Connection, app_id: str, batch_id: int) -> Batch | None:
         rows = conn.execute(
-            sa.select(batches).where(batches.c.app_id == app_id, batches.c.batch_id == batch_id)
+            sa.select(batches_table).where(
+                batches_table.c.app_id == app_id, batches_table.c.batch_id == batch_id
+            )
         ).all()
         found = self._to_batches(conn, rows)
         return found[0] if found else None
@@ -352,23 +155,22 @@ class LedgerStore:
         limit: int | None = None,
     ) -> list[Batch]:
         """Batches, newest first."""
-        query = sa.select(batches).order_by(batches.c.batch_id.desc(), batches.c.app_id)
+        query = sa.select(batches_table).order_by(
+            batches_table.c.batch_id.desc(), batches_table.c.app_id
+        )
         if app_id is not None:
-            query = query.where(batches.c.app_id == app_id)
+            query = query.where(batches_table.c.app_id == app_id)
         if pipeline is not None:
-            query = query.where(batches.c.pipeline == pipeline)
+            query = query.where(batches_table.c.pipeline == pipeline)
         if states is not None:
-            query = query.where(batches.c.state.in_([str(s) for s in states]))
+            query = query.where(batches_table.c.state.in_([str(s) for s in states]))
         if limit is not None:
             query = query.limit(limit)
-        try:
-            with self.engine.connect() as conn:
-                return self._to_batches(conn, conn.execute(query).all())
-        except OperationalError as exc:
-            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+        with self._read() as conn:
+            return self._to_batches(conn, conn.execute(query).all())
 
     def files(self, app_id: str, batch_id: int) -> list[StagedFile]:
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             rows = conn.execute(
                 sa.select(files_table)
                 .where(files_table.c.app_id == app_id, files_table.c.batch_id == batch_id)
@@ -381,14 +183,14 @@ class LedgerStore:
 
     def positions(self, app_id: str) -> dict[int, int]:
         """The next offset per partition: the ends of the newest batch that holds a range."""
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             return self._positions(conn, app_id)
 
     def _positions(self, conn: Connection, app_id: str) -> dict[int, int]:
         last = conn.execute(
-            sa.select(sa.func.max(batches.c.batch_id)).where(
-                batches.c.app_id == app_id,
-                batches.c.state.in_([str(s) for s in HOLDS_RANGE]),
+            sa.select(sa.func.max(batches_table.c.batch_id)).where(
+                batches_table.c.app_id == app_id,
+                batches_table.c.state.in_([str(s) for s in HOLDS_RANGE]),
             )
         ).scalar_one_or_none()
         if last is None:
@@ -402,7 +204,7 @@ class LedgerStore:
         *,
         pipeline: str,
         app_id: str,
-        kind: str,
+        kind: BatchKind,
         ranges_for: Any,
         owner: Owner | None = None,
         params: Mapping[str, Any] | None = None,
@@ -426,10 +228,12 @@ class LedgerStore:
             with self._tx() as conn:
                 self._lock_app(conn, app_id)
                 in_flight = conn.execute(
-                    sa.select(batches.c.batch_id, batches.c.state, batches.c.owner)
+                    sa.select(
+                        batches_table.c.batch_id, batches_table.c.state, batches_table.c.owner
+                    )
                     .where(
-                        batches.c.app_id == app_id,
-                        batches.c.state.in_([str(s) for s in IN_FLIGHT]),
+                        batches_table.c.app_id == app_id,
+                        batches_table.c.state.in_([str(s) for s in IN_FLIGHT]),
                     )
                     .limit(1)
                 ).first()
@@ -440,7 +244,9 @@ class LedgerStore:
                     )
                 positions = self._positions(conn, app_id)
                 last_id = conn.execute(
-                    sa.select(sa.func.max(batches.c.batch_id)).where(batches.c.app_id == app_id)
+                    sa.select(sa.func.max(batches_table.c.batch_id)).where(
+                        batches_table.c.app_id == app_id
+                    )
                 ).scalar_one_or_none()
                 if batch_id is None:
                     batch_id = (last_id or 0) + 1
@@ -500,6 +306,7 @@ class LedgerStore:
     def _insert_batch(
         conn: Connection,
         *,
+        kind: BatchKind,
         state: BatchState,
         owner: Owner,
         created_at: datetime,
@@ -509,7 +316,8 @@ class LedgerStore:
         """A new batch row at attempt 1 with a fresh token."""
         now = utcnow()
         conn.execute(
-            batches.insert().values(
+            batches_table.insert().values(
+                kind=str(kind),
                 state=str(state),
                 attempt=1,
                 token=uuid.uuid4().hex,
@@ -541,6 +349,36 @@ class LedgerStore:
         if rows:
             conn.execute(ranges_table.insert(), rows)
 
+    def _guarded_update(
+        self,
+        conn: Connection,
+        batch: Batch,
+        values: Mapping[str, Any],
+        *,
+        same_state: bool,
+        refused: str,
+    ) -> None:
+        """Write `values` to the batch's row only while `batch`'s attempt token (and, with
+        `same_state`, its state) still hold there: every write of an attempt goes through
+        here, so a stale attempt changes nothing and learns it was fenced (invariant 6).
+        Transitions and takeovers start from the state they read; metrics and heartbeats
+        belong to the attempt whatever its state.
+
+        The FencedError reads "batch <label> was <refused>: <what the batch is now>".
+        """
+        guard = [
+            batches_table.c.app_id == batch.app_id,
+            batches_table.c.batch_id == batch.batch_id,
+            batches_table.c.token == batch.token,
+        ]
+        if same_state:
+            guard.append(batches_table.c.state == str(batch.state))
+        result = conn.execute(batches_table.update().where(*guard).values(**values))
+        if result.rowcount != 1:
+            raise FencedError(
+                f"batch {batch.label} was {refused}: {self._describe_current(conn, batch)}"
+            )
+
     def _cas(
         self,
         conn: Connection,
@@ -549,21 +387,13 @@ class LedgerStore:
         values: dict[str, Any],
     ) -> None:
         """The compare-and-set every transition goes through (invariant 6)."""
-        result = conn.execute(
-            batches.update()
-            .where(
-                batches.c.app_id == batch.app_id,
-                batches.c.batch_id == batch.batch_id,
-                batches.c.state == str(batch.state),
-                batches.c.token == batch.token,
-            )
-            .values(state=str(target), updated_at=utcnow(), **values)
+        self._guarded_update(
+            conn,
+            batch,
+            {**values, "state": str(target), "updated_at": utcnow()},
+            same_state=True,
+            refused=f"fenced moving {batch.state} -> {target}",
         )
-        if result.rowcount != 1:
-            raise FencedError(
-                f"batch {batch.label} was fenced moving {batch.state} -> {target}: "
-                f"{self._describe_current(conn, batch)}"
-            )
 
     def transition(
         self,
@@ -621,20 +451,13 @@ class LedgerStore:
     def record_metrics(self, batch: Batch, metrics: Mapping[str, Any]) -> Batch:
         """Merge metrics without changing state; fenced like any other write."""
         with self._tx() as conn:
-            result = conn.execute(
-                batches.update()
-                .where(
-                    batches.c.app_id == batch.app_id,
-                    batches.c.batch_id == batch.batch_id,
-                    batches.c.token == batch.token,
-                )
-                .values(metrics={**batch.metrics, **metrics}, updated_at=utcnow())
+            self._guarded_update(
+                conn,
+                batch,
+                {"metrics": {**batch.metrics, **metrics}, "updated_at": utcnow()},
+                same_state=False,
+                refused="fenced while recording metrics",
             )
-            if result.rowcount != 1:
-                raise FencedError(
-                    f"batch {batch.label} was fenced while recording metrics: "
-                    f"{self._describe_current(conn, batch)}"
-                )
             updated = self._get(conn, batch.app_id, batch.batch_id)
         assert updated is not None
         return updated
@@ -647,27 +470,19 @@ class LedgerStore:
         """
         with self._tx() as conn:
             now = utcnow()
-            result = conn.execute(
-                batches.update()
-                .where(
-                    batches.c.app_id == batch.app_id,
-                    batches.c.batch_id == batch.batch_id,
-                    batches.c.state == str(batch.state),
-                    batches.c.token == batch.token,
-                )
-                .values(
-                    attempt=batch.attempt + 1,
-                    token=uuid.uuid4().hex,
-                    owner=str(owner or this_owner()),
-                    heartbeat_at=now,
-                    updated_at=now,
-                )
+            self._guarded_update(
+                conn,
+                batch,
+                {
+                    "attempt": batch.attempt + 1,
+                    "token": uuid.uuid4().hex,
+                    "owner": str(owner or this_owner()),
+                    "heartbeat_at": now,
+                    "updated_at": now,
+                },
+                same_state=True,
+                refused="taken over by someone else first",
             )
-            if result.rowcount != 1:
-                raise FencedError(
-                    f"batch {batch.label} was taken over by someone else first: "
-                    f"{self._describe_current(conn, batch)}"
-                )
             updated = self._get(conn, batch.app_id, batch.batch_id)
         assert updated is not None
         return updated
@@ -678,7 +493,7 @@ class LedgerStore:
         Checked before publishing, so a zombie learns it was replaced before it touches the
         table; the table's own version check still decides if the two race.
         """
-        with self.engine.connect() as conn:
+        with self._read() as conn:
             current = self._get(conn, batch.app_id, batch.batch_id)
             if current is None or (current.state, current.token) != (batch.state, batch.token):
                 raise FencedError(
@@ -687,28 +502,22 @@ class LedgerStore:
                 )
 
     def heartbeat(self, batch: Batch) -> None:
+        """Renew the attempt's lease; any state, as long as the attempt still owns it."""
         with self._tx() as conn:
-            result = conn.execute(
-                batches.update()
-                .where(
-                    batches.c.app_id == batch.app_id,
-                    batches.c.batch_id == batch.batch_id,
-                    batches.c.token == batch.token,
-                )
-                .values(heartbeat_at=utcnow())
+            self._guarded_update(
+                conn,
+                batch,
+                {"heartbeat_at": utcnow()},
+                same_state=False,
+                refused="fenced (heartbeat refused)",
             )
-            if result.rowcount != 1:
-                raise FencedError(
-                    f"batch {batch.label} was fenced (heartbeat refused): "
-                    f"{self._describe_current(conn, batch)}"
-                )
 
     def insert_committed(
         self,
         *,
         pipeline: str,
         app_id: str,
-        kind: str,
+        kind: BatchKind,
         batch_id: int,
         ranges: Iterable[OffsetRange],
         table_version: int | None,

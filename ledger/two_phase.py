@@ -23,8 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ledger.batch import Batch, BatchKind, StagedFile, this_owner, utcnow
 from ledger.crash import crashpoint
-from ledger.errors import FencedError, InconsistencyError
+from ledger.errors import BusyError, FencedError, InconsistencyError
 from ledger.protocol import (
     ABANDONABLE,
     IN_FLIGHT,
@@ -36,7 +37,7 @@ from ledger.protocol import (
     plan_ranges,
     worth_planning,
 )
-from ledger.store import Batch, BusyError, LedgerStore, StagedFile, this_owner, utcnow
+from ledger.store import LedgerStore
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class TwoPhaseCommit:
         stager: Stager,
         publisher: Publisher,
         max_records_per_partition: int,
-        kind: str = "live",
+        kind: BatchKind = BatchKind.LIVE,
         lease_seconds: float = 120.0,
         starting_offsets: str = "earliest",
         log: Callable[[str], None] = lambda _msg: None,
@@ -236,7 +237,7 @@ class TwoPhaseCommit:
 
         Advisory: the table and the ledger, never the group, decide what comes next.
         """
-        if self.kind == "live":
+        if self.kind == BatchKind.LIVE:
             self.source.ack(batch.ranges)
         return self.store.transition(batch, BatchState.ACKED)
 
@@ -305,7 +306,7 @@ class TwoPhaseCommit:
             rebuilt += self.store.insert_committed(
                 pipeline=self.pipeline,
                 app_id=self.app_id,
-                kind=entry.get("kind", self.kind),
+                kind=BatchKind(entry.get("kind", self.kind)),
                 batch_id=entry["batch_id"],
                 ranges=ranges,
                 table_version=entry.get("table_version"),

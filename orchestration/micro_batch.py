@@ -17,9 +17,9 @@ from deltalake import DeltaTable
 from pydantic import Field
 
 from jobs.micro_batch import SharedSpark, build, build_backfill
-from ledger.backfill import BACKFILL, BackfillMode, plan_backfill
+from ledger.backfill import BackfillMode, plan_backfill
+from ledger.batch import Batch, BatchKind
 from ledger.protocol import MUST_FINISH, BatchState, OffsetRange
-from ledger.store import Batch
 from ledger.two_phase import StageOutput, TwoPhaseCommit
 from resources.config import PipelineConfig
 
@@ -124,7 +124,7 @@ def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
 
     def coordinator_for(batch: Batch) -> TwoPhaseCommit:
         """Live batches and reprocessing (replace backfill) batches flow through the same ops."""
-        if batch.kind == BACKFILL:
+        if batch.kind == BatchKind.BACKFILL:
             return build_backfill(
                 config, transform=batch.params.get("transform"), spark_factory=spark
             )
@@ -133,7 +133,7 @@ def build_pipeline_jobs(config: PipelineConfig) -> PipelineJobs:
     def publish_event(context: dg.OpExecutionContext, tpc: TwoPhaseCommit, batch: Batch) -> None:
         partition = context.partition_key if context.has_partition_key else str(batch.batch_id)
         meta = {**batch_metadata(batch), **table_metadata(tpc, config)}
-        if batch.kind == BACKFILL:
+        if batch.kind == BatchKind.BACKFILL:
             meta["reprocessed_by"] = f"{batch.app_id}/{batch.batch_id}"
         context.log_event(
             dg.AssetMaterialization(asset_key=table.key, partition=partition, metadata=meta)

@@ -14,8 +14,8 @@ from datetime import datetime
 
 import dagster as dg
 
+from ledger.batch import Batch, BatchKind, utcnow
 from ledger.protocol import BatchState
-from ledger.store import Batch, utcnow
 from orchestration.micro_batch import BATCH_TAG, PIPELINE_TAG, PipelineJobs
 from resources.alerts import Alert, AlertsResource
 
@@ -167,7 +167,9 @@ def evaluate_stuck(
 
 
 def _batch_alert(kind: str, what: str, text: str, batch: Batch) -> Alert:
-    label = str(batch.batch_id) if batch.kind == "live" else f"{batch.app_id}/{batch.batch_id}"
+    label = (
+        str(batch.batch_id) if batch.kind == BatchKind.LIVE else f"{batch.app_id}/{batch.batch_id}"
+    )
     return Alert(
         kind=kind,
         pipeline=batch.pipeline,

@@ -27,9 +27,9 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
+from ledger.batch import StagedFile
 from ledger.errors import InconsistencyError
 from ledger.protocol import OffsetRange
-from ledger.store import StagedFile
 from resources import storage
 
 #: Longer strings are left out of min/max: a truncated max would be smaller than the real

@@ -18,8 +18,8 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from ledger.protocol import BatchState
-from ledger.store import Batch, Owner, utcnow
+from ledger.batch import Batch, utcnow
+from ledger.protocol import BatchState, Owner
 from orchestration.micro_batch import BATCH_TAG, PipelineJobs, build_pipeline_jobs
 from orchestration.schedules import next_batch_request
 from orchestration.sensors import build_sensors, decide_stuck, redrive_requests

@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from ledger.errors import ConfigError, FencedError, InconsistencyError, UnreachableError
-from ledger.protocol import TRANSITIONS, BatchState, OffsetRange, Owner
-from ledger.store import (
-    SCHEMA_VERSION,
-    Batch,
+from ledger.batch import Batch, StagedFile, this_owner
+from ledger.errors import (
     BusyError,
-    LedgerStore,
-    StagedFile,
-    batches,
-    files_table,
-    meta_table,
-    ranges_table,
-    this_owner,
+    ConfigError,
+    FencedError,
+    InconsistencyError,
+    UnreachableError,
 )
+from ledger.protocol import TRANSITIONS, BatchState, OffsetRange, Owner
+from ledger.schema import SCHEMA_VERSION, batches_table, files_table, meta_table, ranges_table
+from ledger.store import LedgerStore
 from tests.fixtures.postgres import free_port
 
 S = BatchState
@@ -494,7 +493,7 @@ def test_tables_hold_only_what_was_written(store: LedgerStore) -> None:
     with store.engine.connect() as conn:
         counts = [
             conn.execute(sa.select(sa.func.count()).select_from(t)).scalar()
-            for t in (batches, ranges_table, files_table)
+            for t in (batches_table, ranges_table, files_table)
         ]
     assert counts == [1, 2, 1]
 
@@ -511,6 +510,29 @@ def test_unreachable_postgres_fails_fast() -> None:
     message = str(info.value)
     assert f"127.0.0.1:{port}" in message
     assert "secret" not in message
+
+
+READS: dict[str, Callable[[LedgerStore, Batch], object]] = {
+    "get": lambda store, batch: store.get(APP, batch.batch_id),
+    "batches": lambda store, _batch: store.batches(app_id=APP),
+    "files": lambda store, batch: store.files(APP, batch.batch_id),
+    "positions": lambda store, _batch: store.positions(APP),
+    "schema_version": lambda store, _batch: store.schema_version(),
+    "require_current": lambda store, batch: store.require_current(batch),
+}
+
+
+@pytest.mark.parametrize("read", sorted(READS))
+def test_every_read_of_a_lost_ledger_names_it(tmp_path: Path, read: str) -> None:
+    """A ledger that goes away after opening fails every read with the same one line."""
+    folder = tmp_path / "ledger"
+    store = LedgerStore(f"sqlite:///{folder}/ledger.db")
+    batch = plan(store)
+    store.dispose()  # no pooled connection keeps the old file open
+    shutil.rmtree(folder)  # the disk it was on is gone: SQLite cannot open it again
+    with pytest.raises(UnreachableError) as info:
+        READS[read](store, batch)
+    assert str(info.value).startswith(f"ledger database sqlite:///{folder}/ledger.db: ")
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from ledger.errors import DataLossError, FencedError, InconsistencyError
+from ledger.batch import Batch, StagedFile, utcnow
+from ledger.errors import BusyError, DataLossError, FencedError, InconsistencyError
 from ledger.protocol import Available, BatchState, OffsetRange, Owner
-from ledger.store import Batch, BusyError, LedgerStore, StagedFile, utcnow
+from ledger.store import LedgerStore
 from ledger.two_phase import PublishResult, StageOutput, TwoPhaseCommit
 
 S = BatchState

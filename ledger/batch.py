@@ -1,0 +1,109 @@
+"""What the ledger records: batches, the files a vote names, and who owns an attempt.
+
+Kept apart from the store and free of SQLAlchemy, so that the edges that only pass these
+values along (the Delta publisher, the Parquet describer, the Dagster sensors) do not pull a
+database client in with them.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import socket
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from ledger.protocol import BatchState, OffsetRange, Owner
+
+
+class BatchKind(enum.StrEnum):
+    """Who a batch belongs to. The values are stored in ledgers and in Delta commit metadata,
+    so they never change."""
+
+    #: the pipeline's own batches, continuing from the previous one and acking the group
+    LIVE = "live"
+    #: an operator's fill or replace under `<pipeline>.backfill` (ledger/backfill.py)
+    BACKFILL = "backfill"
+
+
+def utcnow() -> datetime:
+    """Every timestamp the ledger writes or compares is timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def this_owner() -> Owner:
+    """The owner recorded for attempts started here, so recovery can tell if it is alive."""
+    return Owner(socket.gethostname(), os.getpid())
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One Parquet file an attempt wrote, as the vote records it and Delta will add it.
+
+    `path` is relative to the root of the table it belongs to (`target`).
+    """
+
+    target: str
+    path: str
+    size: int
+    records: int
+    modification_time: int
+    stats: str
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One attempt's view of a batch, as read from the ledger.
+
+    The `token` identifies the attempt: every write presents it, so a copy read before a
+    takeover can no longer move the batch (invariant 6).
+    """
+
+    app_id: str
+    batch_id: int
+    pipeline: str
+    kind: BatchKind
+    state: BatchState
+    attempt: int
+    token: str
+    owner: Owner
+    heartbeat_at: datetime
+    created_at: datetime
+    updated_at: datetime
+    prepared_at: datetime | None
+    committed_at: datetime | None
+    table_version: int | None
+    error: str | None
+    ranges: tuple[OffsetRange, ...]
+    schemas: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.app_id}/{self.batch_id} attempt {self.attempt}"
+
+    @property
+    def span(self) -> int:
+        return sum(r.span for r in self.ranges)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "app_id": self.app_id,
+            "batch_id": self.batch_id,
+            "pipeline": self.pipeline,
+            "kind": str(self.kind),
+            "state": str(self.state),
+            "attempt": self.attempt,
+            "owner": str(self.owner),
+            "created_at": self.created_at.isoformat(),
+            "updated_at": self.updated_at.isoformat(),
+            "prepared_at": self.prepared_at.isoformat() if self.prepared_at else None,
+            "committed_at": self.committed_at.isoformat() if self.committed_at else None,
+            "table_version": self.table_version,
+            "error": self.error,
+            "ranges": [r.as_dict() for r in self.ranges],
+            "metrics": self.metrics,
+            "params": self.params,
+        }
