@@ -25,8 +25,9 @@ from typing import Any
 from bench import commits, limits, peer, product, spark_profile
 from bench.data import produce, split
 from bench.report import batch_label, summarize
+from devtools.broker import EmbeddedBroker
+from devtools.jvm_process import free_port, java_executable
 from jobs.micro_batch import build
-from resources.broker import EmbeddedBroker, free_port, java_executable
 from resources.kafka import KafkaClient
 
 TOPIC = "bench-pageviews"

@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from deltalake import DeltaTable
 
 from bench.product import BenchError
-from resources.broker import java_executable
+from devtools.jvm_process import java_executable
 from resources.jars import kafka_classpath
 
 PERF_TOOL = "org.apache.kafka.tools.ConsumerPerformance"

@@ -11,8 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from devtools.broker import AlreadyRunningError, EmbeddedBroker
 from ledger.errors import ConfigError
-from resources.broker import AlreadyRunningError, EmbeddedBroker
 from resources.kafka import KafkaClient
 
 DEFAULT_DATA_DIR = Path("data/kafka")

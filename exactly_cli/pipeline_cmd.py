@@ -135,8 +135,8 @@ def cmd_ledger(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Embedded broker -> sample page views -> exactly-once batches -> Delta -> per-app counts."""
+    from devtools.broker import AlreadyRunningError, EmbeddedBroker
     from jobs.examples.sample_data import pageviews
-    from resources.broker import AlreadyRunningError, EmbeddedBroker
     from resources.kafka import KafkaClient
 
     # everything the demo writes lives under ./data, as pipelines/pageviews.yaml says

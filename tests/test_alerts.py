@@ -11,8 +11,8 @@ from urllib.parse import parse_qs
 
 import pytest
 
+from devtools.jvm_process import free_port
 from resources.alerts import Alert, AlertsResource
-from resources.broker import free_port
 
 ALERT = Alert(
     "stuck_prepared", "pv", "pv: batch 3 stuck in PREPARED", "voted 6 min ago", {"batch_id": 3}

@@ -18,14 +18,9 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from devtools.broker import AlreadyRunningError, EmbeddedBroker, cluster_id, read_properties
+from devtools.jvm_process import free_port
 from ledger.errors import ExactlyError
-from resources.broker import (
-    AlreadyRunningError,
-    EmbeddedBroker,
-    cluster_id,
-    free_port,
-    read_properties,
-)
 from resources.kafka import KafkaClient, KafkaResource, PartitionOffsets, Record
 
 pytestmark = pytest.mark.integration

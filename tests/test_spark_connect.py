@@ -20,10 +20,11 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.utils import is_remote
 
+from devtools.connect_server import ConnectServer, start_connect_server
+from devtools.jvm_process import free_port
 from ledger.errors import ConfigError, ExactlyError, UnreachableError
-from resources.broker import free_port
 from resources.kafka import KafkaClient
-from resources.spark import ConnectServer, build_session, start_connect_server, stop_session
+from resources.spark import build_session, stop_session
 from tests.test_spark_kafka_delta import assert_reads_exact_ranges
 
 pytestmark = pytest.mark.integration

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from devtools.jvm_process import free_port
 from ledger.batch import Batch, StagedFile, this_owner
 from ledger.errors import (
     BusyError,
@@ -27,7 +28,6 @@ from ledger.errors import (
 from ledger.protocol import TRANSITIONS, BatchState, OffsetRange, Owner
 from ledger.schema import SCHEMA_VERSION, batches_table, files_table, meta_table, ranges_table
 from ledger.store import LedgerStore
-from tests.fixtures.postgres import free_port
 
 S = BatchState
 APP = "pageviews"

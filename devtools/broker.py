@@ -13,6 +13,9 @@ The invariant this module protects: at most one JVM per data directory. A proces
 "our broker" only if its command line runs `kafka.Kafka` with this directory's
 server.properties, so a stale pid file, or a reused pid now owned by something else, is never
 mistaken for a running broker and never signalled.
+
+How the JVM is launched, quoted and stopped is `devtools.jvm_process`'s, shared with the Spark
+Connect server; this module owns the data directory, the broker's configuration and readiness.
 """
 
 from __future__ import annotations
@@ -20,10 +23,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -32,11 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from devtools.jvm_process import (
+    HOST,
+    accepts_connections,
+    free_port,
+    is_informative,
+    java_executable,
+    launch_detached,
+    log_lines_since,
+    port_in_use,
+    process_args,
+    terminate_group,
+    wait_child,
+    wait_gone,
+)
 from ledger.errors import ConfigError, ExactlyError, UnreachableError
 from resources.jars import kafka_classpath
 from resources.kafka import KafkaClient
 
-HOST = "127.0.0.1"
 SERVER_PROPERTIES = "server.properties"
 LOG4J_PROPERTIES = "log4j2.properties"
 BROKER_LOG = "broker.log"
@@ -103,28 +115,6 @@ class AlreadyRunningError(ExactlyError):
         self.status = status
 
 
-def free_port(host: str = HOST) -> int:
-    """A port nothing listens on right now (the kernel's pick; another process may race us)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_in_use(port: int, host: str = HOST) -> bool:
-    """True if binding `port` would fail the way the JVM's bind would.
-
-    SO_REUSEADDR matches the JVM (it sets it on server sockets), so a port whose old
-    connections linger in TIME_WAIT is rightly reported free.
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
 def cluster_id() -> str:
     """A KRaft cluster id: the 16 bytes of a uuid4, base64url without padding.
 
@@ -135,17 +125,6 @@ def cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
         if not text.startswith("-"):
             return text
-
-
-def java_executable() -> str:
-    """`$JAVA_HOME/bin/java` if set, else `java` on PATH."""
-    java_home = os.environ.get("JAVA_HOME")
-    if java_home and (Path(java_home) / "bin" / "java").is_file():
-        return str(Path(java_home) / "bin" / "java")
-    found = shutil.which("java")
-    if found is None:
-        raise ConfigError("no `java` on PATH and no JAVA_HOME: the broker needs Java 17")
-    return found
 
 
 def read_properties(path: Path) -> dict[str, str]:
@@ -169,20 +148,6 @@ def update_properties(path: Path, updates: dict[str, str]) -> None:
             lines[index] = f"{key}={pending.pop(key)}"
     lines.extend(f"{key}={value}" for key, value in pending.items())
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def _process_args(pid: int) -> list[str]:
-    """The command line of `pid`, empty if it is gone or a zombie."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return []
-    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
-
-
-def _not_a_stack_frame(line: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and not stripped.startswith(("at ", "..."))
 
 
 class EmbeddedBroker:
@@ -237,7 +202,7 @@ class EmbeddedBroker:
             return None
 
     def _is_our_broker(self, pid: int) -> bool:
-        args = _process_args(pid)
+        args = process_args(pid)
         return MAIN_CLASS in args and str(self.properties_path) in args
 
     def _configured_bootstrap(self) -> str | None:
@@ -380,7 +345,7 @@ class EmbeddedBroker:
         output = (result.stdout + result.stderr).decode(errors="replace")
         self._append_log(f"== exactly: formatted storage (exit {result.returncode})\n{output}")
         if result.returncode != 0:
-            last = [line for line in output.splitlines() if _not_a_stack_frame(line)][-3:]
+            last = [line for line in output.splitlines() if is_informative(line)][-3:]
             raise ExactlyError(
                 f"formatting broker storage in {self.storage_dir} failed "
                 f"(exit {result.returncode}): {' | '.join(last) or 'no output'}"
@@ -402,17 +367,12 @@ class EmbeddedBroker:
             MAIN_CLASS,
             str(self.properties_path),
         ]
-        self._append_log(f"== exactly: starting broker on {self.bootstrap} at {time.ctime()}")
-        log_offset = self.log_path.stat().st_size
-        with open(self.log_path, "ab") as log:
-            self._process = subprocess.Popen(
-                command,
-                cwd=self.data_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self._process, log_offset = launch_detached(
+            command,
+            self.log_path,
+            f"== exactly: starting broker on {self.bootstrap} at {time.ctime()}",
+            cwd=self.data_dir,
+        )
         self.pid_path.write_text(f"{self._process.pid}\n", encoding="ascii")
         return log_offset
 
@@ -442,10 +402,7 @@ class EmbeddedBroker:
 
     def _answers(self, client: KafkaClient, timeout: float) -> bool:
         """True once the listener accepts and the broker lists itself in cluster metadata."""
-        try:
-            with socket.create_connection((HOST, self.port), timeout=1):
-                pass
-        except OSError:
+        if not accepts_connections(self.port, timeout=1):
             return False
         try:
             client.check_reachable(timeout=timeout)
@@ -455,13 +412,7 @@ class EmbeddedBroker:
 
     def _log_tail(self, offset: int) -> str:
         """The last informative lines the JVM wrote since `offset`, on one line."""
-        try:
-            with open(self.log_path, "rb") as log:
-                log.seek(offset)
-                text = log.read().decode(errors="replace")
-        except OSError:
-            text = ""
-        lines = [line.strip() for line in text.splitlines() if _not_a_stack_frame(line)]
+        lines = log_lines_since(self.log_path, offset) or []
         broker_lines = [line for line in lines if not line.startswith("SLF4J:")]
         if broker_lines:
             return f"last lines of {self.log_path}: " + " | ".join(broker_lines[-LOG_TAIL_LINES:])
@@ -483,39 +434,24 @@ class EmbeddedBroker:
         """
         with self._locked():
             status = self.status()
-            if not status.running or status.pid is None:
+            pid = status.pid
+            if not status.running or pid is None:
                 self.pid_path.unlink(missing_ok=True)
                 return False
-            self._signal(status.pid, signal.SIGTERM)
-            if not self._wait_exit(status.pid, timeout):
-                self._signal(status.pid, signal.SIGKILL)
-                self._wait_exit(status.pid, 30)
+            terminate_group(
+                pid, lambda seconds: self._wait_exit(pid, seconds), timeout, kill_timeout=30
+            )
             self.pid_path.unlink(missing_ok=True)
             return True
 
-    def _signal(self, pid: int, signum: signal.Signals) -> None:
-        """Signal the broker's process group (it leads its own session), else just the pid."""
-        with contextlib.suppress(ProcessLookupError):
-            if os.getpgid(pid) == pid:
-                os.killpg(pid, signum)
-            else:
-                os.kill(pid, signum)
-
     def _wait_exit(self, pid: int, timeout: float) -> bool:
-        """Wait for `pid` to exit, reaping it if it is our child (else it stays a zombie)."""
+        """Wait for `pid` to exit: reap it if this object launched it, else watch /proc."""
         if self._process is not None and self._process.pid == pid:
-            try:
-                self._process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
+            if not wait_child(self._process, timeout):
                 return False
             self._process = None
             return True
-        deadline = time.monotonic() + timeout
-        while self._is_our_broker(pid):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)
-        return True
+        return wait_gone(lambda: self._is_our_broker(pid), timeout)
 
     # -- context manager (tests) -------------------------------------------------------------
 

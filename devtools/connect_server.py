@@ -1,0 +1,230 @@
+"""A Spark Connect server for tests and development, run from pyspark's own Spark distribution.
+
+It gets the project's jars and the same settings as a local session (`resources.spark`), so a
+remote session reads Kafka and writes Delta exactly as a local one does. A production run
+connects to a server someone else operates (an `sc://` spark.master) and never starts one,
+which is why this launcher lives here and not in `resources/`.
+
+Launching, log quoting and stopping are `devtools.jvm_process`'s, shared with the broker.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+from devtools.jvm_process import (
+    accepts_connections,
+    launch_detached,
+    log_lines_since,
+    port_in_use,
+    terminate_group,
+    wait_child,
+)
+from ledger.errors import ConfigError, ExactlyError, UnreachableError
+from resources.spark import DEFAULT_CONF, LOOPBACK, jar_settings, loopback_settings
+
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+CONNECT_MASTER = "local[2]"
+CONNECT_LOG = "connect-server.log"
+# Generous: on 2 shared cores the server JVM (Spark plus Delta) takes 10-20 s to listen,
+# and far longer while other JVMs are busy.
+CONNECT_START_TIMEOUT = 300.0
+CONNECT_STOP_TIMEOUT = 60.0
+LOG_TAIL_LINES = 8
+
+#: The server's log4j2 config: warnings, plus the start and bind lines, which explain a start
+#: that fails or hangs; Spark's default (everything at INFO) logs each query's plan.
+CONNECT_LOG4J2 = """\
+# Written by exactly on every Spark Connect server start; edits are overwritten.
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = stderr
+appender.stderr.type = Console
+appender.stderr.name = stderr
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.server.name = org.apache.spark.sql.connect.service.SparkConnectServer
+logger.server.level = info
+logger.service.name = org.apache.spark.sql.connect.service.SparkConnectService
+logger.service.level = info
+"""
+
+
+def _pyspark_home() -> Path:
+    """pyspark's own Spark distribution (bin/, jars/): the versions our jars were matched to."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+class ConnectServer:
+    """A Spark Connect server JVM started by this process, listening on 127.0.0.1:`port`.
+
+    The JVM runs in its own process group (spark-submit's launcher scripts `exec` into it,
+    and Python workers it forks stay in the group), so `stop` signals exactly what
+    `start_connect_server` started and nothing else.
+    """
+
+    def __init__(
+        self, port: int, process: subprocess.Popen[bytes], work_dir: Path, log_offset: int
+    ) -> None:
+        self.port = port
+        self.process = process
+        self.work_dir = work_dir
+        self.log_offset = log_offset
+        #: Seconds from launch until the port answered (set by `start_connect_server`).
+        self.start_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"sc://{LOOPBACK}:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / CONNECT_LOG
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last log lines of this start, without stack frames, joined for one message."""
+        kept = log_lines_since(self.log_path, self.log_offset)
+        if kept is None:
+            return "no log"
+        return " | ".join(kept[-lines:]) or "no output"
+
+    def stop(self, timeout: float = CONNECT_STOP_TIMEOUT) -> None:
+        """SIGTERM the server's process group (Spark's shutdown hooks run), SIGKILL if stuck.
+
+        Signals only while the JVM is still our unreaped child, so its pid (the group id)
+        cannot have been reused by another process.
+        """
+        if self.process.poll() is not None:
+            return
+        exited = terminate_group(
+            self.pid,
+            lambda seconds: wait_child(self.process, seconds),
+            timeout,
+            kill_timeout=timeout,
+        )
+        if not exited:
+            raise subprocess.TimeoutExpired(self.process.args, timeout)
+
+    def __enter__(self) -> ConnectServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_connect_server(
+    port: int,
+    conf: Mapping[str, str] | None = None,
+    *,
+    master: str = CONNECT_MASTER,
+    work_dir: Path | str | None = None,
+    timeout: float = CONNECT_START_TIMEOUT,
+) -> ConnectServer:
+    """Start a Spark Connect server on 127.0.0.1:`port` and return once the port answers.
+
+    It runs pyspark's own Spark (its bin/spark-submit and jars/, which hold the Connect
+    server), never a $SPARK_HOME install whose version might not match pyspark or our jars,
+    with the project's jars and DEFAULT_CONF (Delta's extensions and catalog,
+    TIMESTAMP_MICROS, 2 GiB driver), and `conf` on top. Nothing is downloaded. The log is
+    `work_dir/connect-server.log` (a new temporary folder if `work_dir` is None), and the
+    server's working directory, so a warehouse or metastore it creates stays there too.
+
+    Raises UnreachableError, quoting the log, if the JVM exits or does not listen within
+    `timeout` seconds; the JVM is stopped then, so a failed start leaves nothing behind.
+    """
+    if not 0 < port < 65536:
+        raise ConfigError(f"Spark Connect port must be between 1 and 65535, not {port}")
+    if port_in_use(port, LOOPBACK):
+        raise ExactlyError(
+            f"cannot start a Spark Connect server: port {port} on {LOOPBACK} is already in use"
+        )
+    folder = Path(work_dir or tempfile.mkdtemp(prefix="exactly-connect-")).resolve()
+    conf_dir = folder / "conf"  # ours: no stray spark-defaults.conf reaches the server
+    conf_dir.mkdir(parents=True, exist_ok=True)
+    (conf_dir / "log4j2.properties").write_text(CONNECT_LOG4J2, encoding="utf-8")
+    settings = {
+        **DEFAULT_CONF,
+        **loopback_settings(),
+        "spark.sql.warehouse.dir": str(folder / "warehouse"),
+        **(conf or {}),
+        **jar_settings(),
+        # the URL we hand out depends on these: not overridable, and no silent move to the
+        # next port if this one is taken
+        "spark.connect.grpc.binding.address": LOOPBACK,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.grpc.port.maxRetries": "0",
+    }
+    home = _pyspark_home()
+    command = [str(home / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS]
+    command += ["--name", "exactly-connect", "--master", master]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "SPARK_CONF_DIR": str(conf_dir),
+        "SPARK_LOCAL_IP": LOOPBACK,
+    }
+    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    # a token would make the client insist on TLS for 127.0.0.1; this server is loopback-only
+    env.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+
+    started = time.monotonic()
+    process, log_offset = launch_detached(
+        command,
+        folder / CONNECT_LOG,
+        f"== exactly: starting Spark Connect on {LOOPBACK}:{port} at {time.ctime()}",
+        cwd=folder,
+        env=env,
+    )
+    server = ConnectServer(port, process, folder, log_offset)
+    try:
+        _await_listening(server, started + timeout)
+    except BaseException:
+        server.stop()
+        raise
+    server.start_seconds = time.monotonic() - started
+    return server
+
+
+def _await_listening(server: ConnectServer, deadline: float) -> None:
+    """Poll until our JVM listens; fail early if it exits (bad conf, port taken meanwhile)."""
+    while not accepts_connections(server.port, timeout=2, host=LOOPBACK):
+        code = server.process.poll()
+        if code is not None:
+            raise UnreachableError(
+                f"Spark Connect server exited (code {code}) before listening on "
+                f"{LOOPBACK}:{server.port}; {server.log_path}: {server.log_tail()}"
+            )
+        if time.monotonic() > deadline:
+            raise UnreachableError(
+                f"Spark Connect server did not listen on {LOOPBACK}:{server.port} in time; "
+                f"{server.log_path}: {server.log_tail()}"
+            )
+        time.sleep(0.5)
+    if not server.running():
+        raise UnreachableError(
+            f"port {server.port} answers but our Spark Connect server exited; "
+            f"{server.log_path}: {server.log_tail()}"
+        )
