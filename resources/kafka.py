@@ -17,17 +17,15 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 import dagster as dg
 from confluent_kafka import (
-    Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
@@ -40,7 +38,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
 from pydantic import Field
 
-from ledger.errors import DataLossError, ExactlyError, UnreachableError
+from ledger.errors import ExactlyError, UnreachableError
 
 # librdkafka logs through this logger instead of writing to stderr; the NullHandler keeps
 # Python's last-resort handler from printing them when the application configured no logging,
@@ -106,13 +104,6 @@ class PartitionOffsets:
 
     earliest: int
     last_stable: int
-
-
-class Record(NamedTuple):
-    """One consumed record: its offset and raw value (None for a tombstone)."""
-
-    offset: int
-    value: bytes | None
 
 
 def _kafka_error(exc: BaseException) -> KafkaError | None:
@@ -606,80 +597,6 @@ class KafkaClient:
                 f"Kafka at {self.bootstrap_servers} did not acknowledge {remaining} records "
                 f"for topic {topic!r} within {self._produce_timeout():g}s"
             )
-
-    # -- consuming ---------------------------------------------------------------------------
-
-    def consume_range(self, topic: str, partition: int, start: int, end: int) -> list[Record]:
-        """The committed records with offsets in `[start, end)` of one partition, in order.
-
-        Reads at read_committed, so aborted records and transaction markers are skipped and
-        offsets may have gaps. Offsets that retention already deleted raise DataLossError
-        rather than silently starting later.
-        """
-        if end <= start:
-            return []
-        consumer = Consumer(
-            self._config(
-                {
-                    "group.id": f"exactly-range-{uuid.uuid4().hex}",
-                    "enable.auto.commit": False,
-                    "enable.partition.eof": True,
-                    "isolation.level": "read_committed",
-                    "auto.offset.reset": "error",
-                }
-            )
-        )
-        try:
-            consumer.assign([TopicPartition(topic, partition, start)])
-            return self._read_range(consumer, topic, partition, start, end)
-        finally:
-            consumer.close()
-
-    def _read_range(
-        self, consumer: Consumer, topic: str, partition: int, start: int, end: int
-    ) -> list[Record]:
-        where = f"topic {topic!r} partition {partition} offsets [{start}, {end})"
-        records: list[Record] = []
-        deadline = time.monotonic() + self.timeout
-        for message in self._poll_until(consumer, deadline):
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    self._raise_consume_error(error, where)
-                elif message.offset() >= end:
-                    return records
-                continue
-            if message.offset() >= end:
-                return records
-            records.append(Record(message.offset(), message.value()))
-            if message.offset() == end - 1:
-                return records
-        reached = records[-1].offset + 1 if records else start
-        raise UnreachableError(
-            f"Kafka at {self.bootstrap_servers}: reading {where} reached only offset {reached} "
-            f"within {self.timeout:g}s"
-            + (f" (last error: {self._last_error})" if self._last_error else "")
-        )
-
-    def _poll_until(self, consumer: Consumer, deadline: float) -> Iterator[Message]:
-        while (left := deadline - time.monotonic()) > 0:
-            message = consumer.poll(min(1.0, left))
-            if message is not None:
-                yield message
-
-    def _raise_consume_error(self, error: KafkaError, where: str) -> None:
-        """Raise for errors that retrying cannot fix; transient ones are only remembered."""
-        code = error.code()
-        if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-            raise DataLossError(
-                f"Kafka at {self.bootstrap_servers}: {where} are no longer all in the log: "
-                f"{error.str()}"
-            )
-        if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION) or (
-            error.fatal()
-        ):
-            raise self._error(f"reading {where}", error)
-        self._last_error = error.str()
 
 
 class KafkaResource(dg.ConfigurableResource):

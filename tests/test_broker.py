@@ -21,7 +21,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from devtools.broker import AlreadyRunningError, EmbeddedBroker, cluster_id, read_properties
 from devtools.jvm_process import free_port
 from ledger.errors import ExactlyError
-from resources.kafka import KafkaClient, KafkaResource, PartitionOffsets, Record
+from resources.kafka import KafkaClient, KafkaResource, PartitionOffsets
+from tests.fixtures.kafka_reader import Record, consume_range
 
 pytestmark = pytest.mark.integration
 
@@ -141,9 +142,9 @@ def test_produce_and_consume_round_trip_with_exact_offsets(
 
     expected = {**by_partition, 1: [*by_partition[1], b"extra-0", b"extra-1"]}
     for partition, values in expected.items():
-        records = kafka_client.consume_range(topic, partition, 0, len(values))
+        records = consume_range(kafka_client, topic, partition, 0, len(values))
         assert records == [Record(offset, value) for offset, value in enumerate(values)]
-    assert kafka_client.consume_range(topic, 2, 3, 5) == [
+    assert consume_range(kafka_client, topic, 2, 3, 5) == [
         Record(3, b"p2-r3"),
         Record(4, b"p2-r4"),
     ]
@@ -186,7 +187,7 @@ def test_offsets_end_at_the_last_stable_offset_of_transactions(
 
     producer.commit_transaction(60)  # marker 10
     assert settled_offsets(kafka_client, topic, 11) == PartitionOffsets(earliest=0, last_stable=11)
-    committed = kafka_client.consume_range(topic, 0, 0, 11)
+    committed = consume_range(kafka_client, topic, 0, 0, 11)
     assert committed == [
         Record(0, b"a"),
         Record(1, b"b"),
@@ -195,7 +196,7 @@ def test_offsets_end_at_the_last_stable_offset_of_transactions(
         Record(9, b"open"),
     ]
     assert len(committed) < 11
-    assert kafka_client.consume_range(topic, 0, 4, 7) == []
+    assert consume_range(kafka_client, topic, 0, 4, 7) == []
 
 
 def settled_offsets(
