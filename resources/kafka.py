@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeoutError
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -39,6 +38,7 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, Offset
 from pydantic import Field
 
 from ledger.errors import ExactlyError, UnreachableError
+from ledger.protocol import Available
 
 # librdkafka logs through this logger instead of writing to stderr; the NullHandler keeps
 # Python's last-resort handler from printing them when the application configured no logging,
@@ -91,19 +91,6 @@ _RETRIABLE_GROUP_CODES = frozenset(
 )
 
 _TOPIC_NAME_UNSAFE = re.compile(r"[^a-zA-Z0-9._-]+")
-
-
-@dataclass(frozen=True)
-class PartitionOffsets:
-    """The readable range of one partition: `[earliest, last_stable)`.
-
-    `last_stable` is the last stable offset, the first offset a `read_committed` reader may not
-    see yet. It is not a record count: aborted records and transaction markers occupy offsets
-    too, so `last_stable - earliest` may exceed the number of committed records.
-    """
-
-    earliest: int
-    last_stable: int
 
 
 def _kafka_error(exc: BaseException) -> KafkaError | None:
@@ -389,20 +376,21 @@ class KafkaClient:
 
     # -- offsets -----------------------------------------------------------------------------
 
-    def offsets(
-        self, topic: str, partitions: Iterable[int] | None = None
-    ) -> dict[int, PartitionOffsets]:
+    def offsets(self, topic: str, partitions: Iterable[int] | None = None) -> dict[int, Available]:
         """Earliest offset and last stable offset of each partition (all if `partitions` is None).
 
         Both are asked at READ_COMMITTED: the end is the LSO, not the high watermark, so records
-        of open transactions are never inside the range.
+        of open transactions are never inside the range. The LSO is the first offset a
+        read_committed reader may not see yet, not a record count: aborted records and
+        transaction markers occupy offsets too, so `last_stable - earliest` may exceed the
+        number of committed records.
         """
         wanted = sorted(set(self.partitions(topic) if partitions is None else partitions))
         if not wanted:
             return {}
         earliest = self._list_offsets(topic, wanted, OffsetSpec.earliest(), "earliest")
         latest = self._list_offsets(topic, wanted, OffsetSpec.latest(), "last stable")
-        return {p: PartitionOffsets(earliest[p], latest[p]) for p in wanted}
+        return {p: Available(earliest[p], latest[p]) for p in wanted}
 
     def _list_offsets(
         self, topic: str, partitions: list[int], spec: OffsetSpec, label: str

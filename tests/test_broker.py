@@ -21,7 +21,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from devtools.broker import AlreadyRunningError, EmbeddedBroker, cluster_id, read_properties
 from devtools.jvm_process import free_port
 from ledger.errors import ExactlyError
-from resources.kafka import KafkaClient, KafkaResource, PartitionOffsets
+from ledger.protocol import Available
+from resources.kafka import KafkaClient, KafkaResource
 from tests.fixtures.kafka_reader import Record, consume_range
 
 pytestmark = pytest.mark.integration
@@ -149,9 +150,9 @@ def test_produce_and_consume_round_trip_with_exact_offsets(
         Record(4, b"p2-r4"),
     ]
     assert kafka_client.offsets(topic, [0, 1, 2]) == {
-        0: PartitionOffsets(0, 3),
-        1: PartitionOffsets(0, 7),
-        2: PartitionOffsets(0, 7),
+        0: Available(0, 3),
+        1: Available(0, 7),
+        2: Available(0, 7),
     }
     assert KafkaResource(bootstrap_servers=kafka_broker).client().partitions(topic) == [0, 1, 2]
 
@@ -179,14 +180,14 @@ def test_offsets_end_at_the_last_stable_offset_of_transactions(
     transaction([b"x", b"y"], commit=False)  # offsets 4-5 aborted, marker 6
     transaction([b"d"], commit=True)  # offset 7, marker 8
     # the coordinator writes the markers after commit_transaction returns: wait for them
-    assert settled_offsets(kafka_client, topic, 9) == PartitionOffsets(earliest=0, last_stable=9)
+    assert settled_offsets(kafka_client, topic, 9) == Available(earliest=0, last_stable=9)
 
     transaction([b"open"], commit=None)  # offset 9, still open: LSO stays 9, high watermark 10
     assert kafka_client.offsets(topic, [0])[0].last_stable == 9
     assert high_watermark(kafka_broker, topic) == 10
 
     producer.commit_transaction(60)  # marker 10
-    assert settled_offsets(kafka_client, topic, 11) == PartitionOffsets(earliest=0, last_stable=11)
+    assert settled_offsets(kafka_client, topic, 11) == Available(earliest=0, last_stable=11)
     committed = consume_range(kafka_client, topic, 0, 0, 11)
     assert committed == [
         Record(0, b"a"),
@@ -201,7 +202,7 @@ def test_offsets_end_at_the_last_stable_offset_of_transactions(
 
 def settled_offsets(
     client: KafkaClient, topic: str, last_stable: int, timeout: float = 30
-) -> PartitionOffsets:
+) -> Available:
     """Partition 0's offsets once the LSO reached `last_stable` (or the last seen on timeout)."""
     deadline = time.monotonic() + timeout
     while True:
