@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.micro_batch import SparkStager, build
+from bench.two_pass import TwoPassStager
+from jobs.micro_batch import build
 from ledger.errors import ExactlyError
 from ledger.two_phase import BatchReport
 from resources.config import PipelineConfig, parse_config
@@ -83,8 +84,8 @@ def run_cli_path(
     """
     tpc = build(config, spark_factory=lambda: spark)
     if not single_pass:
-        # the former stage plan, for the before/after comparison (jobs/stage.py)
-        tpc.stager = SparkStager(config, lambda: spark, single_pass=False)
+        # the former stage plan, for the before/after comparison (bench/two_pass.py)
+        tpc.stager = TwoPassStager(config, lambda: spark)
     reports: list[BatchReport] = []
     started = time.perf_counter()
     tpc.recover_and_commit()

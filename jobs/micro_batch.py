@@ -43,34 +43,37 @@ class KafkaOffsetSource:
 
 
 class SparkStager:
-    """Runs jobs/stage.py for a batch, in a Spark session created on first use."""
+    """Runs the stage job (jobs/stage.py) for a batch, in a Spark session created on first use.
 
-    def __init__(
-        self, config: PipelineConfig, spark_factory: Callable[[], Any], *, single_pass: bool = True
-    ) -> None:
+    The pipeline's transform is loaded when the stager is built, so a config naming a
+    transform that does not import fails before any batch is planned.
+    """
+
+    def __init__(self, config: PipelineConfig, spark_factory: Callable[[], Any]) -> None:
         self.config = config
         self.spark_factory = spark_factory
         self.transform = config.load_transform()
-        #: False runs the former two-pass stage plan, kept for `exactly bench` to compare
-        self.single_pass = single_pass
 
     def stage(self, batch: Batch) -> StageOutput:
+        return stage(self.spark_factory(), **self.job_arguments(batch))
+
+    def job_arguments(self, batch: Batch) -> dict[str, Any]:
+        """The stage job's inputs for `batch`: its ranges, the folders unique to its attempt,
+        the tables' roots and the transform."""
         roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
-        return stage(
-            self.spark_factory(),
-            bootstrap_servers=self.config.kafka.bootstrap_servers,
-            kafka_options=self.config.kafka.options,
-            ranges=batch.ranges,
-            batch_id=batch.batch_id,
-            attempt_dirs={
+        return {
+            "bootstrap_servers": self.config.kafka.bootstrap_servers,
+            "kafka_options": self.config.kafka.options,
+            "ranges": batch.ranges,
+            "batch_id": batch.batch_id,
+            "attempt_dirs": {
                 t: attempt_folder(root, batch.app_id, batch.batch_id, batch.attempt)
                 for t, root in roots.items()
             },
-            table_roots=roots,
-            transform=self.transform,
-            transform_name=self.config.transform,
-            single_pass=self.single_pass,
-        )
+            "table_roots": roots,
+            "transform": self.transform,
+            "transform_name": self.config.transform,
+        }
 
 
 def commit_metadata(batch: Batch) -> dict[str, Any]:
