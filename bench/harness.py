@@ -25,7 +25,7 @@ from typing import Any
 from bench import commits, limits, peer, product, spark_profile
 from bench.data import produce, split
 from bench.report import batch_label, summarize
-from jobs.micro_batch import build
+from jobs.pipeline import build
 from resources.broker import EmbeddedBroker, free_port, java_executable
 from resources.kafka import KafkaClient
 

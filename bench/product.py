@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.two_pass import TwoPassStager
-from jobs.micro_batch import build
+from jobs.pipeline import build
 from ledger.errors import ExactlyError
 from ledger.two_phase import BatchReport
 from resources.config import PipelineConfig, parse_config

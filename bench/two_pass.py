@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from pyspark.sql import DataFrame, SparkSession
 
-from jobs.micro_batch import SparkStager
+from jobs.spark_stager import SparkStager
 from jobs.stage import (
     check_output,
     read_ranges,

@@ -16,7 +16,8 @@ import dagster as dg
 from deltalake import DeltaTable
 from pydantic import Field
 
-from jobs.micro_batch import SharedSpark, build, build_backfill
+from jobs.pipeline import build, build_backfill
+from jobs.spark_stager import SharedSpark
 from ledger.backfill import BACKFILL, BackfillMode, plan_backfill
 from ledger.protocol import MUST_FINISH, BatchState, OffsetRange
 from ledger.store import Batch

@@ -1,0 +1,33 @@
+"""The protocol's offset source (ledger/two_phase.py `OffsetSource`) on a Kafka topic.
+
+What the coordinator needs from Kafka is small: the offsets each partition holds now, and
+the advisory consumer-group commit after a batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ledger.protocol import Available, OffsetRange
+from resources.kafka import KafkaClient
+
+
+class KafkaOffsetSource:
+    """Offsets as Kafka reports them, and the advisory consumer-group commit."""
+
+    def __init__(self, client: KafkaClient, topic: str, group_id: str) -> None:
+        self.client = client
+        self.topic = topic
+        self.group_id = group_id
+
+    def available(self) -> dict[int, Available]:
+        parts = self.client.partitions(self.topic)
+        return {
+            p: Available(o.earliest, o.last_stable)
+            for p, o in self.client.offsets(self.topic, parts).items()
+        }
+
+    def ack(self, ranges: Sequence[OffsetRange]) -> None:
+        self.client.commit_group_offsets(
+            self.group_id, self.topic, {r.partition: r.end for r in ranges}
+        )
