@@ -444,7 +444,7 @@ def _repetition(
 
     label = batch_label(settings.dagster_batch_records)
     name = f"bench_dagster_{label}"
-    config = product.pipeline_config(
+    product.pipeline_config(
         root / name,
         name,
         bootstrap,
@@ -455,7 +455,7 @@ def _repetition(
         spark,
         tag,
         f"exactly dagster {label}",
-        lambda _session: product.run_dagster(config, expected_records=records),
+        lambda _session: product.run_dagster(root / name, expected_records=records),
         log,
     )
     shutil.rmtree(root / name, ignore_errors=True)

@@ -14,7 +14,7 @@ from jobs.stage import QUARANTINE, TABLE, attempt_folder
 from ledger.store import Batch, StagedFile
 from ledger.two_phase import PublishResult
 from resources.config import PipelineConfig
-from resources.delta import DeltaTarget, decode_schema
+from resources.delta import DeltaTarget, TableStats, decode_schema
 
 
 def commit_metadata(batch: Batch) -> dict[str, Any]:
@@ -51,6 +51,10 @@ class DeltaPublisher:
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         return self.table.committed_batches(app_id)
+
+    def table_stats(self, app_id: str) -> TableStats | None:
+        """The data table's version, row count and `app_id`'s last batch, for operators."""
+        return self.table.stats(app_id)
 
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
         """Quarantine first, then the data table.

@@ -1,7 +1,8 @@
 """The protocol's offset source (ledger/two_phase.py `OffsetSource`) on a Kafka topic.
 
 What the coordinator needs from Kafka is small: the offsets each partition holds now, and
-the advisory consumer-group commit after a batch.
+the advisory consumer-group commit after a batch. The group's lag is read here too, so an
+orchestrator shows it without reaching into the Kafka client.
 """
 
 from __future__ import annotations
@@ -31,3 +32,13 @@ class KafkaOffsetSource:
         self.client.commit_group_offsets(
             self.group_id, self.topic, {r.partition: r.end for r in ranges}
         )
+
+    def consumer_lag(self) -> dict[int, int]:
+        """Offsets between the group's position and the last stable offset, per partition.
+
+        A partition the group never committed counts from its earliest offset. Advisory, as
+        the group is: the ledger, not the group, says what is committed.
+        """
+        available = self.available()
+        group = self.client.group_offsets(self.group_id, self.topic)
+        return {p: a.last_stable - group.get(p, a.earliest) for p, a in sorted(available.items())}

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, NamedTuple
 
-import dagster as dg
 from confluent_kafka import (
     Consumer,
     ConsumerGroupTopicPartitions,
@@ -38,7 +37,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
-from pydantic import Field
 
 from ledger.errors import DataLossError, ExactlyError, UnreachableError
 
@@ -680,14 +678,3 @@ class KafkaClient:
         ):
             raise self._error(f"reading {where}", error)
         self._last_error = error.str()
-
-
-class KafkaResource(dg.ConfigurableResource):
-    """The Kafka cluster as a Dagster resource; `options` reach every confluent client."""
-
-    bootstrap_servers: str
-    options: dict[str, str] = Field(default_factory=dict)
-
-    def client(self) -> KafkaClient:
-        """A new client; callers own it and should close it (it is a context manager)."""
-        return KafkaClient(self.bootstrap_servers, self.options)

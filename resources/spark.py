@@ -32,8 +32,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-import dagster as dg
-
 from ledger.errors import ConfigError, ExactlyError, UnreachableError
 from resources.broker import port_in_use
 from resources.jars import spark_jars
@@ -447,13 +445,3 @@ def _answers(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-class SparkResource(dg.ConfigurableResource):
-    """Spark for Dagster ops: the session is created on first use and reused in the run."""
-
-    master: str = "local[*]"
-    conf: dict[str, str] = {}
-
-    def session(self) -> SparkSession:
-        return build_session(self.master, self.conf)

@@ -26,7 +26,7 @@ from resources.broker import (
     free_port,
     read_properties,
 )
-from resources.kafka import KafkaClient, KafkaResource, PartitionOffsets, Record
+from resources.kafka import KafkaClient, PartitionOffsets, Record
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,7 @@ def test_produce_and_consume_round_trip_with_exact_offsets(
         1: PartitionOffsets(0, 7),
         2: PartitionOffsets(0, 7),
     }
-    assert KafkaResource(bootstrap_servers=kafka_broker).client().partitions(topic) == [0, 1, 2]
+    assert KafkaClient(kafka_broker).partitions(topic) == [0, 1, 2]
 
 
 def test_offsets_end_at_the_last_stable_offset_of_transactions(
