@@ -24,7 +24,6 @@ from orchestration.redrive_sensor import build_redrive_sensor
 from orchestration.resources import PipelineResource, alerts_key, alerts_resource, pipeline_key
 from orchestration.run_failure_sensor import build_run_failure_sensor
 from orchestration.stuck_sensor import build_stuck_sensor
-from resources.alerts import AlertsResource
 from resources.config import PipelineConfig
 
 
@@ -34,7 +33,8 @@ class PipelineDefinitions:
 
     config: PipelineConfig
     resource: PipelineResource
-    alerts: AlertsResource
+    #: every resource by key (the pipeline's and its alert sinks), as Dagster injects them
+    resources: dict[str, Any]
     batches: dg.DynamicPartitionsDefinition
     table: dg.AssetSpec
     micro_batch: dg.JobDefinition
@@ -44,19 +44,13 @@ class PipelineDefinitions:
     sensors: list[dg.SensorDefinition]
     definitions: dg.Definitions
 
-    @property
-    def resources(self) -> dict[str, Any]:
-        """The resources by key, as a schedule or sensor context built by hand needs them."""
-        name = self.config.pipeline
-        return {pipeline_key(name): self.resource, alerts_key(name): self.alerts}
-
 
 def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     """The definitions of the pipeline described by the config file at `config_path`."""
     resource = PipelineResource(config_path=str(Path(config_path).resolve()))
     config = resource.config()
     name = config.pipeline
-    alerts = alerts_resource(config.alerts)
+    resources = {pipeline_key(name): resource, alerts_key(name): alerts_resource(config.alerts)}
     batches = dg.DynamicPartitionsDefinition(name=f"{name}_batches")
     table = dg.AssetSpec(
         key=f"{name}_table",
@@ -79,12 +73,12 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         jobs=[micro_batch, redrive, backfill],
         schedules=[schedule],
         sensors=sensors,
-        resources={pipeline_key(name): resource, alerts_key(name): alerts},
+        resources=resources,
     )
     return PipelineDefinitions(
         config=config,
         resource=resource,
-        alerts=alerts,
+        resources=resources,
         batches=batches,
         table=table,
         micro_batch=definitions.resolve_job_def(micro_batch.name),
