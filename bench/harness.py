@@ -27,7 +27,7 @@ from bench.data import produce, split
 from bench.report import batch_label, summarize
 from devtools.broker import EmbeddedBroker
 from devtools.jvm_process import free_port, java_executable
-from jobs.micro_batch import build
+from jobs.pipeline import build
 from resources.kafka import KafkaClient
 
 TOPIC = "bench-pageviews"
@@ -445,7 +445,7 @@ def _repetition(
 
     label = batch_label(settings.dagster_batch_records)
     name = f"bench_dagster_{label}"
-    config = product.pipeline_config(
+    product.pipeline_config(
         root / name,
         name,
         bootstrap,
@@ -456,7 +456,7 @@ def _repetition(
         spark,
         tag,
         f"exactly dagster {label}",
-        lambda _session: product.run_dagster(config, expected_records=records),
+        lambda _session: product.run_dagster(root / name, expected_records=records),
         log,
     )
     shutil.rmtree(root / name, ignore_errors=True)

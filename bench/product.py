@@ -8,14 +8,18 @@ once, apart, instead of being charged to whichever run happens to come first.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
-from jobs.micro_batch import SparkStager, build
+import yaml
+
+from bench.two_pass import TwoPassStager
+from jobs.pipeline import build
 from ledger.errors import ExactlyError
 from ledger.two_phase import BatchReport
-from resources.config import PipelineConfig, parse_config
+from resources.config import PipelineConfig, load_config
 
 #: The phases of one batch, as BatchReport.seconds names them.
 PHASES = ("plan", "stage", "prepare", "commit", "ack")
@@ -25,28 +29,32 @@ class BenchError(ExactlyError):
     """A contender produced a wrong result: its figures would mean nothing."""
 
 
+def config_file(root: Path) -> Path:
+    """Where `pipeline_config` writes the config of the pipeline under `root`."""
+    return root / "pipeline.yaml"
+
+
 def pipeline_config(
     root: Path, name: str, bootstrap: str, topic: str, max_records_per_partition: int
 ) -> PipelineConfig:
     """A pipeline of its own under `root` on the shared topic, with the product's defaults.
 
-    Spark settings are left at the defaults on purpose: the peer runs with the very same.
+    Written to `config_file(root)` and read back, as a user's config is (the Dagster code
+    location reads pipelines from their files). Spark settings are left at the defaults on
+    purpose: the peer runs with the very same.
     """
+    root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    return parse_config(
-        {
-            "pipeline": name,
-            "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
-            "delta": {
-                "table_uri": str(root / "table"),
-                "quarantine_uri": str(root / "quarantine"),
-            },
-            "ledger": {"url": f"sqlite:///{root / 'ledger.db'}"},
-            "batch": {"max_records_per_partition": max_records_per_partition},
-        },
-        source=f"<bench {name}>",
-        base_dir=root,
-    )
+    doc = {
+        "pipeline": name,
+        "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
+        "delta": {"table_uri": str(root / "table"), "quarantine_uri": str(root / "quarantine")},
+        "ledger": {"url": f"sqlite:///{root / 'ledger.db'}"},
+        "batch": {"max_records_per_partition": max_records_per_partition},
+    }
+    path = config_file(root)
+    path.write_text(yaml.safe_dump(doc))
+    return load_config(path)
 
 
 def _batch_figures(report: BatchReport) -> dict[str, Any]:
@@ -83,8 +91,8 @@ def run_cli_path(
     """
     tpc = build(config, spark_factory=lambda: spark)
     if not single_pass:
-        # the former stage plan, for the before/after comparison (jobs/stage.py)
-        tpc.stager = SparkStager(config, lambda: spark, single_pass=False)
+        # the former stage plan, for the before/after comparison (bench/two_pass.py)
+        tpc.stager = TwoPassStager(config, lambda: spark)
     reports: list[BatchReport] = []
     started = time.perf_counter()
     tpc.recover_and_commit()
@@ -117,27 +125,29 @@ def run_cli_path(
 QUIET_RUN_CONFIG = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 
 
-def run_dagster(
-    config: PipelineConfig, *, expected_records: int, idle_runs: int = 1
-) -> dict[str, Any]:
-    """The Dagster micro-batch job, one in-process run per batch, until caught up.
+def run_dagster(root: Path, *, expected_records: int, idle_runs: int = 1) -> dict[str, Any]:
+    """The Dagster micro-batch job of the pipeline under `root`, one in-process run per batch,
+    until caught up.
 
     Each run is launched the way the schedule launches it: a new dynamic partition named
     after the next batch id, then the run for that partition, on one long-lived instance.
     The run that finds nothing to plan ends the loop; `idle_runs` more such runs measure the
-    fixed cost of a run that does nothing. The job builds its own SharedSpark, which finds
-    the harness's session already running (one per process), so no new JVM starts.
+    fixed cost of a run that does nothing. The runs share the process's Pipeline (as a code
+    server's runs would), whose Spark session is the harness's (one per process), so no new
+    JVM starts.
     """
     import dagster as dg
 
-    from orchestration.micro_batch import build_pipeline_jobs
+    from orchestration.pipeline_definitions import pipeline_definitions
 
-    jobs = build_pipeline_jobs(config)
+    jobs = pipeline_definitions(config_file(root))
+    config = jobs.config
     commit_step = f"{config.pipeline}_commit"
     runs: list[dict[str, Any]] = []
     idle: list[float] = []
     records = table = quarantine = 0
-    with dg.DagsterInstance.ephemeral() as instance:
+    # the Pipeline is closed before the harness removes the pipeline's files
+    with dg.DagsterInstance.ephemeral() as instance, contextlib.closing(jobs.resource):
 
         def launch(batch_id: int) -> tuple[float, Any]:
             instance.add_dynamic_partitions(jobs.batches.name, [str(batch_id)])

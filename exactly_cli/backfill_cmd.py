@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from jobs.micro_batch import build_backfill
+    from jobs.pipeline import Pipeline
 
     config = load_config(args.config)
     topic = args.topic or config.kafka.topic
@@ -43,21 +43,23 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from {args.start} --to {args.end} is not a non-empty range")
     rng = OffsetRange(topic, args.partition, args.start, args.end)
     transform = args.transform or config.transform
-    tpc = build_backfill(config, transform=transform, log=print)
-    batch, planned = plan_backfill(
-        tpc,
-        live_app_id=config.app_id,
-        mode=BackfillMode(args.mode),
-        ranges=[rng],
-        transform=transform,
-        again=args.again,
-    )
-    if not planned:
-        print(
-            f"{args.mode} of {rng} already done as backfill batch {batch.app_id}/{batch.batch_id} "
-            f"({batch.state}); nothing to do (use --again to run it again)"
+    with Pipeline(config, log=print) as pipeline:
+        tpc = pipeline.backfill(transform)
+        batch, planned = plan_backfill(
+            tpc,
+            live_app_id=config.app_id,
+            mode=BackfillMode(args.mode),
+            ranges=[rng],
+            transform=transform,
+            again=args.again,
         )
-        return 0
-    report = tpc.finish(batch)
+        if not planned:
+            print(
+                f"{args.mode} of {rng} already done as backfill batch "
+                f"{batch.app_id}/{batch.batch_id} ({batch.state}); nothing to do "
+                "(use --again to run it again)"
+            )
+            return 0
+        report = tpc.finish(batch)
     print(f"{args.mode} {report.line()}")
     return 0

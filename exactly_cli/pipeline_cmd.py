@@ -77,19 +77,20 @@ def run_pipeline(
     busy_timeout: float = 120.0,
 ) -> int:
     """Recover, then run batches; returns how many batches were committed."""
-    from jobs.micro_batch import build
+    from jobs.pipeline import Pipeline
 
-    tpc = build(config, log=_say)
-    for batch in _with_busy_retry(tpc.recover_and_commit, busy_timeout):
-        _say(f"recovered batch {batch.batch_id}: {batch.state}")
-    done = 0
-    while batches is None or done < batches:
-        report = _with_busy_retry(lambda: tpc.run_batch(allow_empty=allow_empty), busy_timeout)
-        if report is None:
-            _say(f"{config.pipeline}: caught up, nothing new to read")
-            break
-        _say(report.line())
-        done += 1
+    with Pipeline(config, log=_say) as pipeline:
+        tpc = pipeline.live
+        for batch in _with_busy_retry(tpc.recover_and_commit, busy_timeout):
+            _say(f"recovered batch {batch.batch_id}: {batch.state}")
+        done = 0
+        while batches is None or done < batches:
+            report = _with_busy_retry(lambda: tpc.run_batch(allow_empty=allow_empty), busy_timeout)
+            if report is None:
+                _say(f"{config.pipeline}: caught up, nothing new to read")
+                break
+            _say(report.line())
+            done += 1
     return done
 
 
@@ -107,10 +108,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from jobs.micro_batch import build
+    from jobs.pipeline import Pipeline
 
     config = load_config(args.config)
-    finished = build(config, log=_say).recover_and_commit()
+    with Pipeline(config, log=_say) as pipeline:
+        finished = pipeline.live.recover_and_commit()
     _say(f"{config.pipeline}: recovered {len(finished)} batch(es)")
     return 0
 
@@ -171,7 +173,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _print_counts(config: PipelineConfig) -> None:
-    from jobs.micro_batch import SharedSpark
+    from jobs.spark_stager import SharedSpark
 
     spark = SharedSpark(config.spark.master, config.spark.conf)()
     table = spark.read.format("delta").load(config.delta.table_uri)

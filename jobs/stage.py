@@ -93,13 +93,68 @@ def with_coordinates(records: DataFrame, batch_id: int) -> DataFrame:
     )
 
 
-def _check_output(out: DataFrame, transform_name: str) -> None:
+def check_output(out: DataFrame, transform_name: str) -> None:
+    """A transform must keep what the commit and the quarantine need."""
     missing = [c for c in (*COORDINATES, "value", "_error") if c not in out.columns]
     if missing:
         raise ConfigError(
             f"transform {transform_name} returned no column(s) {missing}: a transform must "
             "keep the _kafka_* and _batch_id columns and `value`, and add `_error`"
         )
+
+
+def split_outputs(out: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """The table's rows and the quarantine's: a row with an `_error` goes to quarantine, with
+    its raw value; every other row to the table, without it."""
+    good = out.where(F.col("_error").isNull()).drop("_error", "value")
+    bad = out.where(F.col("_error").isNotNull()).select(
+        *COORDINATES, "_error", F.col("value").alias("_raw_value")
+    )
+    return good, bad
+
+
+def write_outputs(good: DataFrame, bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
+    """Write both outputs into the attempt's folders (never over anything); the seconds taken."""
+    started = time.perf_counter()
+    good.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[TABLE]))
+    crashpoint("during_stage")
+    bad.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[QUARANTINE]))
+    return time.perf_counter() - started
+
+
+def staged_output(
+    good: DataFrame,
+    bad: DataFrame,
+    *,
+    batch_id: int,
+    records_read: int,
+    attempt_dirs: Mapping[str, str],
+    table_roots: Mapping[str, str],
+    seconds: dict[str, float],
+) -> StageOutput:
+    """Describe what the attempt wrote: the vote's input.
+
+    Refuses when fewer records were staged than read, so a transform that drops records
+    fails the batch before the vote (invariant 9).
+    """
+    started = time.perf_counter()
+    schemas = {
+        TABLE: encode_schema(to_arrow_schema(good.schema, timezone="UTC")),
+        QUARANTINE: encode_schema(to_arrow_schema(bad.schema, timezone="UTC")),
+    }
+    files = [
+        *parquet_files.describe(attempt_dirs[TABLE], table_roots[TABLE], TABLE),
+        *parquet_files.describe(attempt_dirs[QUARANTINE], table_roots[QUARANTINE], QUARANTINE),
+    ]
+    seconds["describe"] = time.perf_counter() - started
+    table_records = sum(f.records for f in files if f.target == TABLE)
+    quarantine_records = sum(f.records for f in files if f.target == QUARANTINE)
+    if table_records + quarantine_records < records_read:
+        raise InconsistencyError(
+            f"batch {batch_id}: read {records_read} records but staged only "
+            f"{table_records} + {quarantine_records} quarantined: the transform dropped records"
+        )
+    return StageOutput(files, schemas, records_read, table_records, quarantine_records, seconds)
 
 
 def stage(
@@ -113,91 +168,55 @@ def stage(
     table_roots: Mapping[str, str],
     transform: Callable[[DataFrame], DataFrame],
     transform_name: str = "transform",
-    single_pass: bool = True,
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
 
     Every record read ends up in exactly one of the two outputs (invariant 9): the counts
     are checked before the vote.
 
-    `single_pass` (the default) reads and transforms the records once: the count of records
-    read is observed inside the job that writes the table, and only the transformed frame is
-    cached for the quarantine write, with `value` kept only on the rows that need it. The
-    former plan (`single_pass=False`: cache the source, count it in a job of its own, cache
-    the transformed frame, write twice) built two caches of the whole batch; it stays here so
-    `exactly bench` can measure both side by side (BENCHMARKS.md).
+    The records are read and transformed once: the count of records read is observed inside
+    the job that writes the table, and only the transformed frame is cached for the
+    quarantine write, with `value` kept only on the rows that need it. (The former plan,
+    which cached and counted the source first, survives only in the benchmark, which
+    compares the two: bench/two_pass.py, BENCHMARKS.md.)
     """
     seconds: dict[str, float] = {}
-    t0 = time.perf_counter()
+    observation = Observation()
     source = with_coordinates(
         read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
-    )
-    observation: Observation | None = None
-    records_read: int | None = None
-    cached: list[DataFrame] = []
+    ).observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ))
+    out = transform(source)
+    check_output(out, transform_name)
+    # the table drops `value`; only quarantined rows need it, so only they cache it
+    out = out.withColumn("value", F.when(F.col("_error").isNotNull(), F.col("value"))).persist()
     try:
-        if single_pass:
-            observation = Observation()
-            source = source.observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ))
-        else:
-            source = source.persist()
-            cached.append(source)
-            records_read = source.count()
-            seconds["read"] = time.perf_counter() - t0
-        out = transform(source)
-        _check_output(out, transform_name)
-        if single_pass:
-            # the table drops `value`; only quarantined rows need it, so only they cache it
-            out = out.withColumn("value", F.when(F.col("_error").isNotNull(), F.col("value")))
-        out = out.persist()
-        cached.append(out)
-        good = out.where(F.col("_error").isNull()).drop("_error", "value")
-        bad = out.where(F.col("_error").isNotNull()).select(
-            *COORDINATES, "_error", F.col("value").alias("_raw_value")
-        )
-        t1 = time.perf_counter()
-        good.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[TABLE]))
-        crashpoint("during_stage")
-        bad.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[QUARANTINE]))
-        seconds["write"] = time.perf_counter() - t1
-        if records_read is None:
-            records_read = _observed_records(observation)
+        good, bad = split_outputs(out)
+        seconds["write"] = write_outputs(good, bad, attempt_dirs)
+        records_read = _observed_records(observation)
         if records_read is None:
             # the transform's output does not derive from its input (or the metrics did not
             # arrive): count the source in a job of its own rather than trust nothing
             records_read = source.count()
-        schemas = {
-            TABLE: encode_schema(to_arrow_schema(good.schema, timezone="UTC")),
-            QUARANTINE: encode_schema(to_arrow_schema(bad.schema, timezone="UTC")),
-        }
     finally:
-        for frame in reversed(cached):
-            frame.unpersist()
-    t2 = time.perf_counter()
-    files = [
-        *parquet_files.describe(attempt_dirs[TABLE], table_roots[TABLE], TABLE),
-        *parquet_files.describe(attempt_dirs[QUARANTINE], table_roots[QUARANTINE], QUARANTINE),
-    ]
-    seconds["describe"] = time.perf_counter() - t2
-    table_records = sum(f.records for f in files if f.target == TABLE)
-    quarantine_records = sum(f.records for f in files if f.target == QUARANTINE)
-    if table_records + quarantine_records < records_read:
-        raise InconsistencyError(
-            f"batch {batch_id}: read {records_read} records but staged only "
-            f"{table_records} + {quarantine_records} quarantined: the transform dropped records"
-        )
-    return StageOutput(files, schemas, records_read, table_records, quarantine_records, seconds)
+        out.unpersist()
+    return staged_output(
+        good,
+        bad,
+        batch_id=batch_id,
+        records_read=records_read,
+        attempt_dirs=attempt_dirs,
+        table_roots=table_roots,
+        seconds=seconds,
+    )
 
 
-def _observed_records(observation: Observation | None) -> int | None:
+def _observed_records(observation: Observation) -> int | None:
     """The records counted by `observation`, or None if no finished job reported them.
 
     Never blocks for long: a classic Observation is completed by a listener on Spark's
     asynchronous listener bus, so its future is given a few seconds, not forever (its `get`
     would wait for a job that may never come); a Spark Connect one holds `{}` until reported.
     """
-    if observation is None:
-        return None
     handle = getattr(observation, "_jo", None)
     if handle is not None:
         deadline = time.monotonic() + _OBSERVATION_WAIT_S

@@ -7,6 +7,8 @@
     ack(batch)            move the consumer group (advisory)                   -> ACKED
     abort(batch)          give up a batch that has not voted                   -> ABORTED
     recover_and_commit()  on every start: finish what voted, abandon the rest
+    redrive(batch_id)     finish one voted batch under a new attempt
+    next_batch()          what begin() would plan now, or why nothing, without planning
 
 The edges (Kafka offsets, the Spark stage job, the Delta tables) come in through the small
 protocols below, so this module can be exercised with in-memory fakes and read alone.
@@ -29,6 +31,7 @@ from ledger.errors import BusyError, FencedError, InconsistencyError
 from ledger.protocol import (
     ABANDONABLE,
     IN_FLIGHT,
+    MUST_FINISH,
     Available,
     BatchState,
     OffsetRange,
@@ -56,6 +59,20 @@ class StageOutput:
 class PublishResult:
     published: bool
     table_version: int
+
+
+@dataclass(frozen=True)
+class NextBatch:
+    """What `begin()` would plan now, worked out without planning it.
+
+    A batch is due when `batch_id` is set (with its `ranges`). Otherwise `in_flight` is the
+    batch that must finish first (one batch at a time), or None when the topic holds nothing
+    new (caught up).
+    """
+
+    batch_id: int | None
+    ranges: tuple[OffsetRange, ...] = ()
+    in_flight: Batch | None = None
 
 
 class OffsetSource(Protocol):
@@ -134,21 +151,9 @@ class TwoPhaseCommit:
         orchestrator can name the batch before it exists.
         """
         available = self.source.available()
-        planned: list[OffsetRange] = []
 
         def ranges_for(positions: Mapping[int, int]) -> list[OffsetRange] | None:
-            planned[:] = plan_ranges(
-                self.source.topic,
-                positions,
-                available,
-                self.max_records_per_partition,
-                self.starting_offsets,
-            )
-            return (
-                planned
-                if allow_empty or worth_planning(planned, positions, self.starting_offsets)
-                else None
-            )
+            return self._next_ranges(positions, available, allow_empty=allow_empty)
 
         batch = self.store.plan(
             pipeline=self.pipeline,
@@ -160,6 +165,42 @@ class TwoPhaseCommit:
         if batch is not None:
             crashpoint("after_plan")
         return batch
+
+    def next_batch(self) -> NextBatch:
+        """What `begin()` would plan now, without planning it.
+
+        For an orchestrator that names a batch (a partition, a run) before the run plans it.
+        It decides with the same rule as `begin()`, so the two cannot disagree about whether
+        a batch is due; a batch planned meanwhile by someone else makes `begin(batch_id=...)`
+        refuse the stale id instead.
+        """
+        in_flight = self.store.batches(app_id=self.app_id, states=IN_FLIGHT, limit=1)
+        if in_flight:
+            return NextBatch(None, in_flight=in_flight[0])
+        ranges = self._next_ranges(self.store.positions(self.app_id), self.source.available())
+        if ranges is None:
+            return NextBatch(None)
+        latest = self.store.batches(app_id=self.app_id, limit=1)
+        return NextBatch((latest[0].batch_id if latest else 0) + 1, tuple(ranges))
+
+    def _next_ranges(
+        self,
+        positions: Mapping[int, int],
+        available: Mapping[int, Available],
+        *,
+        allow_empty: bool = False,
+    ) -> list[OffsetRange] | None:
+        """The next batch's ranges from `positions`, or None when they are not worth a batch."""
+        ranges = plan_ranges(
+            self.source.topic,
+            positions,
+            available,
+            self.max_records_per_partition,
+            self.starting_offsets,
+        )
+        if allow_empty or worth_planning(ranges, positions, self.starting_offsets):
+            return ranges
+        return None
 
     def begin_fixed(
         self,
@@ -267,12 +308,28 @@ class TwoPhaseCommit:
                 self.log(f"abandoning batch {batch.label} ({batch.state}, owner gone)")
                 finished.append(self.abort(batch, f"abandoned by recovery: {batch.owner} is gone"))
                 continue
-            batch = self.store.takeover(batch)
-            self.log(f"re-driving batch {batch.label} from {batch.state}")
-            if batch.state is BatchState.PREPARED:
-                batch = self.commit(batch, recovering=True)
-            finished.append(self.ack(batch))
+            finished.append(self._finish_voted(batch))
         return finished
+
+    def redrive(self, batch_id: int) -> Batch | None:
+        """Finish one batch that voted, under a new attempt; None if it is not past the vote.
+
+        For an orchestrator that re-drives a batch whose run died (invariant 5) without
+        recovering everything else: only PREPARED or COMMITTED batches are touched.
+        """
+        batch = self.store.get(self.app_id, batch_id)
+        if batch is None or batch.state not in MUST_FINISH:
+            return None
+        return self._finish_voted(batch)
+
+    def _finish_voted(self, batch: Batch) -> Batch:
+        """Take the batch over (fencing its old attempt), publish it if it is still PREPARED,
+        and ack it; recovery and re-drive both finish voted batches here."""
+        batch = self.store.takeover(batch)
+        self.log(f"re-driving batch {batch.label} from {batch.state}")
+        if batch.state is BatchState.PREPARED:
+            batch = self.commit(batch, recovering=True)
+        return self.ack(batch)
 
     def rebuild_from_log(self) -> int:
         """Re-create committed batches the ledger lacks from the Delta log's commit info.

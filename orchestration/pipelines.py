@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ledger.errors import ConfigError
-from resources.config import PipelineConfig, load_config
+from resources.config import load_config
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 
@@ -19,13 +19,15 @@ def pipelines_dir() -> Path:
     return Path(os.environ.get("EXACTLY_PIPELINES_DIR", DEFAULT_DIR))
 
 
-def load_pipelines(folder: Path | None = None) -> list[PipelineConfig]:
+def config_files(folder: Path | None = None) -> list[Path]:
+    """The folder's pipeline config files, each one valid, no two naming the same pipeline
+    (their jobs, sensors and resources would collide)."""
     folder = folder or pipelines_dir()
     if not folder.is_dir():
         raise ConfigError(f"EXACTLY_PIPELINES_DIR {folder} is not a folder of pipeline configs")
-    configs = [load_config(p) for p in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])]
-    names = [c.pipeline for c in configs]
+    files = sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")])
+    names = [load_config(p).pipeline for p in files]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"pipelines in {folder} share names {dupes}: names must be unique")
-    return configs
+    return files

@@ -49,7 +49,8 @@ class KafkaSettings(_Strict):
 class DeltaSettings(_Strict):
     table_uri: str = Field(min_length=1)
     quarantine_uri: str = Field(min_length=1)
-    #: object-store credentials and endpoints, passed to delta-rs and Spark
+    #: object-store credentials and endpoints, passed to delta-rs only (reading and committing
+    #: the tables); Spark, which writes the staged files, takes its own from `spark.conf`
     storage_options: dict[str, str] = Field(default_factory=dict)
 
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -109,6 +108,16 @@ class CommitOutcome:
     seconds: float
 
 
+@dataclass(frozen=True)
+class TableStats:
+    """What an operator sees of a table: its version, its rows, and an application's last batch."""
+
+    version: int
+    row_count: int
+    #: the last batch id the application committed, or None if it never committed
+    app_version: int | None
+
+
 class DeltaTarget:
     """One Delta table location and the operations the protocol needs on it."""
 
@@ -126,6 +135,19 @@ class DeltaTarget:
         """The last batch id committed by `app_id`, or None (no table, or never committed)."""
         table = self.load()
         return None if table is None else table.transaction_version(app_id)
+
+    def stats(self, app_id: str) -> TableStats | None:
+        """The table's version, its row count (from the files' statistics) and `app_id`'s
+        last batch; None while the table does not exist."""
+        table = self.load()
+        if table is None:
+            return None
+        actions = table.get_add_actions(flatten=True)
+        return TableStats(
+            version=table.version(),
+            row_count=int(sum(actions.column("num_records").to_pylist() or [0])),
+            app_version=table.transaction_version(app_id),
+        )
 
     def _create(self, schema: pa.Schema) -> None:
         try:
@@ -322,12 +344,3 @@ def _in_ranges(data: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray
         )
         hit = pc.or_(hit, pc.fill_null(one, False))
     return hit
-
-
-class DeltaResource(dg.ConfigurableResource):
-    """Object-store settings shared by every table a pipeline writes."""
-
-    storage_options: dict[str, str] = {}
-
-    def target(self, uri: str) -> DeltaTarget:
-        return DeltaTarget(uri, self.storage_options)

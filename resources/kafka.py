@@ -23,7 +23,6 @@ from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
 from typing import Any
 
-import dagster as dg
 from confluent_kafka import (
     ConsumerGroupTopicPartitions,
     IsolationLevel,
@@ -35,7 +34,6 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
-from pydantic import Field
 
 from ledger.errors import ExactlyError, UnreachableError
 from ledger.protocol import Available
@@ -585,14 +583,3 @@ class KafkaClient:
                 f"Kafka at {self.bootstrap_servers} did not acknowledge {remaining} records "
                 f"for topic {topic!r} within {self._produce_timeout():g}s"
             )
-
-
-class KafkaResource(dg.ConfigurableResource):
-    """The Kafka cluster as a Dagster resource; `options` reach every confluent client."""
-
-    bootstrap_servers: str
-    options: dict[str, str] = Field(default_factory=dict)
-
-    def client(self) -> KafkaClient:
-        """A new client; callers own it and should close it (it is a context manager)."""
-        return KafkaClient(self.bootstrap_servers, self.options)

@@ -25,8 +25,6 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-import dagster as dg
-
 from ledger.errors import ConfigError, UnreachableError
 from resources.jars import spark_jars
 
@@ -214,13 +212,3 @@ def stop_session(session: Any) -> None:
             if open_session is session or open_session.is_stopped:
                 del _remote_sessions[key]
         _leave_connect_mode_if_unused()
-
-
-class SparkResource(dg.ConfigurableResource):
-    """Spark for Dagster ops: the session is created on first use and reused in the run."""
-
-    master: str = "local[*]"
-    conf: dict[str, str] = {}
-
-    def session(self) -> SparkSession:
-        return build_session(self.master, self.conf)

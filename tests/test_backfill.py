@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.micro_batch import build, build_backfill
+from jobs.pipeline import build, build_backfill
 from ledger.backfill import BackfillError, BackfillMode, plan_backfill
 from ledger.crash import CRASH_EXIT_CODE
 from ledger.errors import DataLossError

@@ -22,7 +22,7 @@ from devtools.broker import AlreadyRunningError, EmbeddedBroker, cluster_id, rea
 from devtools.jvm_process import free_port
 from ledger.errors import ExactlyError
 from ledger.protocol import Available
-from resources.kafka import KafkaClient, KafkaResource
+from resources.kafka import KafkaClient
 from tests.fixtures.kafka_reader import Record, consume_range
 
 pytestmark = pytest.mark.integration
@@ -154,7 +154,7 @@ def test_produce_and_consume_round_trip_with_exact_offsets(
         1: Available(0, 7),
         2: Available(0, 7),
     }
-    assert KafkaResource(bootstrap_servers=kafka_broker).client().partitions(topic) == [0, 1, 2]
+    assert KafkaClient(kafka_broker).partitions(topic) == [0, 1, 2]
 
 
 def test_offsets_end_at_the_last_stable_offset_of_transactions(

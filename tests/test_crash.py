@@ -9,7 +9,7 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.micro_batch import build
+from jobs.pipeline import build
 from ledger.crash import POINTS
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore

@@ -20,10 +20,10 @@ from deltalake import DeltaTable
 from jobs.examples.sample_data import pageviews
 from ledger.batch import Batch, utcnow
 from ledger.protocol import BatchState, Owner
-from orchestration.micro_batch import BATCH_TAG, PipelineJobs, build_pipeline_jobs
-from orchestration.schedules import next_batch_request
-from orchestration.sensors import build_sensors, decide_stuck, redrive_requests
-from tests.fixtures.pipeline import assert_exactly_once, crash_run
+from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
+from orchestration.stuck_sensor import decide_stuck
+from orchestration.tags import BATCH_TAG
+from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run, save_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -34,8 +34,20 @@ def instance() -> Iterator[dg.DagsterInstance]:
         yield inst
 
 
-def sensor(jobs: PipelineJobs, suffix: str) -> Any:
-    return next(s for s in build_sensors(jobs) if s.name.endswith(suffix))
+def sensor(jobs: PipelineDefinitions, suffix: str) -> Any:
+    return next(s for s in jobs.sensors if s.name.endswith(suffix))
+
+
+def sensor_context(
+    jobs: PipelineDefinitions, instance: dg.DagsterInstance, cursor: str | None = None
+) -> dg.SensorEvaluationContext:
+    """A sensor evaluation with the pipeline's resources, as the code location gives them."""
+    return dg.build_sensor_context(instance=instance, cursor=cursor, resources=jobs.resources)
+
+
+def tick(jobs: PipelineDefinitions, instance: dg.DagsterInstance) -> Any:
+    """One evaluation of the pipeline's schedule: a RunRequest or a SkipReason."""
+    return jobs.schedule(dg.build_schedule_context(instance=instance, resources=jobs.resources))
 
 
 def test_definitions_load_for_the_demo_pipeline() -> None:
@@ -80,11 +92,11 @@ def test_the_job_takes_a_batch_through_every_state(
     spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
 ) -> None:
     config = pipeline_factory(2)
-    jobs = build_pipeline_jobs(config)
-    assert isinstance(next_batch_request(jobs, instance), dg.SkipReason)  # nothing produced yet
+    jobs = pipeline_definitions(config_path(config))
+    assert isinstance(tick(jobs, instance), dg.SkipReason)  # nothing produced yet
     kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
 
-    request = next_batch_request(jobs, instance)
+    request = tick(jobs, instance)
     assert isinstance(request, dg.RunRequest) and request.partition_key == "1"
     result = jobs.micro_batch.execute_in_process(
         instance=instance, partition_key="1", tags=request.tags
@@ -106,7 +118,7 @@ def test_the_job_takes_a_batch_through_every_state(
     assert run is not None and run.tags[BATCH_TAG] == "1"
 
     # caught up: the schedule skips, and a run for a new partition plans nothing
-    assert isinstance(next_batch_request(jobs, instance), dg.SkipReason)
+    assert isinstance(tick(jobs, instance), dg.SkipReason)
     instance.add_dynamic_partitions(jobs.batches.name, ["2"])
     idle = jobs.micro_batch.execute_in_process(instance=instance, partition_key="2")
     assert idle.success
@@ -120,11 +132,11 @@ def test_redrive_sensor_finishes_a_batch_left_prepared(
     config = pipeline_factory(3, max_records=1000)
     kafka_client.produce(config.kafka.topic, pageviews(900, malformed_every=45))
     crash_run(config, "after_prepare")
-    jobs = build_pipeline_jobs(config)
-    assert isinstance(next_batch_request(jobs, instance), dg.SkipReason)  # batch 1 in flight
+    jobs = pipeline_definitions(config_path(config))
+    assert isinstance(tick(jobs, instance), dg.SkipReason)  # batch 1 in flight
 
     redrive = sensor(jobs, "_redrive_sensor")
-    requests = list(redrive(dg.build_sensor_context(instance=instance)))
+    requests = list(redrive(sensor_context(jobs, instance)))
     assert [(r.partition_key, r.run_key) for r in requests] == [("1", "pageviews:1:1")]
     result = jobs.redrive.execute_in_process(
         instance=instance, partition_key="1", tags=requests[0].tags
@@ -133,7 +145,7 @@ def test_redrive_sensor_finishes_a_batch_left_prepared(
     batch = result.output_for_node("pageviews_redrive_commit")
     assert batch.state is BatchState.ACKED and batch.attempt == 2
     assert assert_exactly_once(config, kafka_client) == (880, 20)
-    assert list(redrive_requests(jobs, instance)) == []
+    assert list(redrive(sensor_context(jobs, instance))) == []
 
     # a second re-drive of the same batch publishes nothing more
     again = jobs.redrive.execute_in_process(instance=instance, partition_key="1")
@@ -155,13 +167,13 @@ def test_stuck_alert_fires_once_and_resolves_after_the_commit(
     )
     kafka_client.produce(config.kafka.topic, pageviews(300))
     crash_run(config, "after_prepare")
-    jobs = build_pipeline_jobs(config)
+    jobs = pipeline_definitions(config_path(config))
     stuck = sensor(jobs, "_stuck_prepared_sensor")
     time.sleep(1.2)
 
-    context = dg.build_sensor_context(instance=instance)
+    context = sensor_context(jobs, instance)
     stuck(context)
-    stuck(dg.build_sensor_context(instance=instance, cursor=context.cursor))
+    stuck(sensor_context(jobs, instance, context.cursor))
     assert webhook.kinds() == ["stuck_prepared"]
     alert = webhook.posts[0]
     assert alert["pipeline"] == "pageviews" and alert["details"]["batch_id"] == 1
@@ -170,9 +182,9 @@ def test_stuck_alert_fires_once_and_resolves_after_the_commit(
 
     instance.add_dynamic_partitions(jobs.batches.name, ["1"])
     assert jobs.redrive.execute_in_process(instance=instance, partition_key="1").success
-    context2 = dg.build_sensor_context(instance=instance, cursor=context.cursor)
+    context2 = sensor_context(jobs, instance, context.cursor)
     stuck(context2)
-    stuck(dg.build_sensor_context(instance=instance, cursor=context2.cursor))
+    stuck(sensor_context(jobs, instance, context2.cursor))
     assert webhook.kinds() == ["stuck_prepared", "resolved"]
     assert webhook.posts[1]["details"]["state"] == "ACKED"
     # the secret URL is in no alert, cursor or config the UI shows
@@ -189,7 +201,7 @@ def test_failed_runs_alert_through_the_same_sinks(
             "kafka": config.kafka.model_copy(update={"topic": "no-such-topic-exists-here"}),
         }
     )
-    jobs = build_pipeline_jobs(bad)
+    jobs = pipeline_definitions(save_config(bad, config_path(config).with_name("bad.yaml")))
     instance.add_dynamic_partitions(jobs.batches.name, ["1"])
     result = jobs.micro_batch.execute_in_process(
         instance=instance, partition_key="1", raise_on_error=False
@@ -201,6 +213,7 @@ def test_failed_runs_alert_through_the_same_sinks(
         dagster_event=failure,
         dagster_instance=instance,
         dagster_run=instance.get_run_by_id(result.run_id),
+        resources=jobs.resources,
     ).for_run_failure()
     sensor(jobs, "_run_failure_sensor")(context)
     assert webhook.kinds() == ["run_failed"]
@@ -257,7 +270,7 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
     kafka_client.produce_to_partitions(
         topic, {p: list(pageviews(150, start=150 * p)) for p in (0, 1)}
     )
-    jobs = build_pipeline_jobs(config)
+    jobs = pipeline_definitions(config_path(config))
     instance.add_dynamic_partitions(jobs.batches.name, ["1"])
     assert jobs.micro_batch.execute_in_process(instance=instance, partition_key="1").success
 
@@ -293,8 +306,11 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
         "pageviews_commit",
     }
     # a partition backfill from the UI reprocesses the batch with the pipeline's transform
-    fixed = build_pipeline_jobs(
-        config.model_copy(update={"transform": "tests.transforms:pageviews_v2"})
+    fixed = pipeline_definitions(
+        save_config(
+            config.model_copy(update={"transform": "tests.transforms:pageviews_v2"}),
+            config_path(config).with_name("fixed.yaml"),
+        )
     )
     result = fixed.micro_batch.execute_in_process(
         instance=instance, partition_key="1", tags={"dagster/backfill": "ui-test"}

@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import MALFORMED, pageviews
-from jobs.micro_batch import build
+from jobs.pipeline import build
 from ledger.errors import DataLossError, FencedError
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore

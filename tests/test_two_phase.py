@@ -611,3 +611,90 @@ def test_heartbeat_fences_a_staging_attempt(
     current = store.get(APP, 1)
     assert current is not None
     assert (current.state, current.attempt) == (S.PLANNED, 2)
+
+
+# -- what an orchestrator asks: re-drive one batch, and what the next batch would be -------
+
+
+def test_redrive_commits_a_prepared_batch_under_a_new_attempt(
+    tpc: TwoPhaseCommit, source: FakeSource, publisher: FakePublisher
+) -> None:
+    prepared = voted(tpc)
+    done = tpc.redrive(prepared.batch_id)
+    assert done is not None
+    assert (done.batch_id, done.state, done.attempt) == (1, S.ACKED, 2)
+    assert publisher.published_ids() == [1]
+    assert source.acks == [list(prepared.ranges)]
+    # finished now: a second re-drive touches nothing
+    assert tpc.redrive(prepared.batch_id) is None
+    assert publisher.published_ids() == [1]
+    assert len(source.acks) == 1
+
+
+def test_redrive_acks_a_committed_batch_without_publishing_again(
+    tpc: TwoPhaseCommit, source: FakeSource, publisher: FakePublisher
+) -> None:
+    committed = tpc.commit(voted(tpc))
+    done = tpc.redrive(committed.batch_id)
+    assert done is not None
+    assert (done.state, done.attempt) == (S.ACKED, 2)
+    assert publisher.published_ids() == [1]
+    assert source.acks == [list(committed.ranges)]
+
+
+@pytest.mark.parametrize("state", [S.PLANNED, S.STAGED])
+def test_redrive_leaves_batches_that_have_not_voted_alone(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher, state: BatchState
+) -> None:
+    batch = plan_as(store, Owner("elsewhere", 1), state)
+    assert tpc.redrive(batch.batch_id) is None
+    assert tpc.redrive(99) is None  # no such batch
+    current = store.get(APP, batch.batch_id)
+    assert current is not None
+    assert (current.state, current.attempt) == (state, 1)
+    assert publisher.commits == []
+
+
+def test_next_batch_names_what_begin_then_plans(
+    tpc: TwoPhaseCommit, store: LedgerStore, source: FakeSource
+) -> None:
+    due = tpc.next_batch()
+    assert due.batch_id == 1 and due.in_flight is None
+    assert due.ranges == (OffsetRange(TOPIC, 0, 0, 10), OffsetRange(TOPIC, 1, 5, 12))
+    assert store.batches(app_id=APP) == []  # asking plans nothing
+    planned = tpc.begin(batch_id=due.batch_id)
+    assert planned is not None
+    assert (planned.batch_id, planned.ranges) == (due.batch_id, due.ranges)
+
+
+def test_next_batch_waits_for_the_batch_in_flight(tpc: TwoPhaseCommit, store: LedgerStore) -> None:
+    prepared = voted(tpc)
+    waiting = tpc.next_batch()
+    assert waiting.batch_id is None and waiting.ranges == ()
+    assert waiting.in_flight is not None
+    assert (waiting.in_flight.batch_id, waiting.in_flight.state) == (1, S.PREPARED)
+    tpc.redrive(prepared.batch_id)
+    assert tpc.next_batch().batch_id == 2
+
+
+def test_next_batch_is_none_when_caught_up(tpc: TwoPhaseCommit, source: FakeSource) -> None:
+    while tpc.run_batch() is not None:
+        pass
+    caught_up = tpc.next_batch()
+    assert (caught_up.batch_id, caught_up.ranges, caught_up.in_flight) == (None, (), None)
+    assert tpc.begin() is None  # begin agrees
+    source.offsets[1] = Available(5, 13)
+    due = tpc.next_batch()
+    assert due.batch_id == 4
+    assert [str(r) for r in due.ranges] == ["pageviews-0[25,25)", "pageviews-1[12,13)"]
+
+
+def test_next_batch_pins_new_partitions_when_starting_from_latest(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, publisher: FakePublisher
+) -> None:
+    tpc = coordinator(store, source, stager, publisher, starting_offsets="latest")
+    due = tpc.next_batch()  # nothing to read, but the start must be pinned: worth a batch
+    assert due.batch_id == 1
+    assert [str(r) for r in due.ranges] == ["pageviews-0[25,25)", "pageviews-1[12,12)"]
+    assert tpc.run_batch() is not None
+    assert tpc.next_batch().batch_id is None

@@ -23,7 +23,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from jobs.examples.sample_data import pageviews
-from orchestration.micro_batch import BATCH_TAG
+from orchestration.tags import BATCH_TAG
 from resources.config import load_config
 from resources.kafka import KafkaClient
 from tests.fixtures.dagster_ui import (

@@ -1,0 +1,153 @@
+"""One pipeline config's coordinators, wired to the edges they share.
+
+A `Pipeline` opens each edge once (the ledger store, the Kafka client, the Spark session, the
+pair of Delta tables) and holds the coordinators that run on them: the live one, and one per
+backfill transform. `close()` disposes of what it opened. The CLI opens one per command and
+the Dagster code location one per process (orchestration/resources.py), so both run the same
+code. `build` and `build_backfill` hand out a single coordinator for short-lived callers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import cached_property
+from types import TracebackType
+from typing import Any
+
+from jobs.delta_publisher import DeltaPublisher
+from jobs.offset_source import KafkaOffsetSource
+from jobs.spark_stager import SharedSpark, SparkStager
+from ledger.backfill import BackfillMode, backfill_app_id, plan_backfill
+from ledger.batch import Batch, BatchKind
+from ledger.store import LedgerStore
+from ledger.two_phase import TwoPhaseCommit
+from resources.config import PipelineConfig
+from resources.kafka import KafkaClient
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+class Pipeline:
+    """The live and backfill coordinators of one pipeline config, on shared edges."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        spark_factory: Callable[[], Any] | None = None,
+        log: Callable[[str], None] = _quiet,
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.store = LedgerStore(config.ledger.url)
+        self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.options)
+        self.source = KafkaOffsetSource(self.kafka, config.kafka.topic, config.group_id)
+        self.publisher = DeltaPublisher.for_config(config)
+        self.spark = spark_factory or SharedSpark(config.spark.master, config.spark.conf)
+        self._backfills: dict[str, TwoPhaseCommit] = {}
+        self._lock = threading.Lock()
+
+    @cached_property
+    def live(self) -> TwoPhaseCommit:
+        """The coordinator of the live batches (built on first use, loading the transform)."""
+        return self._coordinator(self.config, self.config.app_id, BatchKind.LIVE)
+
+    def backfill(self, transform: str | None = None) -> TwoPhaseCommit:
+        """The coordinator of the pipeline's backfills through `transform` (default: the
+        pipeline's), built on first use.
+
+        Backfills have an application id of their own, so their Delta transaction versions
+        never collide with the live pipeline's.
+        """
+        spec = transform or self.config.transform
+        with self._lock:
+            if spec not in self._backfills:
+                config = self.config.model_copy(update={"transform": spec})
+                app_id = backfill_app_id(self.config.pipeline)
+                self._backfills[spec] = self._coordinator(config, app_id, BatchKind.BACKFILL)
+            return self._backfills[spec]
+
+    def coordinator_for(self, batch: Batch) -> TwoPhaseCommit:
+        """The coordinator that owns `batch`, so live batches and reprocessing (replace
+        backfill) batches can flow through the same steps."""
+        if batch.kind == BatchKind.BACKFILL:
+            return self.backfill(batch.params.get("transform"))
+        return self.live
+
+    def reprocess(self, batch: Batch) -> Batch | None:
+        """Plan a replace backfill of a committed batch's offsets through the pipeline's
+        transform as the config names it now; None if the batch read nothing.
+
+        The same offsets replaced in one Delta commit, not appended again: how a transform
+        fix reaches data that is already published.
+        """
+        ranges = [r for r in batch.ranges if r.span]
+        if not ranges:
+            return None
+        replacement, _ = plan_backfill(
+            self.backfill(),
+            live_app_id=self.config.app_id,
+            mode=BackfillMode.REPLACE,
+            ranges=ranges,
+            transform=self.config.transform,
+            again=True,
+        )
+        return replacement
+
+    def close(self) -> None:
+        """Dispose of the ledger's engine and the Kafka client. The Spark session belongs to
+        the process (one per process) and outlives the pipeline."""
+        self.store.dispose()
+        self.kafka.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _coordinator(self, config: PipelineConfig, app_id: str, kind: BatchKind) -> TwoPhaseCommit:
+        return TwoPhaseCommit(
+            self.store,
+            pipeline=config.pipeline,
+            app_id=app_id,
+            kind=kind,
+            source=self.source,
+            stager=SparkStager(config, self.spark),
+            publisher=self.publisher,
+            max_records_per_partition=config.batch.max_records_per_partition,
+            lease_seconds=config.batch.lease_seconds,
+            starting_offsets=config.kafka.starting_offsets,
+            log=self.log,
+        )
+
+
+def build(
+    config: PipelineConfig,
+    *,
+    spark_factory: Callable[[], Any] | None = None,
+    log: Callable[[str], None] = _quiet,
+) -> TwoPhaseCommit:
+    """The live coordinator of a Pipeline nobody closes: for a caller that uses it until its
+    process ends (tests, the benchmark)."""
+    return Pipeline(config, spark_factory=spark_factory, log=log).live
+
+
+def build_backfill(
+    config: PipelineConfig,
+    *,
+    transform: str | None = None,
+    spark_factory: Callable[[], Any] | None = None,
+    log: Callable[[str], None] = _quiet,
+) -> TwoPhaseCommit:
+    """The backfill coordinator (through `transform`, default the pipeline's) of a Pipeline
+    nobody closes, as `build`."""
+    return Pipeline(config, spark_factory=spark_factory, log=log).backfill(transform)

@@ -1,0 +1,62 @@
+"""The protocol's stager (ledger/two_phase.py `Stager`): the Spark stage job (jobs/stage.py)
+run for one batch, in the process's one Spark session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
+from ledger.batch import Batch
+from ledger.two_phase import StageOutput
+from resources.config import PipelineConfig
+from resources.spark import build_session
+
+
+class SharedSpark:
+    """One Spark session per process, created only when a batch needs staging."""
+
+    def __init__(self, master: str, conf: Mapping[str, str]) -> None:
+        self.master = master
+        self.conf = dict(conf)
+        self._session: Any = None
+
+    def __call__(self) -> Any:
+        if self._session is None:
+            self._session = build_session(self.master, self.conf)
+        return self._session
+
+
+class SparkStager:
+    """Runs the stage job for a batch, in a Spark session created on first use.
+
+    The pipeline's transform is loaded when the stager is built, so a config naming a
+    transform that does not import fails before any batch is planned.
+    """
+
+    def __init__(self, config: PipelineConfig, spark_factory: Callable[[], Any]) -> None:
+        self.config = config
+        self.spark_factory = spark_factory
+        self.transform = config.load_transform()
+
+    def stage(self, batch: Batch) -> StageOutput:
+        return stage(self.spark_factory(), **self.job_arguments(batch))
+
+    def job_arguments(self, batch: Batch) -> dict[str, Any]:
+        """The stage job's inputs for `batch`: its ranges, the folders unique to its attempt,
+        the tables' roots and the transform."""
+        roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
+        return {
+            "bootstrap_servers": self.config.kafka.bootstrap_servers,
+            "kafka_options": self.config.kafka.options,
+            "ranges": batch.ranges,
+            "batch_id": batch.batch_id,
+            "attempt_dirs": {
+                t: attempt_folder(root, batch.app_id, batch.batch_id, batch.attempt)
+                for t, root in roots.items()
+            },
+            "table_roots": roots,
+            "transform": self.transform,
+            "transform_name": self.config.transform,
+        }

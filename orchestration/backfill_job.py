@@ -1,0 +1,99 @@
+"""The `<pipeline>_backfill` job: fill or replace offset ranges from the Launchpad, exactly
+once, while the live pipeline keeps running.
+
+The op finishes voted backfill batches first, then plans the request through
+ledger/backfill.py (which decides whether the ranges may be filled or replaced) and runs the
+batch through the pipeline's backfill coordinator. Without ranges it only recovers, which is
+how the re-drive sensor finishes a backfill batch whose run died.
+"""
+
+from collections.abc import Iterator
+from typing import Literal
+
+import dagster as dg
+from pydantic import Field
+
+from ledger.backfill import BackfillMode, plan_backfill
+from ledger.batch import Batch
+from ledger.protocol import OffsetRange
+from orchestration.metadata import batch_metadata
+from orchestration.resources import pipeline_in, pipeline_key
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG
+from resources.config import PipelineConfig
+
+
+class OffsetRangeConfig(dg.Config):
+    partition: int = Field(description="Kafka partition")
+    start: int = Field(description="first offset of the range", ge=0)
+    end: int = Field(description="the offset after the last one", ge=1)
+    topic: str | None = Field(default=None, description="default: the pipeline's topic")
+
+
+class BackfillRequest(dg.Config):
+    """The launchpad of the backfill job."""
+
+    mode: Literal["fill", "replace"] = Field(
+        default="fill",
+        description="fill: offsets nothing covers yet; replace: reprocess committed offsets",
+    )
+    ranges: list[OffsetRangeConfig] = Field(default_factory=list)
+    transform: str | None = Field(
+        default=None, description="module:function instead of the pipeline's transform"
+    )
+    again: bool = Field(default=False, description="repeat an identical finished backfill")
+
+
+def build_backfill_job(config: PipelineConfig) -> dg.JobDefinition:
+    name = config.pipeline
+
+    @dg.op(
+        name=f"{name}_backfill_ranges",
+        out=dg.Out(Batch, is_required=False),
+        required_resource_keys={pipeline_key(name)},
+    )
+    def backfill_ranges(
+        context: dg.OpExecutionContext, config: BackfillRequest
+    ) -> Iterator[dg.Output[Batch]]:
+        """Finish voted backfill batches, then fill or replace the requested ranges."""
+        pipeline = pipeline_in(context, name)
+        transform = config.transform or pipeline.config.transform
+        tpc = pipeline.backfill(transform)
+        for done in tpc.recover_and_commit():
+            context.log.info(f"recovered backfill batch {done.batch_id}: {done.state}")
+        if not config.ranges:
+            context.log.info("no ranges requested: recovery only")
+            return
+        ranges = [
+            OffsetRange(r.topic or pipeline.config.kafka.topic, r.partition, r.start, r.end)
+            for r in config.ranges
+        ]
+        batch, planned = plan_backfill(
+            tpc,
+            live_app_id=pipeline.config.app_id,
+            mode=BackfillMode(config.mode),
+            ranges=ranges,
+            transform=transform,
+            again=config.again,
+        )
+        if not planned:
+            context.log.info(f"already done as {batch.label} ({batch.state}); nothing to do")
+            return
+        context.instance.add_run_tags(
+            context.run_id, {BATCH_TAG: f"{batch.app_id}/{batch.batch_id}"}
+        )
+        report = tpc.finish(batch)
+        yield dg.Output(report.batch, metadata=batch_metadata(report.batch))
+
+    @dg.job(
+        name=f"{name}_backfill",
+        description=(
+            f"Fill or replace offset ranges of pipeline {name!r}, exactly once, while the live "
+            "pipeline keeps running. Without ranges it only finishes voted backfill batches."
+        ),
+        executor_def=dg.in_process_executor,
+        tags={PIPELINE_TAG: f"{name}.backfill"},
+    )
+    def backfill() -> None:
+        backfill_ranges()
+
+    return backfill

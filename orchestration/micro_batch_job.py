@@ -1,0 +1,114 @@
+"""The `<pipeline>_micro_batch` job: plan -> stage -> prepare -> commit, one op per step.
+
+Each op is a thin call into the pipeline's coordinators (jobs/pipeline.py over
+ledger/two_phase.py); all the exactly-once reasoning lives there, none here. Runs are
+partitioned by batch id (a dynamic partition per batch), so the job's partition view in the
+UI is the checkpoint history. A run executes in one process, so its ops share the process's
+Pipeline (orchestration/resources.py) and pass the stage output in memory.
+"""
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+
+from ledger.batch import Batch
+from ledger.protocol import BatchState
+from ledger.two_phase import StageOutput, TwoPhaseCommit
+from orchestration.metadata import batch_metadata, log_commit
+from orchestration.resources import pipeline_in, pipeline_key
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REPROCESS_TAGS
+from resources.config import PipelineConfig
+
+
+def _timed(coordinator: TwoPhaseCommit, batch: Batch, phase: str, started: float) -> Batch:
+    """Record the op's seconds among the batch's phase times (shown per partition)."""
+    phases = {**batch.metrics.get("phase_s", {}), phase: time.perf_counter() - started}
+    return coordinator.store.record_metrics(batch, {"phase_s": phases})
+
+
+def build_micro_batch_job(
+    config: PipelineConfig, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
+) -> dg.JobDefinition:
+    name = config.pipeline
+    needs = {pipeline_key(name)}
+
+    @dg.op(name=f"{name}_plan", out=dg.Out(Batch, is_required=False), required_resource_keys=needs)
+    def plan(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
+        """Recover first (finish voted batches), then plan the run's batch.
+
+        A run for an existing batch's partition plans nothing, unless an operator asked for
+        it to be reprocessed (REPROCESS_TAGS) and it is committed.
+        """
+        started = time.perf_counter()
+        pipeline = pipeline_in(context, name)
+        tpc = pipeline.live
+        for done in tpc.recover_and_commit():
+            context.log.info(f"recovered batch {done.batch_id}: {done.state}")
+        wanted = int(context.partition_key) if context.has_partition_key else None
+        if wanted is not None and (existing := tpc.store.get(tpc.app_id, wanted)):
+            asked = REPROCESS_TAGS & set(context.run.tags)
+            if asked and existing.state in (BatchState.COMMITTED, BatchState.ACKED):
+                replacement = pipeline.reprocess(existing)
+                if replacement is None:
+                    context.log.info(f"batch {wanted} read nothing; nothing to reprocess")
+                    return
+                context.log.info(f"reprocessing batch {wanted} as {replacement.label}")
+                yield dg.Output(replacement, metadata=batch_metadata(replacement))
+                return
+            context.log.info(f"batch {wanted} already exists ({existing.state}); nothing to plan")
+            return
+        batch = tpc.begin(batch_id=wanted)
+        if batch is None:
+            context.log.info(f"{name}: caught up, nothing new to read")
+            return
+        context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(batch.batch_id)})
+        if wanted is None:
+            context.instance.add_dynamic_partitions(batches.name, [str(batch.batch_id)])
+        batch = _timed(tpc, batch, "plan", started)
+        yield dg.Output(batch, metadata=batch_metadata(batch))
+
+    @dg.op(
+        name=f"{name}_stage",
+        out={"batch": dg.Out(Batch), "staged_files": dg.Out(StageOutput)},
+        required_resource_keys=needs,
+    )
+    def stage(context: dg.OpExecutionContext, batch: Batch) -> Iterator[dg.Output[Any]]:
+        started = time.perf_counter()
+        tpc = pipeline_in(context, name).coordinator_for(batch)
+        staged, output = tpc.invoke(batch)
+        staged = _timed(tpc, staged, "stage", started)
+        yield dg.Output(staged, "batch", metadata=batch_metadata(staged))
+        yield dg.Output(output, "staged_files", metadata={"files": len(output.files)})
+
+    @dg.op(name=f"{name}_prepare", out=dg.Out(Batch), required_resource_keys=needs)
+    def prepare(
+        context: dg.OpExecutionContext, batch: Batch, staged_files: StageOutput
+    ) -> dg.Output[Batch]:
+        started = time.perf_counter()
+        tpc = pipeline_in(context, name).coordinator_for(batch)
+        prepared = _timed(tpc, tpc.pre_commit(batch, staged_files), "prepare", started)
+        return dg.Output(prepared, metadata=batch_metadata(prepared))
+
+    @dg.op(name=f"{name}_commit", out=dg.Out(Batch), required_resource_keys=needs)
+    def commit(context: dg.OpExecutionContext, batch: Batch) -> dg.Output[Batch]:
+        started = time.perf_counter()
+        pipeline = pipeline_in(context, name)
+        tpc = pipeline.coordinator_for(batch)
+        acked = _timed(tpc, tpc.ack(tpc.commit(batch)), "commit", started)
+        log_commit(context, table.key, pipeline, acked)
+        return dg.Output(acked, metadata=batch_metadata(acked))
+
+    @dg.job(
+        name=f"{name}_micro_batch",
+        description=f"One exactly-once micro-batch of pipeline {name!r}; partition = batch id.",
+        executor_def=dg.in_process_executor,
+        partitions_def=batches,
+        tags={PIPELINE_TAG: name},
+    )
+    def micro_batch() -> None:
+        batch, staged_files = stage(plan())
+        commit(prepare(batch, staged_files))
+
+    return micro_batch

@@ -1,0 +1,59 @@
+"""The `<pipeline>_schedule`: a micro-batch run whenever Kafka has something new.
+
+The tick names the next batch (a dynamic partition) before the run plans it, so the run and
+the batch share one id; ticks that would plan nothing are skipped with the reason, so the
+partition history holds only real batches. Whether a batch is due is the coordinator's
+decision (`next_batch`, the rule `begin` plans by), never the schedule's.
+"""
+
+from typing import Any
+
+import dagster as dg
+
+from jobs.pipeline import Pipeline
+from orchestration.resources import pipeline_in, pipeline_key
+from orchestration.tags import BATCH_TAG
+from resources.config import PipelineConfig
+
+
+def next_batch_request(
+    pipeline: Pipeline, partitions: str, instance: dg.DagsterInstance
+) -> dg.RunRequest | dg.SkipReason:
+    """A run for the next batch's partition (added to `partitions` now), or why not."""
+    due = pipeline.live.next_batch()
+    if due.in_flight is not None:
+        return dg.SkipReason(
+            f"batch {due.in_flight.batch_id} is {due.in_flight.state}; it finishes (or the "
+            "re-drive sensor finishes it) before the next one is planned"
+        )
+    if due.batch_id is None:
+        return dg.SkipReason(f"{pipeline.config.kafka.topic}: caught up, nothing new to read")
+    key = str(due.batch_id)
+    instance.add_dynamic_partitions(partitions, [key])
+    return dg.RunRequest(
+        run_key=f"{pipeline.config.app_id}:{key}", partition_key=key, tags={BATCH_TAG: key}
+    )
+
+
+def build_next_batch_schedule(
+    config: PipelineConfig,
+    micro_batch: dg.JobDefinition,
+    batches: dg.DynamicPartitionsDefinition,
+) -> dg.ScheduleDefinition:
+    name = config.pipeline
+
+    @dg.schedule(
+        name=f"{name}_schedule",
+        job=micro_batch,
+        cron_schedule=config.schedule.cron,
+        execution_timezone=config.schedule.timezone,
+        default_status=dg.DefaultScheduleStatus.STOPPED,
+        description=f"A micro-batch of {name!r} when its topic has new records.",
+        required_resource_keys={pipeline_key(name)},
+    )
+    def schedule(
+        context: dg.ScheduleEvaluationContext, **_passed: Any
+    ) -> dg.RunRequest | dg.SkipReason:
+        return next_batch_request(pipeline_in(context, name), batches.name, context.instance)
+
+    return schedule

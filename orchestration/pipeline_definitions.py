@@ -1,0 +1,90 @@
+"""Everything Dagster knows of one pipeline config, assembled in one place: its resources,
+its batch partitions and table asset, its three jobs, its schedule and its three sensors.
+
+Each piece is built by the module named for it; this module only wires them together and
+declares the resources once, in the pipeline's `Definitions`, which the code location
+merges (orchestration/definitions.py). The jobs handed out here are the ones bound to those
+resources, so they run as they do in the code location (`execute_in_process` in tests and
+the benchmark).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+
+from orchestration.backfill_job import build_backfill_job
+from orchestration.micro_batch_job import build_micro_batch_job
+from orchestration.next_batch_schedule import build_next_batch_schedule
+from orchestration.redrive_job import build_redrive_job
+from orchestration.redrive_sensor import build_redrive_sensor
+from orchestration.resources import PipelineResource, alerts_key, alerts_resource, pipeline_key
+from orchestration.run_failure_sensor import build_run_failure_sensor
+from orchestration.stuck_sensor import build_stuck_sensor
+from resources.config import PipelineConfig
+
+
+@dataclass(frozen=True)
+class PipelineDefinitions:
+    """One pipeline's definitions; `definitions` holds them all, with the resources."""
+
+    config: PipelineConfig
+    resource: PipelineResource
+    #: every resource by key (the pipeline's and its alert sinks), as Dagster injects them
+    resources: dict[str, Any]
+    batches: dg.DynamicPartitionsDefinition
+    table: dg.AssetSpec
+    micro_batch: dg.JobDefinition
+    redrive: dg.JobDefinition
+    backfill: dg.JobDefinition
+    schedule: dg.ScheduleDefinition
+    sensors: list[dg.SensorDefinition]
+    definitions: dg.Definitions
+
+
+def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
+    """The definitions of the pipeline described by the config file at `config_path`."""
+    resource = PipelineResource(config_path=str(Path(config_path).resolve()))
+    config = resource.config()
+    name = config.pipeline
+    resources = {pipeline_key(name): resource, alerts_key(name): alerts_resource(config.alerts)}
+    batches = dg.DynamicPartitionsDefinition(name=f"{name}_batches")
+    table = dg.AssetSpec(
+        key=f"{name}_table",
+        description=f"Delta table {config.delta.table_uri}, one partition per committed batch",
+        partitions_def=batches,
+        group_name="exactly",
+        kinds={"delta"},
+    )
+    micro_batch = build_micro_batch_job(config, batches, table)
+    redrive = build_redrive_job(config, batches, table)
+    backfill = build_backfill_job(config)
+    schedule = build_next_batch_schedule(config, micro_batch, batches)
+    sensors = [
+        build_redrive_sensor(config, batches, redrive, backfill),
+        build_stuck_sensor(config),
+        build_run_failure_sensor(config, [micro_batch, redrive, backfill]),
+    ]
+    definitions = dg.Definitions(
+        assets=[table],
+        jobs=[micro_batch, redrive, backfill],
+        schedules=[schedule],
+        sensors=sensors,
+        resources=resources,
+    )
+    return PipelineDefinitions(
+        config=config,
+        resource=resource,
+        resources=resources,
+        batches=batches,
+        table=table,
+        micro_batch=definitions.resolve_job_def(micro_batch.name),
+        redrive=definitions.resolve_job_def(redrive.name),
+        backfill=definitions.resolve_job_def(backfill.name),
+        schedule=schedule,
+        sensors=sensors,
+        definitions=definitions,
+    )

@@ -1,0 +1,53 @@
+"""The `<pipeline>_redrive` job: finish one batch that voted and whose run died.
+
+"Commit must eventually succeed, or data is lost" (protocol.md): the run takes the batch over
+under a new attempt and publishes exactly the files it voted, through the coordinator's
+`redrive`, the same code recovery uses. The re-drive sensor (orchestration/redrive_sensor.py)
+launches it; it can be launched by hand for a batch's partition too.
+"""
+
+from collections.abc import Iterator
+
+import dagster as dg
+
+from ledger.batch import Batch
+from orchestration.metadata import batch_metadata, log_commit
+from orchestration.resources import pipeline_in, pipeline_key
+from orchestration.tags import PIPELINE_TAG
+from resources.config import PipelineConfig
+
+
+def build_redrive_job(
+    config: PipelineConfig, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
+) -> dg.JobDefinition:
+    name = config.pipeline
+
+    @dg.op(
+        name=f"{name}_redrive_commit",
+        out=dg.Out(Batch, is_required=False),
+        required_resource_keys={pipeline_key(name)},
+    )
+    def redrive_commit(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
+        """Finish the partition's batch if it is PREPARED or COMMITTED; else do nothing."""
+        pipeline = pipeline_in(context, name)
+        acked = pipeline.live.redrive(int(context.partition_key))
+        if acked is None:
+            context.log.info(
+                f"batch {context.partition_key} is not PREPARED or COMMITTED: nothing to re-drive"
+            )
+            return
+        context.log.info(f"re-drove batch {acked.label} to {acked.state}")
+        log_commit(context, table.key, pipeline, acked)
+        yield dg.Output(acked, metadata=batch_metadata(acked))
+
+    @dg.job(
+        name=f"{name}_redrive",
+        description=f"Commit-only re-drive of one prepared batch of pipeline {name!r}.",
+        executor_def=dg.in_process_executor,
+        partitions_def=batches,
+        tags={PIPELINE_TAG: name},
+    )
+    def redrive() -> None:
+        redrive_commit()
+
+    return redrive
