@@ -1,3 +1,5 @@
+"""`python -m exactly_cli`: the same command line as the `exactly` script."""
+
 import sys
 
 from exactly_cli import main

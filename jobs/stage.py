@@ -2,7 +2,7 @@
 pipeline's transform, and write Parquet into a folder unique to (batch id, attempt).
 
 Nothing is deleted first and nothing becomes visible to readers: the files wait there until
-the prepare vote records them and the commit publishes them (protocol.md: STAGED).
+the prepare vote records them and the commit publishes them (docs/protocol.md: STAGED).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ KAFKA_SCHEMA = T.StructType(
 
 def attempt_folder(root: str, app_id: str, batch_id: int, attempt: int) -> str:
     """Unique to (application, batch, attempt), and not `_`-prefixed so vacuum cleans
-    orphans of abandoned attempts (protocol.md)."""
+    orphans of abandoned attempts (docs/protocol.md)."""
     return storage.join(root, "staged", app_id, f"batch-{batch_id:012d}-attempt-{attempt}")
 
 

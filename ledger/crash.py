@@ -2,7 +2,7 @@
 process die with os._exit at that point, as a kill -9 would, with no cleanup and no
 exception handlers. Unset (always, in production) it costs one dictionary lookup.
 
-The points follow protocol.md's list of crash points to inject.
+The points follow docs/protocol.md's list of crash points to inject.
 """
 
 from __future__ import annotations

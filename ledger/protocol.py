@@ -5,7 +5,7 @@ coordinator (ledger/two_phase.py) calls the edges (Kafka, Spark, Delta) in the o
 module allows, and each rule below is tested on its own in tests/test_protocol.py.
 
 A batch is one checkpoint in the sense of Flink's two-phase commit (see
-../shared/design/protocol.md):
+docs/protocol.md):
 
     PLANNED -> STAGED -> PREPARED -> COMMITTED -> ACKED
         \\         \\

@@ -1,6 +1,6 @@
 """The `<pipeline>_redrive` job: finish one batch that voted and whose run died.
 
-"Commit must eventually succeed, or data is lost" (protocol.md): the run takes the batch over
+"Commit must eventually succeed, or data is lost" (docs/protocol.md): the run takes the batch over
 under a new attempt and publishes exactly the files it voted, through the coordinator's
 `redrive`, the same code recovery uses. The re-drive sensor (orchestration/redrive_sensor.py)
 launches it; it can be launched by hand for a batch's partition too.

@@ -1,6 +1,6 @@
 """The `<pipeline>_redrive_sensor`: a commit-only run for every voted batch whose run died.
 
-"Commit must eventually succeed, or data is lost" (protocol.md). Live batches get a
+"Commit must eventually succeed, or data is lost" (docs/protocol.md). Live batches get a
 `<pipeline>_redrive` run of their partition; backfill batches a `<pipeline>_backfill` run
 without ranges, which only recovers. The run key is (batch, attempt): an attempt is re-driven
 once; if that run dies too, its takeover raised the attempt and a later evaluation may launch

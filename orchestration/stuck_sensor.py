@@ -1,7 +1,7 @@
 """The `<pipeline>_stuck_prepared_sensor`: a person hears of a batch that voted and stays
 uncommitted, once, and hears again when it commits.
 
-A PREPARED batch must be published before Kafka retention deletes its offsets (protocol.md);
+A PREPARED batch must be published before Kafka retention deletes its offsets (docs/protocol.md);
 the re-drive sensor retries on its own, this sensor says when that is not enough. Which
 batches to alert on is decided by a pure function (`decide_stuck`) over the sensor's cursor,
 the batches already alerted.

@@ -1,7 +1,7 @@
 """Alert sinks: the Dagster log always; a generic JSON webhook and Slack when configured.
 
 A prepared batch that cannot commit means data that Kafka may delete before anyone
-publishes it (protocol.md, "commit must eventually succeed, or data is lost"), so it must
+publishes it (docs/protocol.md, "commit must eventually succeed, or data is lost"), so it must
 reach a person. Secrets (webhook URLs, Slack tokens) are read from environment variables at
 send time and never logged, returned, or stored; only the variables' names are config.
 """

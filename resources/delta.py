@@ -3,7 +3,7 @@
 The commit is a compare-and-set on the table's application transaction version: read the
 version, publish only if the batch id is above it, and let the commit fail (no automatic
 retry) if anyone else committed in between; then read again and decide again. delta-rs does
-not enforce the version for you (protocol.md, invariant 2).
+not enforce the version for you (docs/protocol.md, invariant 2).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Crash tests: a real `exactly run` child process dies with os._exit at each crash point
-of protocol.md, then the pipeline restarts and the table must hold every record once."""
+of docs/protocol.md, then the pipeline restarts and the table must hold every record once."""
 
 from __future__ import annotations
 
