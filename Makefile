@@ -1,5 +1,5 @@
 # The two entry points of the README. Both set the machine up first (idempotent).
-.PHONY: setup demo test lint ui
+.PHONY: setup demo test test-unit lint ui
 
 setup:
 	@bash scripts/setup.sh
@@ -10,6 +10,10 @@ demo: setup
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/python -m pytest
+
+# Only the tests that start no JVM and no server (tests/conftest.py marks them): seconds.
+test-unit: setup
+	.venv/bin/python -m pytest -m unit
 
 lint: setup
 	.venv/bin/ruff check .
