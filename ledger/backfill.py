@@ -29,7 +29,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.batch import Batch, BatchKind
+from ledger.batch import BACKFILL_SUFFIX, Batch, BatchKind
 from ledger.errors import ExactlyError
 from ledger.protocol import HOLDS_RANGE, BatchState, OffsetRange
 from ledger.two_phase import TwoPhaseCommit
@@ -45,7 +45,9 @@ class BackfillError(ExactlyError):
 
 
 def backfill_app_id(pipeline: str) -> str:
-    return f"{pipeline}.backfill"
+    """The application id of a pipeline's backfills; no pipeline is named like it
+    (resources/config.py refuses names ending in BACKFILL_SUFFIX)."""
+    return f"{pipeline}{BACKFILL_SUFFIX}"
 
 
 #: The table holds the rows of batches in these states.
