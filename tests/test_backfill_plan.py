@@ -383,3 +383,45 @@ def test_two_fills_never_take_the_same_offsets(
             b for b in store.batches(app_id=backfill_app_id(pipeline)) if b.state is not S.ABORTED
         ]
         assert len(held) == 1, (at, mine, theirs)
+
+
+def test_a_fill_racing_the_live_plan_that_pins_a_new_partition(
+    store: LedgerStore, second_store: LedgerStore
+) -> None:
+    """Partition 1 appears while the live pipeline (`starting_offsets: latest`) runs: its
+    next plan pins the partition's start at the last stable offset (80), and offsets before
+    it are for a fill. A fill of [0, 80) planned at the same moment is refused while the
+    partition has no live position (the live pipeline would start there on its own), and
+    accepted once it has; either way it never holds what the live pipeline reads."""
+
+    def scenario(pipeline: str) -> tuple[Callable[[], object], Callable[[], object]]:
+        source = FakeSource({0: Available(0, 100)})
+        pinned_live(store, source, pipeline)
+        source.offsets[1] = Available(0, 80)
+        live_again = live(
+            second_store,
+            source,
+            pipeline,
+            starting_offsets="latest",
+            max_records_per_partition=1000,
+        )
+        fills = backfiller(store, source, pipeline)
+        return (
+            lambda: request(fills, BackfillMode.FILL, OffsetRange(TOPIC, 1, 0, 80), pipeline),
+            live_again.run_batch,
+        )
+
+    rounds = race_at_every_statement(store, second_store, scenario)
+    assert len(rounds) > 5
+    for at, fill, live_batch in rounds:
+        assert offsets_taken_twice(store, f"pv{at}") == [], (at, fill, live_batch)
+        assert live_batch is not None and not isinstance(live_batch, Exception), (at, live_batch)
+        pinned = live_batch.batch.ranges  # type: ignore[union-attr]
+        assert pinned == (OffsetRange(TOPIC, 0, 100, 100), OffsetRange(TOPIC, 1, 80, 80))
+        if isinstance(fill, BackfillError):
+            assert "has not read partition 1 yet" in str(fill), (at, fill)
+        else:
+            assert isinstance(fill, Batch), (at, fill)
+            assert fill.ranges == (OffsetRange(TOPIC, 1, 0, 80),)
+    outcomes = {type(fill).__name__ for _at, fill, _live in rounds}
+    assert outcomes == {"BackfillError", "Batch"}, outcomes  # both orders happened
