@@ -61,7 +61,7 @@ class Covered:
     start: int
     end: int
     label: str
-    state: BatchState = BatchState.COMMITTED
+    state: BatchState
 
     @property
     def in_table(self) -> bool:
