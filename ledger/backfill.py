@@ -10,11 +10,16 @@ pipeline's; this module decides whether the requested ranges are allowed:
 - replace reprocesses offsets that are already committed (by the live pipeline or a fill):
   their rows are removed and the new ones added in one Delta transaction. Offsets nobody
   committed cannot be replaced: there is nothing to replace, and adding them would
-  duplicate what the live pipeline reads later.
+  duplicate what the live pipeline reads later. Nor can offsets of a batch that is planned
+  but has not committed (PLANNED, STAGED, PREPARED): its rows are not in the table yet, so
+  the replace would remove nothing there and the batch would add them afterwards, a second
+  copy. Such a replace is refused, naming the batch, until it has committed.
 
-The rules are pure functions of the batches and positions they are given, so each can be
-tested alone; `plan_backfill`, at the end, is the one function with I/O: it reads the
-ledger, finishes earlier backfills and plans the batch through the coordinator.
+The rules are pure functions of the batches they are given, so each can be tested alone;
+`plan_backfill`, at the end, is the one function with I/O: it finishes earlier backfills
+and plans the batch through the coordinator, which runs the rules inside the planning
+transaction, under the lock every planner of the pipeline takes (live or backfill). A live
+plan or another fill can therefore never slip in between the check and the insert.
 """
 
 from __future__ import annotations
@@ -24,9 +29,9 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.batch import Batch, BatchKind
+from ledger.batch import BACKFILL_SUFFIX, Batch, BatchKind
 from ledger.errors import ExactlyError
-from ledger.protocol import BatchState, OffsetRange
+from ledger.protocol import HOLDS_RANGE, BatchState, OffsetRange
 from ledger.two_phase import TwoPhaseCommit
 
 
@@ -40,21 +45,34 @@ class BackfillError(ExactlyError):
 
 
 def backfill_app_id(pipeline: str) -> str:
-    return f"{pipeline}.backfill"
+    """The application id of a pipeline's backfills; no pipeline is named like it
+    (resources/config.py refuses names ending in BACKFILL_SUFFIX)."""
+    return f"{pipeline}{BACKFILL_SUFFIX}"
+
+
+#: The table holds the rows of batches in these states.
+IN_TABLE = frozenset({BatchState.COMMITTED, BatchState.ACKED})
 
 
 @dataclass(frozen=True)
 class Covered:
-    """One committed interval of one partition, with who committed it."""
+    """One interval of one partition that a batch holds, with the batch and its state."""
 
     start: int
     end: int
     label: str
+    state: BatchState
+
+    @property
+    def in_table(self) -> bool:
+        """Whether the batch's rows are in the table (it committed)."""
+        return self.state in IN_TABLE
 
 
 def coverage(batches: Iterable[Batch]) -> dict[tuple[str, int], list[Covered]]:
-    """Committed intervals per (topic, partition): live batches and fill backfills that were
-    not abandoned. Replace backfills add nothing: they rewrite what is already covered."""
+    """Held intervals per (topic, partition): live batches and fill backfills that were not
+    abandoned, committed or still in flight (`Covered.in_table` tells). Replace backfills
+    add nothing: they rewrite what is already covered."""
     found: dict[tuple[str, int], list[Covered]] = {}
     for batch in batches:
         if batch.state is BatchState.ABORTED:
@@ -64,10 +82,23 @@ def coverage(batches: Iterable[Batch]) -> dict[tuple[str, int], list[Covered]]:
         label = f"{batch.app_id}/{batch.batch_id}"
         for r in batch.ranges:
             if r.span:
-                found.setdefault((r.topic, r.partition), []).append(Covered(r.start, r.end, label))
+                found.setdefault((r.topic, r.partition), []).append(
+                    Covered(r.start, r.end, label, batch.state)
+                )
     for intervals in found.values():
         intervals.sort(key=lambda c: (c.start, c.end))
     return found
+
+
+def live_positions(batches: Iterable[Batch], live_app_id: str) -> dict[tuple[str, int], int]:
+    """Where the live pipeline reads next, per (topic, partition): the ends of its newest
+    batch that holds a range (in flight or committed), as `LedgerStore.positions` reads
+    them, but from the same batches the rules are checked against."""
+    holding = [b for b in batches if b.app_id == live_app_id and b.state in HOLDS_RANGE]
+    if not holding:
+        return {}
+    newest = max(holding, key=lambda b: b.batch_id)
+    return {(r.topic, r.partition): r.end for r in newest.ranges}
 
 
 def normalize(ranges: Sequence[OffsetRange]) -> list[OffsetRange]:
@@ -89,8 +120,9 @@ def check_fill(
     covered: Mapping[tuple[str, int], list[Covered]],
     live_positions: Mapping[tuple[str, int], int],
 ) -> None:
-    """A fill may only cover offsets no committed batch covers and the live pipeline will
-    never read (below its first start)."""
+    """A fill may only cover offsets no batch holds, committed or in flight, and the live
+    pipeline will never read (below its position). Protects invariant 1: two batches
+    that read the same offsets would both add their rows."""
     for r in normalize(ranges):
         key = (r.topic, r.partition)
         if key not in live_positions:
@@ -100,9 +132,15 @@ def check_fill(
             )
         for c in covered.get(key, []):
             if r.start < c.end and c.start < r.end:
+                lo, hi = max(r.start, c.start), min(r.end, c.end)
+                overlap = f"[{lo}, {hi}) of {r.topic}-{r.partition}"
+                if c.in_table:
+                    raise BackfillError(
+                        f"fill {r} overlaps committed data: batch {c.label} covers {overlap}"
+                    )
                 raise BackfillError(
-                    f"fill {r} overlaps committed data: batch {c.label} covers "
-                    f"[{max(r.start, c.start)}, {min(r.end, c.end)}) of {r.topic}-{r.partition}"
+                    f"fill {r} overlaps batch {c.label} ({c.state}, not committed yet), which "
+                    f"holds {overlap}: those offsets are that batch's to read"
                 )
         if r.end > live_positions[key]:
             raise BackfillError(
@@ -113,11 +151,24 @@ def check_fill(
 def check_replace(
     ranges: Sequence[OffsetRange], covered: Mapping[tuple[str, int], list[Covered]]
 ) -> None:
-    """Every offset of a replace must be committed already (by live batches or fills)."""
+    """Every offset of a replace must be committed already (by live batches or fills), and
+    no batch over them may be in flight. Protects invariant 1: the rows of a batch that has
+    not committed are not in the table yet, so the replace would remove nothing there and
+    the batch would add them after it, a second copy."""
+    for r in normalize(ranges):
+        for c in covered.get((r.topic, r.partition), []):
+            if not c.in_table and r.start < c.end and c.start < r.end:
+                raise BackfillError(
+                    f"replace {r}: batch {c.label} is {c.state} and holds "
+                    f"[{max(r.start, c.start)}, {min(r.end, c.end)}) of {r.topic}-{r.partition}, "
+                    "but has not committed: its rows are not in the table yet, so the replace "
+                    "would remove nothing there and the batch would add them afterwards, a "
+                    "second copy. Let it commit (or run `exactly recover`), then replace again"
+                )
     for r in normalize(ranges):
         cursor = r.start
         for c in covered.get((r.topic, r.partition), []):
-            if c.end <= cursor or c.start >= r.end:
+            if not c.in_table or c.end <= cursor or c.start >= r.end:
                 continue
             if c.start > cursor:
                 break
@@ -128,6 +179,22 @@ def check_replace(
                 "committed, so there is nothing to replace (use --mode fill for offsets before "
                 "the live pipeline's start)"
             )
+
+
+def check_request(
+    mode: BackfillMode,
+    ranges: Sequence[OffsetRange],
+    batches: Iterable[Batch],
+    live_app_id: str,
+) -> None:
+    """The rules of `mode` against every batch of the pipeline (live and backfill), as the
+    planning transaction read them."""
+    batches = list(batches)
+    covered = coverage(batches)
+    if mode is BackfillMode.FILL:
+        check_fill(ranges, covered, live_positions(batches, live_app_id))
+    else:
+        check_replace(ranges, covered)
 
 
 def params_for(mode: BackfillMode, ranges: Sequence[OffsetRange], transform: str) -> dict:
@@ -156,6 +223,11 @@ def plan_backfill(
     A request identical to a committed backfill is not planned again (repeating a finished
     backfill does nothing) unless `again`; the earlier batch is returned instead. Voted
     backfill batches are finished first, as for live batches.
+
+    The rules (`check_request`) run inside the planning transaction, on the batches it
+    reads, under the lock every planner of the pipeline takes: a live plan or another fill
+    either committed before and is seen, or waits until this plan is recorded and then sees
+    it. Checking first and planning after would let both take the same offsets.
     """
     params = params_for(mode, ranges, transform)
     tpc.recover_and_commit()
@@ -166,17 +238,9 @@ def plan_backfill(
                 return batch, False
     if again:
         params["again"] = len(earlier) + 1
-    everything = [*tpc.store.batches(app_id=live_app_id), *tpc.store.batches(app_id=tpc.app_id)]
-    covered = coverage(everything)
     ordered = normalize(ranges)
-    if mode is BackfillMode.FILL:
-        topics = {r.topic for r in ordered}
-        live = {
-            (topic, p): end
-            for topic in topics
-            for p, end in tpc.store.positions(live_app_id).items()
-        }
-        check_fill(ordered, covered, live)
-    else:
-        check_replace(ordered, covered)
-    return tpc.begin_fixed(ordered, params), True
+
+    def check(batches: Sequence[Batch]) -> None:
+        check_request(mode, ordered, batches, live_app_id)
+
+    return tpc.begin_fixed(ordered, params, check=check), True

@@ -27,6 +27,13 @@ class BatchKind(enum.StrEnum):
     BACKFILL = "backfill"
 
 
+#: What follows a pipeline's name in the application id of its backfills: pipeline `X`
+#: commits as `X`, its backfills as `X.backfill` (ledger/backfill.py). Ledgers and Delta logs
+#: hold these ids, so the suffix never changes; instead no pipeline name may end in it
+#: (resources/config.py), or a pipeline `X.backfill` would share the ids of X's backfills.
+BACKFILL_SUFFIX = ".backfill"
+
+
 def utcnow() -> datetime:
     """Every timestamp the ledger writes or compares is timezone-aware UTC."""
     return datetime.now(UTC)

@@ -10,7 +10,7 @@ naming it, whichever call found out.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
@@ -210,6 +210,7 @@ class LedgerStore:
         params: Mapping[str, Any] | None = None,
         batch_id: int | None = None,
         contiguous: bool = True,
+        check: Callable[[Sequence[Batch]], None] | None = None,
     ) -> Batch | None:
         """Record a new PLANNED batch with the next batch id, in one transaction.
 
@@ -221,12 +222,18 @@ class LedgerStore:
         above every existing id); by default it is the next one. Refuses while any batch of
         this application id is still in flight. When `ranges_for` returns None nothing is
         recorded and None is returned.
+
+        `check(batches)`, if given, runs in the same transaction with every batch of
+        `pipeline` (all its application ids) and raises to refuse: a backfill's rules
+        (ledger/backfill.py) are decided on what this transaction reads, and the planning
+        lock of the pipeline keeps every other planner of it, live or backfill, out until
+        the batch is recorded.
         """
         owner = owner or this_owner()
         now = utcnow()
         try:
             with self._tx() as conn:
-                self._lock_app(conn, app_id)
+                self._lock_pipeline(conn, pipeline)
                 in_flight = conn.execute(
                     sa.select(
                         batches_table.c.batch_id, batches_table.c.state, batches_table.c.owner
@@ -242,6 +249,8 @@ class LedgerStore:
                         f"{app_id}: batch {in_flight.batch_id} is still {in_flight.state} "
                         f"(owner {in_flight.owner}); recover it before planning another"
                     )
+                if check is not None:
+                    check(self._pipeline_batches(conn, pipeline))
                 positions = self._positions(conn, app_id)
                 last_id = conn.execute(
                     sa.select(sa.func.max(batches_table.c.batch_id)).where(
@@ -282,18 +291,35 @@ class LedgerStore:
         assert batch is not None
         return batch
 
+    def _pipeline_batches(self, conn: Connection, pipeline: str) -> list[Batch]:
+        """Every batch of every application id of `pipeline`, newest first."""
+        rows = conn.execute(
+            sa.select(batches_table)
+            .where(batches_table.c.pipeline == pipeline)
+            .order_by(batches_table.c.batch_id.desc(), batches_table.c.app_id)
+        ).all()
+        return self._to_batches(conn, rows)
+
     @staticmethod
-    def _lock_app(conn: Connection, app_id: str) -> None:
-        """Serialise planners of one application id until the transaction ends.
+    def _lock_pipeline(conn: Connection, pipeline: str) -> None:
+        """Serialise every planner of one pipeline, live and backfill, until the
+        transaction ends.
 
         SQLite already does (BEGIN IMMEDIATE). PostgreSQL at READ COMMITTED would let a
         planner read positions, then see another planner's freshly committed batch as the
-        maximum id and insert the next id on stale positions: an overlap.
+        maximum id and insert the next id on stale positions: an overlap. And a backfill
+        decides which offsets it may take from the live pipeline's batches and the other
+        backfills' (ledger/backfill.py): a lock per application id would let a live plan
+        or another fill take the same offsets between its check and its insert.
+
+        The key is the pipeline's name, which is also its live application id: a live
+        planner of an older exactly, which locked on the application id, still excludes
+        (and is excluded by) this one.
         """
         if conn.dialect.name == "postgresql":
             conn.execute(
-                sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:app, 0))"),
-                {"app": f"exactly.plan.{app_id}"},
+                sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+                {"key": f"exactly.plan.{pipeline}"},
             )
 
     def _describe_current(self, conn: Connection, batch: Batch) -> str:
@@ -524,9 +550,14 @@ class LedgerStore:
         committed_at: datetime,
         params: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Re-create a COMMITTED batch found in the Delta log (invariant 7). Idempotent."""
+        """Re-create a COMMITTED batch found in the Delta log (invariant 7). Idempotent.
+
+        Under the pipeline's planning lock, like every other insert of a batch, so a
+        backfill's check never decides between two of its statements.
+        """
         try:
             with self._tx() as conn:
+                self._lock_pipeline(conn, pipeline)
                 if self._get(conn, app_id, batch_id) is not None:
                     return False
                 self._insert_batch(

@@ -208,10 +208,13 @@ class TwoPhaseCommit:
         params: Mapping[str, Any],
         *,
         batch_id: int | None = None,
+        check: Callable[[Sequence[Batch]], None] | None = None,
     ) -> Batch:
         """Plan a batch over operator-chosen ranges (a backfill) instead of the next ones.
 
-        `params` identify the request; the caller checks it is allowed (ledger/backfill.py).
+        `params` identify the request. `check(batches)` decides whether it is allowed
+        (ledger/backfill.py); it runs inside the planning transaction, on every batch of the
+        pipeline as that transaction reads them, so nothing is planned in between.
         """
         check_ranges_readable(ranges, self.source.available())
         batch = self.store.plan(
@@ -222,6 +225,7 @@ class TwoPhaseCommit:
             params=params,
             batch_id=batch_id,
             contiguous=False,
+            check=check,
         )
         assert batch is not None
         crashpoint("after_plan")

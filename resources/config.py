@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ledger.batch import BACKFILL_SUFFIX
 from ledger.errors import ConfigError
 from resources import storage
 
@@ -109,6 +110,13 @@ class PipelineConfig(_Strict):
     def _name(cls, value: str) -> str:
         if not _NAME.match(value):
             raise ValueError("must be letters, digits, '_', '.' or '-' (at most 128)")
+        if value.endswith(BACKFILL_SUFFIX):
+            # the name is the live application id, `<name>.backfill` its backfills': two
+            # pipelines sharing an id would take each other's commits for their own
+            raise ValueError(
+                f"must not end in {BACKFILL_SUFFIX!r}: {value!r} is the application id of the "
+                f"backfills of pipeline {value.removesuffix(BACKFILL_SUFFIX)!r}"
+            )
         return value
 
     @field_validator("transform")

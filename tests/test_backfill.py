@@ -21,7 +21,7 @@ from ledger.crash import CRASH_EXIT_CODE
 from ledger.errors import DataLossError
 from ledger.protocol import BatchState, OffsetRange
 from ledger.store import LedgerStore
-from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 
 V2 = "tests.transforms:pageviews_v2"
 COLUMNS = ["_kafka_partition", "_kafka_offset", "event_id", "app", "user", "url", "ts"]
@@ -146,6 +146,49 @@ def test_replace_while_the_live_pipeline_keeps_committing(
         else:
             assert app == app.lower(), coord
     assert sum(1 for c in after if c[0] == 1 and 50 <= c[1] < 250) > 150
+
+
+def test_replace_over_a_live_batch_that_crashed_after_its_vote_waits_for_it(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """A live batch that voted and died has rows that are not in the table yet: a replace
+    over its range would remove nothing there, and the batch, once recovered, would add its
+    rows beside the replace's. The replace is refused, naming the batch; after recovery it
+    runs and the table holds every coordinate once (invariant 1)."""
+    config = pipeline_factory(2, max_records=150)
+    kafka_client.produce_to_partitions(
+        config.kafka.topic,
+        {p: list(pageviews(300, start=300 * p, malformed_every=30)) for p in (0, 1)},
+    )
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    assert tpc.run_batch() is not None  # batch 1: [0, 150) of both partitions
+    crash_run(config, "after_prepare")  # batch 2: [150, 300), PREPARED, nothing published
+    store = LedgerStore(config.ledger.url)
+    crashed = store.get(config.app_id, 2)
+    assert crashed is not None and crashed.state is BatchState.PREPARED
+    version = DeltaTable(config.delta.table_uri).version()
+
+    args = ["--partition", "1", "--from", "100", "--to", "200", "--mode", "replace"]
+    refused = cli("backfill", "-c", str(config_path(config)), *args, "--transform", V2)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "batch pageviews/2 is PREPARED" in refused.stderr
+    assert "exactly recover" in refused.stderr
+    assert DeltaTable(config.delta.table_uri).version() == version
+    assert store.batches(app_id="pageviews.backfill") == []
+
+    recovered = cli("recover", "-c", str(config_path(config)))
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    before = apps_by_coordinate(config)
+    replaced = cli("backfill", "-c", str(config_path(config)), *args, "--transform", V2)
+    assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+    assert "replace batch 1 ACKED" in replaced.stdout
+
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 600
+    for coord, app in apps_by_coordinate(config).items():
+        in_range = coord[0] == 1 and 100 <= coord[1] < 200
+        assert app == (before[coord].upper() if in_range else before[coord]), coord
 
 
 def test_replace_twice_gives_the_same_table(

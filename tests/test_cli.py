@@ -61,6 +61,18 @@ def test_bad_config_value_is_one_line_naming_the_field(tmp_path: Path) -> None:
     assert "batch.max_records_per_partition" in line
 
 
+@pytest.mark.parametrize("command", ["run", "backfill", "ledger", "recover"])
+def test_a_pipeline_named_like_a_backfill_app_id_is_one_line_naming_the_field(
+    tmp_path: Path, command: str
+) -> None:
+    # nothing listens there: the command must stop at the config, before any connection
+    broker = f"127.0.0.1:{free_port()}"
+    path = write_config(tmp_path, pipeline="pageviews.backfill", kafka__bootstrap_servers=broker)
+    extra = ["--partition", "0", "--from", "0", "--to", "1"] if command == "backfill" else []
+    line = one_error_line(exactly(command, "-c", str(path), *extra))
+    assert "pipeline: Value error, must not end in '.backfill'" in line
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     line = one_error_line(exactly("ledger", "-c", str(tmp_path / "nope.yaml")))
     assert "nope.yaml" in line

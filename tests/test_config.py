@@ -140,6 +140,36 @@ def test_bad_values_are_named(dotted: str, value: Any, named: str) -> None:
     assert f"{field}: " in message
 
 
+@pytest.mark.parametrize("name", ["orders.backfill", "backfill.backfill", "a.b.backfill"])
+def test_a_pipeline_name_that_ends_like_a_backfill_app_id_is_refused(name: str) -> None:
+    """Pipeline X's backfills commit under the application id `X.backfill`: a pipeline
+    named `X.backfill` would share their Delta transaction versions and ledger rows, so
+    each could take the other's commit for its own (invariants 1 and 2)."""
+    message = config_error(config_with(pipeline=name))
+    assert "pipeline: Value error, must not end in '.backfill'" in message
+    assert f"backfills of pipeline {name.removesuffix('.backfill')!r}" in message
+
+
+@pytest.mark.parametrize("name", ["orders.backfills", "orders-backfill", "backfill", "a.Backfill"])
+def test_names_that_merely_look_like_backfills_are_fine(name: str) -> None:
+    assert parse_config(config_with(pipeline=name)).pipeline == name
+
+
+def test_one_code_location_cannot_serve_a_pipeline_and_its_backfills_name(
+    tmp_path: Path,
+) -> None:
+    """Two configs in one folder (one code location, one ledger): `a` and `a.backfill`."""
+    from orchestration.pipelines import load_pipelines
+
+    for name in ("a", "a.backfill"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config_with(pipeline=name)))
+    with pytest.raises(ConfigError) as info:
+        load_pipelines(tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"invalid pipeline config {tmp_path / 'a.backfill.yaml'}: ")
+    assert "pipeline: Value error, must not end in '.backfill'" in message
+
+
 def test_every_problem_is_reported_at_once() -> None:
     data = config_with(
         kafka__topik="x",
