@@ -159,12 +159,12 @@ def test_one_code_location_cannot_serve_a_pipeline_and_its_backfills_name(
     tmp_path: Path,
 ) -> None:
     """Two configs in one folder (one code location, one ledger): `a` and `a.backfill`."""
-    from orchestration.pipelines import load_pipelines
+    from orchestration.pipelines import config_files
 
     for name in ("a", "a.backfill"):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config_with(pipeline=name)))
     with pytest.raises(ConfigError) as info:
-        load_pipelines(tmp_path)
+        config_files(tmp_path)
     message = str(info.value)
     assert message.startswith(f"invalid pipeline config {tmp_path / 'a.backfill.yaml'}: ")
     assert "pipeline: Value error, must not end in '.backfill'" in message
