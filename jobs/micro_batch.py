@@ -99,6 +99,17 @@ class DeltaPublisher:
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         return self.table.committed_batches(app_id)
 
+    def check_schemas(self, schemas: Mapping[str, str]) -> None:
+        """Refuse, before the vote, staged schemas either table cannot take (invariant 14).
+
+        Both tables are checked on every batch, also a quarantine this batch leaves empty:
+        a transform's incompatible quarantine schema then fails at once, not on the first
+        batch that happens to hold a bad record. A table not created yet takes any schema.
+        """
+        for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
+            if target in schemas:
+                delta.check_schema(decode_schema(schemas[target]))
+
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
         """Quarantine first, then the data table.
 
