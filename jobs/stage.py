@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from jobs import parquet_files
+from jobs import coordinates, parquet_files
 from ledger.crash import crashpoint
-from ledger.errors import ConfigError, InconsistencyError
+from ledger.errors import ConfigError
 from ledger.protocol import OffsetRange
 from ledger.two_phase import StageOutput
 from resources import storage
@@ -117,8 +119,9 @@ def stage(
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
 
-    Every record read ends up in exactly one of the two outputs (invariant 9): the counts
-    are checked before the vote.
+    Every record read ends up in exactly one of the two outputs (invariants 9 and 13): the
+    coordinates are checked before the vote (jobs/coordinates.py), from metrics observed in
+    the jobs that write and from the staged files' coordinate columns.
 
     `single_pass` (the default) reads and transforms the records once: the count of records
     read is observed inside the job that writes the table, and only the transformed frame is
@@ -138,7 +141,9 @@ def stage(
     try:
         if single_pass:
             observation = Observation()
-            source = source.observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ))
+            source = source.observe(
+                observation, F.count(F.lit(1)).alias(_RECORDS_READ), coordinates.fingerprint()
+            )
         else:
             source = source.persist()
             cached.append(source)
@@ -155,6 +160,9 @@ def stage(
         bad = out.where(F.col("_error").isNotNull()).select(
             *COORDINATES, "_error", F.col("value").alias("_raw_value")
         )
+        written = {TABLE: Observation(), QUARANTINE: Observation()}
+        good = good.observe(written[TABLE], coordinates.fingerprint())
+        bad = bad.observe(written[QUARANTINE], coordinates.fingerprint())
         t1 = time.perf_counter()
         good.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[TABLE]))
         crashpoint("during_stage")
@@ -181,16 +189,76 @@ def stage(
     seconds["describe"] = time.perf_counter() - t2
     table_records = sum(f.records for f in files if f.target == TABLE)
     quarantine_records = sum(f.records for f in files if f.target == QUARANTINE)
-    if table_records + quarantine_records < records_read:
-        raise InconsistencyError(
-            f"batch {batch_id}: read {records_read} records but staged only "
-            f"{table_records} + {quarantine_records} quarantined: the transform dropped records"
-        )
+    t3 = time.perf_counter()
+    _check_coordinates(
+        spark,
+        bootstrap_servers,
+        kafka_options,
+        ranges,
+        batch_id,
+        coordinates.Counts(records_read, table_records, quarantine_records),
+        # the count above already waited for this observation: do not wait twice
+        read_fingerprint=_observed_fingerprint(observation, wait_s=0.0),
+        written=written,
+        staged_files=[storage.join(table_roots[f.target], f.path) for f in files],
+    )
+    seconds["check"] = time.perf_counter() - t3
     return StageOutput(files, schemas, records_read, table_records, quarantine_records, seconds)
 
 
+def _check_coordinates(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    kafka_options: Mapping[str, str],
+    ranges: Sequence[OffsetRange],
+    batch_id: int,
+    counts: coordinates.Counts,
+    *,
+    read_fingerprint: int | None,
+    written: Mapping[str, Observation],
+    staged_files: Sequence[str],
+) -> None:
+    """Invariant 13 before the vote: every coordinate read is staged exactly once."""
+    parts = [_observed_fingerprint(o) for o in written.values()]
+    staged_fingerprint = None if None in parts else coordinates.combine(*parts)
+
+    def read_again() -> pa.Table:
+        # only to name an example when the facts above prove a mismatch: a second read
+        source = with_coordinates(
+            read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
+        )
+        return source.select(*coordinates.KEY).toArrow()
+
+    coordinates.check_exactly_once(
+        counts,
+        read_fingerprint=read_fingerprint,
+        staged_fingerprint=staged_fingerprint,
+        staged_files=staged_files,
+        ranges=ranges,
+        read_coordinates=read_again,
+    )
+
+
+def _observed_fingerprint(
+    observation: Observation | None, wait_s: float = _OBSERVATION_WAIT_S
+) -> int | None:
+    """The coordinates' fingerprint observed, 0 for no rows, None if none was reported."""
+    metrics = _observed_metrics(observation, wait_s)
+    if metrics is None or coordinates.FINGERPRINT not in metrics:
+        return None
+    return coordinates.combine(metrics[coordinates.FINGERPRINT])
+
+
 def _observed_records(observation: Observation | None) -> int | None:
-    """The records counted by `observation`, or None if no finished job reported them.
+    """The records counted by `observation`, or None if no finished job reported them."""
+    value = (_observed_metrics(observation) or {}).get(_RECORDS_READ)
+    return None if value is None else int(value)
+
+
+def _observed_metrics(
+    observation: Observation | None, wait_s: float = _OBSERVATION_WAIT_S
+) -> dict[str, Any] | None:
+    """The metrics `observation` holds, or None if no finished job reported them.
 
     Never blocks for long: a classic Observation is completed by a listener on Spark's
     asynchronous listener bus, so its future is given a few seconds, not forever (its `get`
@@ -200,10 +268,9 @@ def _observed_records(observation: Observation | None) -> int | None:
         return None
     handle = getattr(observation, "_jo", None)
     if handle is not None:
-        deadline = time.monotonic() + _OBSERVATION_WAIT_S
+        deadline = time.monotonic() + wait_s
         while not handle.future().isCompleted():
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.01)
-    value = (observation.get or {}).get(_RECORDS_READ)
-    return None if value is None else int(value)
+    return dict(observation.get or {})
