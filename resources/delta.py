@@ -158,7 +158,12 @@ def widen_schema(
     nulls, a name that differs from a table column only in case (Delta column names are
     case-insensitive), a new column whose type needs a table feature the table lacks.
     """
-    batch = DeltaSchema.from_arrow(batch_schema)
+    try:
+        batch = DeltaSchema.from_arrow(batch_schema)
+    except Exception as exc:  # delta-rs raises a bare Exception, e.g. for duplicate names
+        raise RefusedBatchError(
+            f"{where}: the batch's schema is not a valid Delta schema (invariant 14): {exc}"
+        ) from exc
     table_fields = {f.name: f for f in table_schema.fields}
     by_lower = {name.lower(): name for name in table_fields}
     features = set(table_features)

@@ -290,6 +290,21 @@ def test_the_check_refuses_a_dropped_not_null_column(tmp_path: Path) -> None:
     assert "column _batch_id" in str(info.value) and "NOT NULL" in str(info.value)
 
 
+def test_the_check_refuses_a_case_only_rename_and_a_type_the_table_lacks_a_feature_for(
+    tmp_path: Path,
+) -> None:
+    publisher = _publisher(tmp_path)
+    renamed = BASE.set(BASE.get_field_index("event_id"), pa.field("Event_ID", pa.string()))
+    with pytest.raises(InconsistencyError, match="column Event_ID: the table has event_id"):
+        publisher.check_schemas(_schemas(renamed, QUARANTINE))
+    twice = BASE.append(pa.field("Event_ID", pa.string()))
+    with pytest.raises(InconsistencyError, match=r"not a valid Delta schema.*Event_ID"):
+        publisher.check_schemas(_schemas(twice, QUARANTINE))
+    naive = BASE.append(pa.field("seen", pa.timestamp("us")))
+    with pytest.raises(InconsistencyError, match=r"column seen: new timestamp_ntz .*timestampNtz"):
+        publisher.check_schemas(_schemas(naive, QUARANTINE))
+
+
 def test_the_quarantine_table_gets_the_same_rules(tmp_path: Path) -> None:
     publisher = _publisher(tmp_path)
     changed = QUARANTINE.set(
