@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from jobs.spark_stager import SparkStager
 from jobs.stage import (
+    check_coordinates,
     check_output,
     read_ranges,
     split_outputs,
@@ -58,7 +59,7 @@ def stage_two_pass(
             out.unpersist()
     finally:
         source.unpersist()
-    return staged_output(
+    output = staged_output(
         good,
         bad,
         batch_id=batch_id,
@@ -67,6 +68,17 @@ def stage_two_pass(
         table_roots=table_roots,
         seconds=seconds,
     )
+    # the product's exactly-once check, from the staged files and counts alone
+    check_coordinates(
+        spark,
+        output,
+        bootstrap_servers=bootstrap_servers,
+        kafka_options=kafka_options,
+        ranges=ranges,
+        batch_id=batch_id,
+        table_roots=table_roots,
+    )
+    return output
 
 
 class TwoPassStager(SparkStager):

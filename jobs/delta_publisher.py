@@ -7,7 +7,7 @@ rebuild a lost ledger (invariant 7).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs.stage import QUARANTINE, TABLE, attempt_folder
@@ -51,6 +51,17 @@ class DeltaPublisher:
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         return self.table.committed_batches(app_id)
+
+    def check_schemas(self, schemas: Mapping[str, str]) -> None:
+        """Refuse, before the vote, staged schemas either table cannot take (invariant 14).
+
+        Both tables are checked on every batch, also a quarantine this batch leaves empty:
+        a transform's incompatible quarantine schema then fails at once, not on the first
+        batch that happens to hold a bad record. A table not created yet takes any schema.
+        """
+        for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
+            if target in schemas:
+                delta.check_schema(decode_schema(schemas[target]))
 
     def table_stats(self, app_id: str) -> TableStats | None:
         """The data table's version, row count and `app_id`'s last batch, for operators."""

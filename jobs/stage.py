@@ -10,15 +10,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from jobs import parquet_files
+from jobs import coordinates, parquet_files
 from ledger.crash import crashpoint
-from ledger.errors import ConfigError, InconsistencyError
+from ledger.errors import ConfigError
 from ledger.protocol import OffsetRange
 from ledger.two_phase import StageOutput
 from resources import storage
@@ -132,11 +134,8 @@ def staged_output(
     table_roots: Mapping[str, str],
     seconds: dict[str, float],
 ) -> StageOutput:
-    """Describe what the attempt wrote: the vote's input.
-
-    Refuses when fewer records were staged than read, so a transform that drops records
-    fails the batch before the vote (invariant 9).
-    """
+    """Describe what the attempt wrote: the vote's input. `check_coordinates` then proves
+    every coordinate read is in it exactly once."""
     started = time.perf_counter()
     schemas = {
         TABLE: encode_schema(to_arrow_schema(good.schema, timezone="UTC")),
@@ -149,11 +148,6 @@ def staged_output(
     seconds["describe"] = time.perf_counter() - started
     table_records = sum(f.records for f in files if f.target == TABLE)
     quarantine_records = sum(f.records for f in files if f.target == QUARANTINE)
-    if table_records + quarantine_records < records_read:
-        raise InconsistencyError(
-            f"batch {batch_id}: read {records_read} records but staged only "
-            f"{table_records} + {quarantine_records} quarantined: the transform dropped records"
-        )
     return StageOutput(files, schemas, records_read, table_records, quarantine_records, seconds)
 
 
@@ -184,13 +178,16 @@ def stage(
     observation = Observation()
     source = with_coordinates(
         read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
-    ).observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ))
+    ).observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ), coordinates.fingerprint())
     out = transform(source)
     check_output(out, transform_name)
     # the table drops `value`; only quarantined rows need it, so only they cache it
     out = out.withColumn("value", F.when(F.col("_error").isNotNull(), F.col("value"))).persist()
     try:
         good, bad = split_outputs(out)
+        written = {TABLE: Observation(), QUARANTINE: Observation()}
+        good = good.observe(written[TABLE], coordinates.fingerprint())
+        bad = bad.observe(written[QUARANTINE], coordinates.fingerprint())
         seconds["write"] = write_outputs(good, bad, attempt_dirs)
         records_read = _observed_records(observation)
         if records_read is None:
@@ -199,7 +196,7 @@ def stage(
             records_read = source.count()
     finally:
         out.unpersist()
-    return staged_output(
+    output = staged_output(
         good,
         bad,
         batch_id=batch_id,
@@ -208,21 +205,93 @@ def stage(
         table_roots=table_roots,
         seconds=seconds,
     )
+    check_coordinates(
+        spark,
+        output,
+        bootstrap_servers=bootstrap_servers,
+        kafka_options=kafka_options,
+        ranges=ranges,
+        batch_id=batch_id,
+        table_roots=table_roots,
+        # the count above already waited for this observation: do not wait twice
+        read_fingerprint=_observed_fingerprint(observation, wait_s=0.0),
+        written=written,
+    )
+    return output
 
 
-def _observed_records(observation: Observation) -> int | None:
-    """The records counted by `observation`, or None if no finished job reported them.
+def check_coordinates(
+    spark: SparkSession,
+    output: StageOutput,
+    *,
+    bootstrap_servers: str,
+    kafka_options: Mapping[str, str],
+    ranges: Sequence[OffsetRange],
+    batch_id: int,
+    table_roots: Mapping[str, str],
+    read_fingerprint: int | None = None,
+    written: Mapping[str, Observation] | None = None,
+) -> None:
+    """Invariant 13 before the vote: every coordinate read is staged exactly once.
+
+    Fewer loses records, more duplicates them, and equal counts can still hide one record
+    dropped and another doubled: the counts, the read and written fingerprints and the
+    staged files' coordinate columns decide together (jobs/coordinates.py). Kafka is read a
+    second time only to name an example when a mismatch is already proven.
+    """
+    started = time.perf_counter()
+    parts = [_observed_fingerprint(o) for o in (written or {}).values()]
+    staged_fingerprint = None if not parts or None in parts else coordinates.combine(*parts)
+
+    def read_again() -> pa.Table:
+        source = with_coordinates(
+            read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
+        )
+        return source.select(*coordinates.KEY).toArrow()
+
+    coordinates.check_exactly_once(
+        coordinates.Counts(output.records_read, output.table_records, output.quarantine_records),
+        read_fingerprint=read_fingerprint,
+        staged_fingerprint=staged_fingerprint,
+        staged_files=[storage.join(table_roots[f.target], f.path) for f in output.files],
+        ranges=ranges,
+        read_coordinates=read_again,
+    )
+    output.seconds["check"] = time.perf_counter() - started
+
+
+def _observed_fingerprint(
+    observation: Observation | None, wait_s: float = _OBSERVATION_WAIT_S
+) -> int | None:
+    """The coordinates' fingerprint observed, 0 for no rows, None if none was reported."""
+    metrics = _observed_metrics(observation, wait_s)
+    if metrics is None or coordinates.FINGERPRINT not in metrics:
+        return None
+    return coordinates.combine(metrics[coordinates.FINGERPRINT])
+
+
+def _observed_records(observation: Observation | None) -> int | None:
+    """The records counted by `observation`, or None if no finished job reported them."""
+    value = (_observed_metrics(observation) or {}).get(_RECORDS_READ)
+    return None if value is None else int(value)
+
+
+def _observed_metrics(
+    observation: Observation | None, wait_s: float = _OBSERVATION_WAIT_S
+) -> dict[str, Any] | None:
+    """The metrics `observation` holds, or None if no finished job reported them.
 
     Never blocks for long: a classic Observation is completed by a listener on Spark's
     asynchronous listener bus, so its future is given a few seconds, not forever (its `get`
     would wait for a job that may never come); a Spark Connect one holds `{}` until reported.
     """
+    if observation is None:
+        return None
     handle = getattr(observation, "_jo", None)
     if handle is not None:
-        deadline = time.monotonic() + _OBSERVATION_WAIT_S
+        deadline = time.monotonic() + wait_s
         while not handle.future().isCompleted():
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.01)
-    value = (observation.get or {}).get(_RECORDS_READ)
-    return None if value is None else int(value)
+    return dict(observation.get or {})

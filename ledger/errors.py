@@ -39,3 +39,13 @@ class DataLossError(ExactlyError):
 
 class InconsistencyError(ExactlyError):
     """The ledger, the Delta log and Kafka disagree in a way the protocol forbids."""
+
+
+class RefusedBatchError(InconsistencyError):
+    """A batch's staged output breaks an invariant the vote protects (protocol.md 13: every
+    coordinate read exactly once; 14: a schema the tables can take).
+
+    The same transform over the same range would fail the same way, so the coordinator
+    abandons the batch (ABORTED, with this message) before it votes instead of leaving it to
+    be re-staged forever; nothing of it is ever published.
+    """

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from ledger.batch import Batch, BatchKind, StagedFile, this_owner, utcnow
 from ledger.crash import crashpoint
-from ledger.errors import BusyError, FencedError, InconsistencyError
+from ledger.errors import BusyError, FencedError, InconsistencyError, RefusedBatchError
 from ledger.protocol import (
     ABANDONABLE,
     IN_FLIGHT,
@@ -99,6 +99,9 @@ class Publisher(Protocol):
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """Commit metadata of every batch of `app_id` still in the table's log."""
+
+    def check_schemas(self, schemas: Mapping[str, str]) -> None:
+        """Raise RefusedBatchError if a table cannot take its staged schema (invariant 14)."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -234,8 +237,11 @@ class TwoPhaseCommit:
     def invoke(self, batch: Batch) -> tuple[Batch, StageOutput]:
         """Stage the batch; on success it is STAGED. Nothing is visible to readers yet."""
         check_ranges_readable(batch.ranges, self.source.available())
-        with self._heartbeat(batch):
-            output = self.stager.stage(batch)
+        try:
+            with self._heartbeat(batch):
+                output = self.stager.stage(batch)
+        except RefusedBatchError as exc:
+            raise self._refuse(batch, exc) from exc
         batch = self.store.transition(
             batch,
             BatchState.STAGED,
@@ -253,8 +259,13 @@ class TwoPhaseCommit:
     def pre_commit(self, batch: Batch, output: StageOutput) -> Batch:
         """The vote: one ledger transaction records the files, the schemas and PREPARED.
 
-        From here the batch must commit (invariant 5).
+        From here the batch must commit (invariant 5), so a schema the tables cannot take
+        is refused first (invariant 14) and the batch abandoned instead.
         """
+        try:
+            self.publisher.check_schemas(output.schemas)
+        except RefusedBatchError as exc:
+            raise self._refuse(batch, exc) from exc
         batch = self.store.transition(
             batch, BatchState.PREPARED, files=output.files, schemas=output.schemas
         )
@@ -289,6 +300,18 @@ class TwoPhaseCommit:
     def abort(self, batch: Batch, reason: str) -> Batch:
         """Give up a batch that never voted; its range is planned again by the next begin."""
         return self.store.transition(batch, BatchState.ABORTED, error=reason)
+
+    def _refuse(self, batch: Batch, exc: RefusedBatchError) -> RefusedBatchError:
+        """Abandon a batch whose staged output must never be voted; the error to raise.
+
+        Recorded as ABORTED with the reason, so the ledger and the alerts say why, and the
+        coordinator does not stage the same refused output again and again. The next batch
+        plans the same range; it commits once the transform is fixed.
+        """
+        reason = f"batch {batch.label} refused before the vote: {exc}"
+        self.log(reason)
+        self.abort(batch, reason)
+        return RefusedBatchError(reason)
 
     # -- recovery -----------------------------------------------------------------------
 

@@ -23,11 +23,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import Field as DeltaField
+from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.schema import ArrayType, MapType, StructType
 from deltalake.transaction import AddAction, RemoveAction
 
 from ledger.batch import StagedFile
-from ledger.errors import InconsistencyError
+from ledger.errors import InconsistencyError, RefusedBatchError
 from ledger.protocol import OffsetRange
 from resources import storage
 
@@ -98,6 +101,139 @@ def decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
+# -- schema changes (invariant 14) ---------------------------------------------------------
+
+#: Types a table can hold only once its protocol has the named writer feature. A widening
+#: commit does not add features, so a new column of such a type is refused instead.
+_FEATURE_OF_TYPE = {"timestamp_ntz": "timestampNtz"}
+
+
+def delta_type_name(dtype: Any) -> str:
+    """A Delta type as an operator reads it: `long`, `array<string>`, `struct<a:int not null>`.
+
+    Complex types spell out every nested name and nullability, so two types are the same
+    exactly when their names are, and an error never shows two equal-looking types.
+    """
+    if isinstance(dtype, ArrayType):
+        return f"array<{_nested(dtype.element_type, dtype.contains_null)}>"
+    if isinstance(dtype, MapType):
+        key, value = delta_type_name(dtype.key_type), dtype.value_type
+        return f"map<{key},{_nested(value, dtype.value_contains_null)}>"
+    if isinstance(dtype, StructType):
+        fields = ",".join(f"{f.name}:{_nested(f.type, f.nullable)}" for f in dtype.fields)
+        return f"struct<{fields}>"
+    return str(getattr(dtype, "type", dtype))
+
+
+def _nested(dtype: Any, nullable: bool) -> str:
+    return delta_type_name(dtype) + ("" if nullable else " not null")
+
+
+def _primitive_names(dtype: Any) -> set[str]:
+    if isinstance(dtype, ArrayType):
+        return _primitive_names(dtype.element_type)
+    if isinstance(dtype, MapType):
+        return _primitive_names(dtype.key_type) | _primitive_names(dtype.value_type)
+    if isinstance(dtype, StructType):
+        return set().union(*(_primitive_names(f.type) for f in dtype.fields))
+    return {str(getattr(dtype, "type", dtype))}
+
+
+def widen_schema(
+    table_schema: DeltaSchema,
+    batch_schema: pa.Schema,
+    *,
+    where: str,
+    table_features: Iterable[str] = (),
+) -> DeltaSchema | None:
+    """The schema a batch's commit must carry: None if the batch fits the table as it is,
+    else the table's columns followed by the batch's new ones, all nullable.
+
+    Invariant 14. Compatible: every column the batch shares with the table has the table's
+    type; a table column the batch lacks is nullable (its new rows read as null); a new
+    column is added as nullable (the table's older rows read it as null). Anything else is
+    refused with RefusedBatchError naming every offending column and both types: a type
+    change (nested ones included), a NOT NULL column the batch lacks or may fill with
+    nulls, a name that differs from a table column only in case (Delta column names are
+    case-insensitive), a new column whose type needs a table feature the table lacks.
+    """
+    try:
+        batch = DeltaSchema.from_arrow(batch_schema)
+    except Exception as exc:  # delta-rs raises a bare Exception, e.g. for duplicate names
+        raise RefusedBatchError(
+            f"{where}: the batch's schema is not a valid Delta schema (invariant 14): {exc}"
+        ) from exc
+    table_fields = {f.name: f for f in table_schema.fields}
+    by_lower = {name.lower(): name for name in table_fields}
+    features = set(table_features)
+    problems: list[str] = []
+    added: list[DeltaField] = []
+    for field in batch.fields:
+        batch_type = delta_type_name(field.type)
+        known = table_fields.get(field.name)
+        if known is None:
+            twin = by_lower.get(field.name.lower())
+            lacking = sorted(
+                feature
+                for name, feature in _FEATURE_OF_TYPE.items()
+                if name in _primitive_names(field.type) and feature not in features
+            )
+            if twin is not None:
+                problems.append(
+                    f"column {field.name}: the table has {twin} "
+                    "(Delta column names are case-insensitive)"
+                )
+            elif lacking:
+                problems.append(
+                    f"column {field.name}: new {batch_type} column needs the table feature(s) "
+                    f"{', '.join(lacking)}, which the table does not have"
+                )
+            else:
+                added.append(DeltaField(field.name, field.type, nullable=True))
+            continue
+        table_type = delta_type_name(known.type)
+        if table_type != batch_type:
+            problems.append(
+                f"column {field.name}: the table has {table_type}, the batch has {batch_type}"
+            )
+        elif not known.nullable and field.nullable:
+            problems.append(
+                f"column {field.name}: NOT NULL {table_type} in the table, nullable in the batch"
+            )
+    batch_names = {f.name.lower() for f in batch.fields}
+    for known in table_schema.fields:
+        if known.name.lower() not in batch_names and not known.nullable:
+            problems.append(
+                f"column {known.name}: NOT NULL {delta_type_name(known.type)} in the table, "
+                "missing from the batch"
+            )
+    if problems:
+        raise RefusedBatchError(
+            f"{where}: the batch's schema is incompatible with the table's "
+            f"(invariant 14): {'; '.join(problems)}"
+        )
+    if not added:
+        return None
+    return DeltaSchema([*table_schema.fields, *added])
+
+
+def _table_widened(table: DeltaTable, schema: pa.Schema, uri: str) -> DeltaSchema | None:
+    features = table.protocol().writer_features or ()
+    return widen_schema(table.schema(), schema, where=f"Delta table {uri}", table_features=features)
+
+
+def _no_file_filter(table: DeltaTable) -> list[tuple[str, str, list[str]]]:
+    """A file filter that matches no file: an empty IN list, false with or without statistics.
+
+    delta-rs 1.6 commits a new schema (a metaData action) only in mode "overwrite", which
+    also removes every file its partition filter matches; with this filter, none.
+    """
+    for field in table.schema().fields:
+        if not isinstance(field.type, ArrayType | MapType | StructType):
+            return [(field.name, "in", [])]
+    raise InconsistencyError(f"{table.table_uri}: no primitive column to filter files by")
+
+
 @dataclass(frozen=True)
 class CommitOutcome:
     """What one publish did. `published` is False when the table already had the batch."""
@@ -148,6 +284,15 @@ class DeltaTarget:
             row_count=int(sum(actions.column("num_records").to_pylist() or [0])),
             app_version=table.transaction_version(app_id),
         )
+
+    def check_schema(self, schema: pa.Schema) -> DeltaSchema | None:
+        """Refuse (RefusedBatchError) a staged schema this table cannot take (invariant 14).
+
+        Returns the widened schema the batch's commit will carry, or None when the batch
+        fits as it is or the table does not exist yet (its first commit creates it).
+        """
+        table = self.load()
+        return None if table is None else _table_widened(table, schema, self.uri)
 
     def _create(self, schema: pa.Schema) -> None:
         try:
@@ -265,17 +410,14 @@ class DeltaTarget:
             version = table.transaction_version(app_id)
             if version is not None and version >= batch_id:
                 return CommitOutcome(False, table.version(), tries, time.perf_counter() - started)
+            properties = CommitProperties(
+                app_transactions=[Transaction(app_id, batch_id)],
+                custom_metadata={METADATA_KEY: dict(metadata)},
+                max_commit_retries=0,
+            )
             try:
-                table.create_write_transaction(
-                    actions_for(table, tries),
-                    "append",
-                    schema,
-                    commit_properties=CommitProperties(
-                        app_transactions=[Transaction(app_id, batch_id)],
-                        custom_metadata={METADATA_KEY: dict(metadata)},
-                        max_commit_retries=0,
-                    ),
-                )
+                if not self._write(table, actions_for(table, tries), schema, properties):
+                    continue
             except CommitFailedError as exc:
                 last_error = exc
                 time.sleep(min(0.05 * tries, 1.0))
@@ -286,6 +428,55 @@ class DeltaTarget:
             f"{self.uri}: batch {app_id}/{batch_id} lost {max_tries} commit races in a row; "
             f"last error: {last_error}"
         )
+
+    def _write(
+        self,
+        table: DeltaTable,
+        actions: list[Any],
+        schema: pa.Schema,
+        properties: CommitProperties,
+    ) -> bool:
+        """One commit of `actions` with `properties` (the app transaction) on `table`'s snapshot.
+
+        A batch that brings new columns widens the table's schema in that same commit
+        (invariant 14): readers see the new files and the new columns together, or neither.
+        delta-rs 1.6 writes a metaData action only in mode "overwrite" (mode "append"
+        ignores the schema it is given), so the widening commit is an overwrite whose file
+        filter matches no file, checked on this very snapshot first, so that it removes
+        nothing (invariant 1); the log records it as a WRITE in mode Overwrite.
+        delta-rs takes RemoveActions only in mode "append", so a replace that widens the
+        schema first adds the new nullable columns in a commit of their own (older rows read
+        them as null, no row changes) and returns False: the caller re-reads and decides
+        again, and then the replace fits the widened table as it is.
+        """
+        try:
+            widened = _table_widened(table, schema, self.uri)
+        except RefusedBatchError as exc:
+            raise InconsistencyError(
+                f"{exc}; the batch voted with this schema, so the table changed after its "
+                "vote: make the table take the batch's schema, then recover"
+            ) from exc
+        if widened is None:
+            table.create_write_transaction(actions, "append", schema, commit_properties=properties)
+            return True
+        if any(isinstance(a, RemoveAction) for a in actions):
+            present = {f.name for f in table.schema().fields}
+            table.alter.add_columns(
+                [f for f in widened.fields if f.name not in present],
+                commit_properties=CommitProperties(max_commit_retries=0),
+            )
+            return False
+        no_file = _no_file_filter(table)
+        doomed = table.file_uris(file_pruning_predicate=no_file)
+        if doomed:
+            raise InconsistencyError(
+                f"{self.uri}: the schema-widening commit's filter {no_file} would remove "
+                f"{len(doomed)} file(s), e.g. {doomed[0]}; refusing to commit (invariant 1)"
+            )
+        table.create_write_transaction(
+            actions, "overwrite", widened, partition_filters=no_file, commit_properties=properties
+        )
+        return True
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """The exactly metadata of every commit by `app_id` still in the log, oldest first.

@@ -115,6 +115,9 @@ class FakePublisher:
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         return [c for c in self.commits if c["batch_id"] not in self.drop_metadata_of]
 
+    def check_schemas(self, schemas: Mapping[str, str]) -> None:
+        """Every staged schema fits: schema checks are tested on real tables (test_schema)."""
+
     def published_ids(self) -> list[int]:
         return [c["batch_id"] for c in self.commits]
 

@@ -1,4 +1,5 @@
-"""Transforms used by the backfill tests: a 'fixed' version of the page-view transform."""
+"""Transforms used by the tests: a 'fixed' version of the page-view transform for the backfill
+tests, schema changes (invariant 14) and transforms that break exactly-once (invariant 13)."""
 
 from __future__ import annotations
 
@@ -11,3 +12,48 @@ from jobs.examples.pageviews import transform as pageviews
 def pageviews_v2(records: DataFrame) -> DataFrame:
     """The same parse, with the app name upper-cased: shows which rows a replace rewrote."""
     return pageviews(records).withColumn("app", F.upper("app"))
+
+
+# -- schema changes (invariant 14) ----------------------------------------------------------
+
+
+def pageviews_with_referrer(records: DataFrame) -> DataFrame:
+    """An additive change: one new nullable column (`referrer`), null for quarantined rows."""
+    out = pageviews(records)
+    return out.withColumn("referrer", F.concat(F.lit("ref-"), F.col("app")))
+
+
+def pageviews_ts_as_string(records: DataFrame) -> DataFrame:
+    """An incompatible change: `ts` stays the raw string instead of a timestamp."""
+    return pageviews(records).withColumn("ts", F.col("ts").cast("string"))
+
+
+# -- transforms that break exactly-once (invariant 13) --------------------------------------
+
+
+def pageviews_twice(records: DataFrame) -> DataFrame:
+    """A union with itself: every record comes out twice."""
+    out = pageviews(records)
+    return out.unionByName(out)
+
+
+def pageviews_exploded(records: DataFrame) -> DataFrame:
+    """A fan-out: an explode emits each record once per element (two here)."""
+    out = pageviews(records)
+    return out.withColumn("_copy", F.explode(F.array(F.lit(1), F.lit(2)))).drop("_copy")
+
+
+def pageviews_drop_one_duplicate_another(records: DataFrame) -> DataFrame:
+    """Offset 1 of every partition is lost and offset 0 comes out twice: the counts agree."""
+    out = pageviews(records)
+    return out.where(F.col("_kafka_offset") != 1).unionByName(
+        out.where(F.col("_kafka_offset") == 0)
+    )
+
+
+def pageviews_moved_offset(records: DataFrame) -> DataFrame:
+    """Offset 1 is relabelled as an offset nobody read: counts agree, no coordinate repeats."""
+    offset = F.col("_kafka_offset")
+    return pageviews(records).withColumn(
+        "_kafka_offset", F.when(offset == 1, offset + 1_000_000).otherwise(offset)
+    )
