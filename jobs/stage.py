@@ -116,11 +116,15 @@ def split_outputs(out: DataFrame) -> tuple[DataFrame, DataFrame]:
 
 
 def write_outputs(good: DataFrame, bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
-    """Write both outputs into the attempt's folders (never over anything); the seconds taken."""
+    """Write both outputs into the attempt's folders (never over anything); the seconds taken.
+
+    Save mode "error" (= "errorifexists" in a classic session, the only spelling Spark
+    Connect's client accepts): a folder that exists already fails the write, never merges.
+    """
     started = time.perf_counter()
-    good.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[TABLE]))
+    good.write.mode("error").parquet(storage.spark_uri(attempt_dirs[TABLE]))
     crashpoint("during_stage")
-    bad.write.mode("errorifexists").parquet(storage.spark_uri(attempt_dirs[QUARANTINE]))
+    bad.write.mode("error").parquet(storage.spark_uri(attempt_dirs[QUARANTINE]))
     return time.perf_counter() - started
 
 

@@ -137,3 +137,22 @@ def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
     with pytest.raises(UnreachableError, match="exited") as failure:
         start_connect_server(free_port(), {"spark.driver.memory": "lots"}, work_dir=tmp_path)
     assert str(tmp_path / "connect-server.log") in str(failure.value)
+
+
+def test_a_whole_batch_stages_and_commits_through_spark_connect(
+    remote: Any, kafka_client: KafkaClient, pipeline_factory: Any
+) -> None:
+    """The product's own stage job, not only reads: `spark.master: sc://...` must run the
+    pipeline end to end, quarantine included (every 50th record is malformed)."""
+    from jobs.examples.sample_data import pageviews
+    from jobs.pipeline import build
+    from tests.fixtures.pipeline import assert_exactly_once
+
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
+    tpc = build(config, spark_factory=lambda: remote)
+    report = tpc.run_batch()
+    assert report is not None
+    assert report.output.records_read == 400
+    table_rows, quarantined = assert_exactly_once(config, kafka_client)
+    assert (table_rows, quarantined) == (392, 8)
