@@ -603,6 +603,7 @@ def test_clean_after_a_crash_keeps_the_prepared_batch_and_recovery_commits_it(
 
 @pytest.mark.xfail(
     strict=True,
+    raises=FileNotFoundError,  # reading the table: recovery committed the vacuumed files
     reason="needs item 3: re-stage when voted files are missing",
 )
 def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
