@@ -221,7 +221,8 @@ class _Cleaner:
 
     def _check_ledger_wrote(self, entries: Iterable[StagedEntry]) -> None:
         """Staged files of an application id the ledger has no batch of were written by a
-        pipeline with another ledger: before any commit no table can tell, so refuse."""
+        pipeline with another ledger: before any commit no table can tell, so refuse rather
+        than take an empty ledger's silence for "nothing was voted" (invariant 16)."""
         for app_id in sorted({e.app_id for e in entries}):
             if not self.store.batches(app_id=app_id, limit=1):
                 raise InconsistencyError(

@@ -32,7 +32,7 @@ from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build
 from jobs.stage import QUARANTINE, TABLE, attempt_folder
 from ledger.backfill import backfill_app_id
-from ledger.batch import Batch, BatchKind, StagedFile
+from ledger.batch import Batch, BatchKind, StagedFile, utcnow
 from ledger.errors import ConfigError, InconsistencyError
 from ledger.protocol import BatchState, OffsetRange, Owner
 from ledger.store import LedgerStore
@@ -440,6 +440,63 @@ def test_files_voted_while_the_cleaner_deletes_are_kept(
     for f in files:
         assert Path(roots(config)[f.target], f.path).exists()
     assert {f.path for f in files} <= paths(report.kept)
+
+
+# -- the rule alone -----------------------------------------------------------------------
+
+
+def test_the_in_flight_margin_and_whole_folders() -> None:
+    """Rule 3 keeps what was written after the batch was planned, less the clock margin;
+    a folder with one kept file keeps them all."""
+    from ledger.cleaning import IN_FLIGHT_MARGIN, KeepReason, StagedEntry, classify
+
+    now = utcnow()
+    planned = now - 3 * IN_FLIGHT_MARGIN
+    batch = Batch(
+        app_id="pv",
+        batch_id=7,
+        pipeline="pv",
+        kind=BatchKind.LIVE,
+        state=S.STAGED,
+        attempt=1,
+        token="t",
+        owner=Owner("elsewhere", 1),
+        heartbeat_at=planned,
+        created_at=planned,
+        updated_at=planned,
+        prepared_at=None,
+        committed_at=None,
+        table_version=None,
+        error=None,
+        ranges=(),
+    )
+
+    def entry(folder: str, name: str, written: Any, app_id: str = "pv") -> StagedEntry:
+        path = f"staged/{app_id}/{folder}/{name}"
+        return StagedEntry(TABLE, app_id, path, f"/t/{path}", 10, written, f"/t/{folder}")
+
+    second = timedelta(seconds=1)
+    inside = entry("a", "part-0.parquet", planned - IN_FLIGHT_MARGIN + second)
+    outside = entry("b", "part-0.parquet", planned - IN_FLIGHT_MARGIN - second)
+    voted = entry("c", "part-0.parquet", planned - 10 * IN_FLIGHT_MARGIN)
+    marker = entry("c", "_SUCCESS", planned - 10 * IN_FLIGHT_MARGIN)
+    other_app = entry("d", "part-0.parquet", planned, app_id="pv.backfill")
+    verdicts = classify(
+        [inside, outside, voted, marker, other_app],
+        logged=set(),
+        voted={(TABLE, voted.path)},
+        in_flight=[batch],
+        now=now,
+        grace=timedelta(0),
+    )
+    assert [v.keep for v in verdicts] == [
+        KeepReason.IN_FLIGHT,
+        None,
+        KeepReason.VOTED,
+        KeepReason.BESIDE,
+        None,  # another application's folders are not the batch's
+    ]
+    assert "pv/7 (STAGED)" in verdicts[0].detail
 
 
 # -- durations ----------------------------------------------------------------------------
