@@ -15,7 +15,7 @@ from ledger.errors import ExactlyError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from exactly_cli import backfill_cmd, bench_cmd, kafka_cmd, pipeline_cmd
+    from exactly_cli import backfill_cmd, bench_cmd, clean_cmd, kafka_cmd, pipeline_cmd
 
     parser = argparse.ArgumentParser(
         prog="exactly",
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cmd.register(sub)
     bench_cmd.register(sub)
     backfill_cmd.register(sub)
+    clean_cmd.register(sub)
     return parser
 
 

@@ -181,6 +181,23 @@ class LedgerStore:
             for r in rows
         ]
 
+    def voted_paths(
+        self, app_ids: Iterable[str], among: Iterable[str] | None = None
+    ) -> set[tuple[str, str]]:
+        """(target, path) of every file a vote of these application ids recorded, whatever
+        the batch's state now; with `among`, only those paths. For the cleaner, which must
+        never delete a voted file (invariant 16)."""
+        query = sa.select(files_table.c.target, files_table.c.path).where(
+            files_table.c.app_id.in_(list(app_ids))
+        )
+        if among is not None:
+            wanted = sorted(set(among))
+            if not wanted:
+                return set()
+            query = query.where(files_table.c.path.in_(wanted))
+        with self._read() as conn:
+            return {(r.target, r.path) for r in conn.execute(query)}
+
     def positions(self, app_id: str) -> dict[int, int]:
         """The next offset per partition: the ends of the newest batch that holds a range."""
         with self._read() as conn:

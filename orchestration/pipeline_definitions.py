@@ -1,5 +1,5 @@
 """Everything Dagster knows of one pipeline config, assembled in one place: its resources,
-its batch partitions and table asset, its three jobs, its schedule and its three sensors.
+its batch partitions and table asset, its four jobs, its two schedules and its three sensors.
 
 Each piece is built by the module named for it; this module only wires them together and
 declares the resources once, in the pipeline's `Definitions`, which the code location
@@ -17,6 +17,8 @@ from typing import Any
 import dagster as dg
 
 from orchestration.backfill_job import build_backfill_job
+from orchestration.clean_job import build_clean_job
+from orchestration.clean_schedule import build_clean_schedule
 from orchestration.micro_batch_job import build_micro_batch_job
 from orchestration.next_batch_schedule import build_next_batch_schedule
 from orchestration.redrive_job import build_redrive_job
@@ -40,7 +42,9 @@ class PipelineDefinitions:
     micro_batch: dg.JobDefinition
     redrive: dg.JobDefinition
     backfill: dg.JobDefinition
+    clean: dg.JobDefinition
     schedule: dg.ScheduleDefinition
+    clean_schedule: dg.ScheduleDefinition
     sensors: list[dg.SensorDefinition]
     definitions: dg.Definitions
 
@@ -62,16 +66,18 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     micro_batch = build_micro_batch_job(config, batches, table)
     redrive = build_redrive_job(config, batches, table)
     backfill = build_backfill_job(config)
+    clean = build_clean_job(config)
     schedule = build_next_batch_schedule(config, micro_batch, batches)
+    clean_schedule = build_clean_schedule(config, clean)
     sensors = [
         build_redrive_sensor(config, batches, redrive, backfill),
         build_stuck_sensor(config),
-        build_run_failure_sensor(config, [micro_batch, redrive, backfill]),
+        build_run_failure_sensor(config, [micro_batch, redrive, backfill, clean]),
     ]
     definitions = dg.Definitions(
         assets=[table],
-        jobs=[micro_batch, redrive, backfill],
-        schedules=[schedule],
+        jobs=[micro_batch, redrive, backfill, clean],
+        schedules=[schedule, clean_schedule],
         sensors=sensors,
         resources=resources,
     )
@@ -84,7 +90,9 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         micro_batch=definitions.resolve_job_def(micro_batch.name),
         redrive=definitions.resolve_job_def(redrive.name),
         backfill=definitions.resolve_job_def(backfill.name),
+        clean=definitions.resolve_job_def(clean.name),
         schedule=schedule,
+        clean_schedule=clean_schedule,
         sensors=sensors,
         definitions=definitions,
     )

@@ -10,6 +10,7 @@ import importlib
 import os
 import re
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ledger.batch import BACKFILL_SUFFIX
+from ledger.cleaning import parse_duration
 from ledger.errors import ConfigError
 from resources import storage
 
@@ -75,6 +77,27 @@ class ScheduleSettings(_Strict):
     timezone: str = "UTC"
 
 
+class CleanSettings(_Strict):
+    """When the `<pipeline>_clean` job runs (its schedule ships stopped) and which staged
+    orphans it deletes: only files older than `older_than` (jobs/cleaner.py)."""
+
+    older_than: str = "24h"
+    cron: str = "0 3 * * *"
+
+    @field_validator("older_than")
+    @classmethod
+    def _duration(cls, value: str) -> str:
+        try:
+            parse_duration(value, "value")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def grace(self) -> timedelta:
+        return parse_duration(self.older_than, "clean.older_than")
+
+
 class AlertSettings(_Strict):
     """Where alerts go. Secrets never live here: only the names of environment variables
     that hold them, so neither the config, the Dagster UI nor the ledger ever shows one."""
@@ -103,6 +126,7 @@ class PipelineConfig(_Strict):
     batch: BatchSettings = Field(default_factory=BatchSettings)
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
+    clean: CleanSettings = Field(default_factory=CleanSettings)
     transform: str = "jobs.examples.pageviews:transform"
 
     @field_validator("pipeline")

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -293,6 +294,39 @@ class DeltaTarget:
         """
         table = self.load()
         return None if table is None else _table_widened(table, schema, self.uri)
+
+    def named_files(self) -> set[str]:
+        """Every data file the table's log still names, '/'-separated and relative to the
+        table's root: the current snapshot's files and the files later commits removed
+        whose tombstones the log still holds (time travel may read those). Empty while the
+        table does not exist.
+
+        delta-rs has no call that lists tombstones, so they come from its own VACUUM's dry run
+        with zero retention in "lite" mode, which lists exactly the tombstoned files present
+        in storage and deletes nothing. A tombstone stamped in the future by a committer
+        whose clock runs ahead is missed by that dry run; callers keep such files by other
+        means (the ledger's votes).
+        """
+        table = self.load()
+        if table is None:
+            return set()
+        current = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+        removed = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
+        # Delta %-encodes paths; whether a reader decodes them varies, so keep both forms
+        return {
+            self._relative_log_path(form)
+            for path in [*current, *removed]
+            for form in (path, unquote(path))
+        }
+
+    def _relative_log_path(self, path: str) -> str:
+        """A log's path as the ledger records it: relative to the root, '/'-separated."""
+        if "://" in path or path.startswith("/"):
+            try:
+                return storage.relative(path.removeprefix("file://"), self.uri)
+            except ValueError:
+                return path  # outside the table's root: never under its staged/ folder
+        return path
 
     def _create(self, schema: pa.Schema) -> None:
         try:

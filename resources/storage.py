@@ -7,6 +7,7 @@ translate locations only through these functions.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,3 +105,59 @@ def exists(uri: str) -> bool:
     if is_remote(uri):
         raise NotImplementedError("object storage arrives with the object-store issue")
     return Path(uri).exists()
+
+
+def list_files(folder: str) -> list[FileInfo]:
+    """Every file below `folder`, at any depth, hidden ones and Spark's markers included,
+    sorted by location; [] when the folder does not exist. Symbolic links to folders are
+    not followed, so nothing outside `folder` is ever listed.
+
+    For the cleaner (jobs/cleaner.py), which must see everything an attempt left behind;
+    what to commit is never decided by listing (invariant 4).
+    """
+    if is_remote(folder):
+        raise NotImplementedError("object storage listing arrives with the object-store issue")
+    found = []
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            try:
+                stat = path.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # deleted between listing and looking: nothing to clean
+            found.append(FileInfo(str(path), stat.st_size, int(stat.st_mtime * 1000)))
+    return sorted(found, key=lambda f: f.uri)
+
+
+def delete_file(uri: str) -> bool:
+    """Delete one file; False if it was already gone (another cleaner, or a VACUUM)."""
+    if is_remote(uri):
+        raise NotImplementedError("object storage arrives with the object-store issue")
+    try:
+        Path(uri).unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def remove_empty_folders(folder: str, stop_at: str) -> None:
+    """Remove every empty folder inside `folder` (deepest first), then `folder` and each of
+    its parents up to, not including, `stop_at`, while they are empty.
+
+    Object stores have no folders: nothing to do there. A folder that a writer fills again
+    meanwhile stays (rmdir refuses a folder that is not empty).
+    """
+    if is_remote(folder):
+        return
+    for dirpath, _dirs, _files in os.walk(folder, topdown=False, followlinks=False):
+        if dirpath != folder:
+            with contextlib.suppress(OSError):
+                os.rmdir(dirpath)
+    current, stop = Path(folder), Path(stop_at)
+    while current != stop and stop in current.parents:
+        try:
+            current.rmdir()
+        except OSError:
+            return
+        current = current.parent

@@ -558,3 +558,29 @@ def test_malformed_url_error_hides_password() -> None:
 
 def test_this_owner_is_this_process() -> None:
     assert this_owner() == Owner(socket.gethostname(), os.getpid())
+
+
+def test_voted_paths_names_every_voted_file_of_the_given_apps(store: LedgerStore) -> None:
+    """What the cleaner must never delete (invariant 16): every path a vote recorded,
+    whatever the batch's state now, only for the application ids asked about."""
+    acked = walk_to(store, plan(store), S.ACKED)
+    voted = store.transition(
+        store.transition(plan(store), S.STAGED),
+        S.PREPARED,
+        files=[staged_file("b"), staged_file("c", target="quarantine")],
+    )
+    other = store.plan(pipeline="pv", app_id="other", kind="live", ranges_for=step())
+    assert other is not None
+    store.transition(other, S.ABORTED, error="test")
+    # staged_file names every file "batch=1/<name>": batch 1's is a, batch 2's are b and c
+    assert store.voted_paths([APP]) == {
+        ("table", "batch=1/a.parquet"),
+        ("table", "batch=1/b.parquet"),
+        ("quarantine", "batch=1/c.parquet"),
+    }
+    assert store.voted_paths(["other"]) == set()
+    assert store.voted_paths([APP], among=["batch=1/c.parquet", "nope"]) == {
+        ("quarantine", "batch=1/c.parquet")
+    }
+    assert store.voted_paths([APP], among=[]) == set()
+    assert acked.state is S.ACKED and voted.state is S.PREPARED
