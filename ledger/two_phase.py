@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ledger.batch import Batch, BatchKind, StagedFile, this_owner, utcnow
+from ledger.batch import Batch, BatchKind, StagedFile, this_owner
 from ledger.crash import crashpoint
 from ledger.errors import BusyError, FencedError, InconsistencyError
 from ledger.protocol import (
@@ -367,18 +367,21 @@ class TwoPhaseCommit:
                 batch_id=entry["batch_id"],
                 ranges=ranges,
                 table_version=entry.get("table_version"),
-                committed_at=utcnow(),
                 params=entry.get("params"),
             )
         self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
         return rebuilt
 
     def may_be_alive(self, batch: Batch) -> bool:
-        """Whether the attempt that owns `batch` may still be running somewhere."""
+        """Whether the attempt that owns `batch` may still be running somewhere.
+
+        The heartbeat's age is the database's now minus the heartbeat the database stamped
+        (invariant 17): the owner's clock and ours are never compared.
+        """
         me = this_owner()
         if batch.owner == me:
             return False
-        age = (utcnow() - batch.heartbeat_at).total_seconds()
+        age = (self.store.now() - batch.heartbeat_at).total_seconds()
         return owner_may_be_alive(
             batch.owner,
             age,

@@ -17,7 +17,7 @@ import dagster as dg
 
 from jobs.pipeline import Pipeline
 from ledger.backfill import backfill_app_id
-from ledger.batch import Batch, BatchKind, utcnow
+from ledger.batch import Batch, BatchKind
 from ledger.protocol import BatchState
 from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
 from resources.alerts import Alert, AlertsResource
@@ -80,15 +80,16 @@ def evaluate_stuck(
         *store.batches(app_id=config.app_id, states=[BatchState.PREPARED]),
         *store.batches(app_id=backfill_app_id(config.pipeline), states=[BatchState.PREPARED]),
     ]
+    now = store.now()  # ages by the database's clock, as prepared_at is (invariant 17)
     decision = decide_stuck(
         open_keys,
         prepared,
         current,
-        utcnow(),
+        now,
         config.alerts.stuck_prepared_after_seconds,
     )
     for batch in decision.stuck:
-        minutes = (utcnow() - batch.prepared_at).total_seconds() / 60 if batch.prepared_at else 0
+        minutes = (now - batch.prepared_at).total_seconds() / 60 if batch.prepared_at else 0
         text = (
             f"batch {batch.batch_id} (attempt {batch.attempt}) voted {minutes:.1f} min ago "
             f"and is not committed; its ranges {' '.join(map(str, batch.ranges))} must be "
