@@ -24,8 +24,8 @@ from ledger.batch import Batch, BatchKind, StagedFile, this_owner
 from ledger.db_clock import db_now
 from ledger.errors import BusyError, FencedError, InconsistencyError, UnreachableError
 from ledger.protocol import (
+    BLOCKS_PLANNING,
     HOLDS_RANGE,
-    IN_FLIGHT,
     BatchState,
     OffsetRange,
     Owner,
@@ -228,9 +228,10 @@ class LedgerStore:
         the same positions: the batch id is the primary key and the loser's insert fails.
         Backfills pass `contiguous=False`: their ranges are chosen by an operator, not
         continued from the previous batch. `batch_id` names the new batch (it must be
-        above every existing id); by default it is the next one. Refuses while any batch of
-        this application id is still in flight. When `ranges_for` returns None nothing is
-        recorded and None is returned.
+        above every existing id); by default it is the next one. Refuses while a batch of
+        this application id has not been published yet (BLOCKS_PLANNING; a COMMITTED batch
+        whose advisory ack is outstanding does not hold the next one up). When `ranges_for`
+        returns None nothing is recorded and None is returned.
         """
         owner = owner or this_owner()
         now = db_now()
@@ -243,7 +244,7 @@ class LedgerStore:
                     )
                     .where(
                         batches_table.c.app_id == app_id,
-                        batches_table.c.state.in_([str(s) for s in IN_FLIGHT]),
+                        batches_table.c.state.in_([str(s) for s in BLOCKS_PLANNING]),
                     )
                     .limit(1)
                 ).first()

@@ -4,10 +4,12 @@
     invoke(batch)         stage: write files nobody can see yet                -> STAGED
     pre_commit(...)       the vote: record exactly those files, durably        -> PREPARED
     commit(batch)         publish them in one Delta transaction                -> COMMITTED
-    ack(batch)            move the consumer group (advisory)                   -> ACKED
+    ack(batch)            move the consumer group (advisory; a refusal is a warning) -> ACKED
     abort(batch)          give up a batch that has not voted                   -> ABORTED
     recover_and_commit()  on every start: finish what voted, abandon the rest
+    abandon_dead()        abandon the batches that have not voted and whose owner is gone
     redrive(batch_id)     finish one voted batch under a new attempt
+    needs_redrive(batch)  whether a voted batch is left with nobody finishing it
     next_batch()          what begin() would plan now, or why nothing, without planning
 
 The edges (Kafka offsets, the Spark stage job, the Delta tables) come in through the small
@@ -30,8 +32,9 @@ from ledger.crash import crashpoint
 from ledger.errors import BusyError, FencedError, InconsistencyError
 from ledger.protocol import (
     ABANDONABLE,
-    IN_FLIGHT,
+    BLOCKS_PLANNING,
     MUST_FINISH,
+    PUBLISHED,
     Available,
     BatchState,
     OffsetRange,
@@ -66,8 +69,8 @@ class NextBatch:
     """What `begin()` would plan now, worked out without planning it.
 
     A batch is due when `batch_id` is set (with its `ranges`). Otherwise `in_flight` is the
-    batch that must finish first (one batch at a time), or None when the topic holds nothing
-    new (caught up).
+    batch that must be published first (one batch at a time; BLOCKS_PLANNING), or None when
+    the topic holds nothing new (caught up).
     """
 
     batch_id: int | None
@@ -101,6 +104,10 @@ class Publisher(Protocol):
         """Commit metadata of every batch of `app_id` still in the table's log."""
 
 
+def _never(_batch: Batch) -> bool:
+    return False
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -126,6 +133,7 @@ class TwoPhaseCommit:
         max_records_per_partition: int,
         kind: BatchKind = BatchKind.LIVE,
         lease_seconds: float = 120.0,
+        ack_retry_seconds: float = 120.0,
         starting_offsets: str = "earliest",
         log: Callable[[str], None] = lambda _msg: None,
     ) -> None:
@@ -138,6 +146,7 @@ class TwoPhaseCommit:
         self.publisher = publisher
         self.max_records_per_partition = max_records_per_partition
         self.lease_seconds = lease_seconds
+        self.ack_retry_seconds = ack_retry_seconds
         self.starting_offsets = starting_offsets
         self.log = log
 
@@ -174,7 +183,7 @@ class TwoPhaseCommit:
         a batch is due; a batch planned meanwhile by someone else makes `begin(batch_id=...)`
         refuse the stale id instead.
         """
-        in_flight = self.store.batches(app_id=self.app_id, states=IN_FLIGHT, limit=1)
+        in_flight = self.store.batches(app_id=self.app_id, states=BLOCKS_PLANNING, limit=1)
         if in_flight:
             return NextBatch(None, in_flight=in_flight[0])
         ranges = self._next_ranges(self.store.positions(self.app_id), self.source.available())
@@ -274,13 +283,73 @@ class TwoPhaseCommit:
         return batch
 
     def ack(self, batch: Batch) -> Batch:
-        """Move the consumer group to the batch's end offsets, then mark it ACKED.
+        """Move the consumer group to the newest published batch's ends, then mark every
+        COMMITTED batch up to that one ACKED.
 
-        Advisory: the table and the ledger, never the group, decide what comes next.
+        Advisory: the table and the ledger, never the group, decide what comes next. So a
+        group that refuses the commit (it has active members, an ACL is missing) is a warning,
+        not an error: the batch stays COMMITTED, complete, with the refusal in its metrics
+        (`ack_error`, `ack_failures`, `ack_failures_in_a_row`), planning goes on (COMMITTED
+        does not block it), and the next ack that succeeds catches the group up. The group is
+        moved to the newest batch the tables hold, never to `batch`'s own ends, so an old batch
+        acked late (a zombie, a slow re-drive) never moves it backwards.
         """
-        if self.kind == BatchKind.LIVE:
-            self.source.ack(batch.ranges)
-        return self.store.transition(batch, BatchState.ACKED)
+        if self.kind != BatchKind.LIVE:
+            return self.store.transition(batch, BatchState.ACKED)
+        newest = self._newest_published(batch)
+        try:
+            self.source.ack(newest.ranges)
+        except Exception as exc:  # advisory: whatever refused it, the batch is complete
+            return self._ack_refused(batch, exc)
+        acked = self.store.transition(
+            batch, BatchState.ACKED, metrics={"acked_to_batch": newest.batch_id}
+        )
+        self._catch_up_acks(newest.batch_id)
+        return acked
+
+    def _newest_published(self, batch: Batch) -> Batch:
+        """The newest batch of this application id the tables hold (`batch` itself unless a
+        later one was committed meanwhile): where the group belongs."""
+        newest = self.store.batches(app_id=self.app_id, states=PUBLISHED, limit=1)
+        return newest[0] if newest and newest[0].batch_id > batch.batch_id else batch
+
+    def _catch_up_acks(self, through: int) -> None:
+        """Mark the COMMITTED batches up to `through` ACKED: the group now points past them."""
+        for older in self.store.batches(app_id=self.app_id, states=[BatchState.COMMITTED]):
+            if older.batch_id > through:
+                continue
+            try:
+                self.store.transition(older, BatchState.ACKED, metrics={"acked_to_batch": through})
+            except FencedError:
+                continue  # another attempt acked it meanwhile
+
+    def _ack_refused(self, batch: Batch, exc: Exception) -> Batch:
+        """Record a refused ack on the batch (it stays COMMITTED) and warn."""
+        in_a_row = self.ack_failures_in_a_row() + 1
+        refused = self.store.record_metrics(
+            batch,
+            {
+                "ack_error": str(exc),
+                "ack_failures": int(batch.metrics.get("ack_failures", 0)) + 1,
+                "ack_failures_in_a_row": in_a_row,
+            },
+        )
+        self.log(
+            f"warning: batch {batch.label} is committed, but the consumer group was not moved "
+            f"({in_a_row} refused in a row): {exc}. The batch is complete and the next batch "
+            "runs; the next ack that succeeds catches the group up."
+        )
+        return refused
+
+    def refused_acks(self) -> list[Batch]:
+        """COMMITTED batches whose ack was refused since the last one that succeeded (a
+        success acks every batch up to the newest), oldest first."""
+        committed = self.store.batches(app_id=self.app_id, states=[BatchState.COMMITTED])
+        return sorted((b for b in committed if "ack_error" in b.metrics), key=lambda b: b.batch_id)
+
+    def ack_failures_in_a_row(self) -> int:
+        """Acks refused since the last one that succeeded, across batches and attempts."""
+        return sum(int(b.metrics.get("ack_failures", 0)) for b in self.refused_acks())
 
     def abort(self, batch: Batch, reason: str) -> Batch:
         """Give up a batch that never voted; its range is planned again by the next begin."""
@@ -297,19 +366,43 @@ class TwoPhaseCommit:
         """
         self.rebuild_from_log()
         finished = []
-        pending = self.store.batches(app_id=self.app_id, states=IN_FLIGHT)
-        for batch in sorted(pending, key=lambda b: b.batch_id):
-            if batch.state in ABANDONABLE:
-                if self.may_be_alive(batch):
-                    raise BusyError(
-                        f"batch {batch.label} is {batch.state} and its owner {batch.owner} "
-                        "may still be running; try again when it finishes"
-                    )
-                self.log(f"abandoning batch {batch.label} ({batch.state}, owner gone)")
-                finished.append(self.abort(batch, f"abandoned by recovery: {batch.owner} is gone"))
-                continue
+        voted = self.store.batches(app_id=self.app_id, states=MUST_FINISH)
+        for stale in sorted(voted, key=lambda b: b.batch_id):
+            batch = self.store.get(self.app_id, stale.batch_id)
+            if batch is None or batch.state not in MUST_FINISH:
+                continue  # an earlier batch's ack caught it up
             finished.append(self._finish_voted(batch))
+        finished.extend(self.abandon_dead())
+        for batch in self.store.batches(app_id=self.app_id, states=ABANDONABLE):
+            raise BusyError(
+                f"batch {batch.label} is {batch.state} and its owner {batch.owner} "
+                "may still be running; try again when it finishes"
+            )
         return finished
+
+    def abandon_dead(self, still_running: Callable[[Batch], bool] = _never) -> list[Batch]:
+        """Abandon every batch of this application id that has not voted and whose attempt
+        cannot be running any more; returns them, now ABORTED.
+
+        Dead means: the owner process is gone (same host), or silent past its lease by the
+        database's clock (another host; invariant 17), and `still_running` (what an
+        orchestrator knows, e.g. that a Dagster run of the batch is still alive and may
+        continue it) does not say otherwise. Invariant 5 allows it (nothing voted); the next
+        batch plans the same ranges again (invariant 16: a dead run never stops the pipeline).
+        Batches that may be alive are left alone; one that moves on meanwhile is skipped.
+        """
+        abandoned = []
+        for batch in sorted(
+            self.store.batches(app_id=self.app_id, states=ABANDONABLE), key=lambda b: b.batch_id
+        ):
+            if self.may_be_alive(batch) or still_running(batch):
+                continue
+            self.log(f"abandoning batch {batch.label} ({batch.state}, owner gone)")
+            try:
+                abandoned.append(self.abort(batch, f"abandoned by recovery: {batch.owner} is gone"))
+            except FencedError:
+                continue  # its owner moved it on after all, or another recovery was first
+        return abandoned
 
     def redrive(self, batch_id: int) -> Batch | None:
         """Finish one batch that voted, under a new attempt; None if it is not past the vote.
@@ -321,6 +414,21 @@ class TwoPhaseCommit:
         if batch is None or batch.state not in MUST_FINISH:
             return None
         return self._finish_voted(batch)
+
+    def needs_redrive(self, batch: Batch) -> bool:
+        """Whether a voted batch is left with nobody finishing it (invariant 5).
+
+        Its attempt cannot be alive any more; and a COMMITTED batch whose ack was refused is
+        retried only once `ack_retry_seconds` passed since its last attempt (by the
+        database's clock): the batch is complete and the group advisory, so a group that
+        keeps refusing is retried, not hammered by a run per sensor evaluation.
+        """
+        if batch.state not in MUST_FINISH or self.may_be_alive(batch):
+            return False
+        if batch.state is BatchState.COMMITTED and "ack_error" in batch.metrics:
+            since = (self.store.now() - batch.heartbeat_at).total_seconds()
+            return since >= self.ack_retry_seconds
+        return True
 
     def _finish_voted(self, batch: Batch) -> Batch:
         """Take the batch over (fencing its old attempt), publish it if it is still PREPARED,

@@ -67,6 +67,9 @@ class BatchSettings(_Strict):
     max_records_per_partition: int = Field(default=100_000, gt=0)
     #: how long a PLANNED/STAGED attempt on another host may go silent before it is abandoned
     lease_seconds: float = Field(default=120.0, gt=0)
+    #: how long a committed batch whose consumer-group ack was refused waits before the
+    #: re-drive sensor tries that ack again (any later batch's ack catches it up sooner)
+    ack_retry_seconds: float = Field(default=120.0, gt=0)
 
 
 class ScheduleSettings(_Strict):
