@@ -296,16 +296,43 @@ class TwoPhaseCommit:
         """
         if self.kind != BatchKind.LIVE:
             return self.store.transition(batch, BatchState.ACKED)
-        newest = self._newest_published(batch)
         try:
-            self.source.ack(newest.ranges)
+            through = self._ack_newest(batch)
         except Exception as exc:  # advisory: whatever refused it, the batch is complete
             return self._ack_refused(batch, exc)
-        acked = self.store.transition(
-            batch, BatchState.ACKED, metrics={"acked_to_batch": newest.batch_id}
-        )
-        self._catch_up_acks(newest.batch_id)
+        acked = self._mark_acked(batch, through)
+        self._catch_up_acks(through)
         return acked
+
+    def _ack_newest(self, batch: Batch, rounds: int = 5) -> int:
+        """Move the group to the newest published batch's ends; returns that batch's id.
+
+        After each commit to the group the ledger is read again: if a newer batch was
+        published meanwhile, its committer's ack may have reached Kafka before ours, and ours
+        would have moved the group back, so the newer ends are committed again. Once a read
+        finds nothing newer, any later batch is acked by its committer after ours completed.
+        """
+        newest = self._newest_published(batch)
+        for _ in range(rounds):
+            self.source.ack(newest.ranges)
+            again = self._newest_published(newest)
+            if again.batch_id == newest.batch_id:
+                break
+            newest = again
+        return newest.batch_id
+
+    def _mark_acked(self, batch: Batch, through: int) -> Batch:
+        """Move `batch` to ACKED; if a later batch's ack caught it up first, that is the same
+        outcome, not a fencing to report."""
+        try:
+            return self.store.transition(
+                batch, BatchState.ACKED, metrics={"acked_to_batch": through}
+            )
+        except FencedError:
+            current = self.store.get(batch.app_id, batch.batch_id)
+            if current is None or current.state is not BatchState.ACKED:
+                raise
+            return current
 
     def _newest_published(self, batch: Batch) -> Batch:
         """The newest batch of this application id the tables hold (`batch` itself unless a

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from ledger.batch import Batch, utcnow
-from ledger.errors import ConfigError, ExactlyError, FencedError
+from ledger.errors import ConfigError, ExactlyError
 from ledger.protocol import Available, BatchState, OffsetRange, Owner
 from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
@@ -178,10 +178,36 @@ def test_the_next_successful_ack_catches_up_and_never_moves_the_group_back(
     assert states == {1: (S.ACKED, 3), 2: (S.ACKED, 3), 3: (S.ACKED, 3)}
     assert tpc.ack_failures_in_a_row() == 0
 
-    # a zombie acks batch 1 late: the group is sent batch 3's ends again, never batch 1's
-    with pytest.raises(FencedError):
-        tpc.ack(stale_first)
+    # a zombie acks batch 1 late: the group is sent batch 3's ends again, never batch 1's,
+    # and the zombie learns its batch is acked already
+    late = tpc.ack(stale_first)
+    assert (late.state, late.metrics["acked_to_batch"]) == (S.ACKED, 3)
     assert source.acks == [newest_ends, newest_ends]
+
+
+def test_an_ack_racing_a_newer_commit_leaves_the_group_at_the_newer_ends(
+    tpc: TwoPhaseCommit, store: LedgerStore, source: RefusingSource, publisher: FakePublisher
+) -> None:
+    """Batch 1's ack is slow; meanwhile batch 2 is committed and acked by another process,
+    whose group commit lands before batch 1's: batch 1's ack must not leave the group back."""
+    other = coordinator(store, source, publisher)
+    first = tpc.commit(tpc.pre_commit(*tpc.invoke(tpc.begin())))  # type: ignore[arg-type]
+    real_ack = source.ack
+    raced: list[bool] = []
+
+    def slow_ack(ranges: Sequence[OffsetRange]) -> None:
+        if not raced:  # batch 1's commit to the group is still on its way...
+            raced.append(True)
+            second = other.commit(other.pre_commit(*other.invoke(other.begin())))  # type: ignore[arg-type]
+            other.ack(second)  # ...when batch 2's lands
+        real_ack(ranges)
+
+    source.ack = slow_ack  # type: ignore[method-assign]
+    acked = tpc.ack(first)
+    assert acked.state is S.ACKED
+    ends = [r.end for r in source.acks[-1]]
+    assert ends == [20, 20], source.acks
+    assert {b.batch_id: b.state for b in store.batches()} == {1: S.ACKED, 2: S.ACKED}
 
 
 def test_acking_an_older_batch_moves_the_group_to_the_newest_committed(
