@@ -292,7 +292,7 @@ class TwoPhaseCommit:
         (`ack_error`, `ack_failures`, `ack_failures_in_a_row`), planning goes on (COMMITTED
         does not block it), and the next ack that succeeds catches the group up. The group is
         moved to the newest batch the tables hold, never to `batch`'s own ends, so an old batch
-        acked late (a zombie, a slow re-drive) never moves it backwards.
+        acked late (a zombie, a slow re-drive) never moves it backwards (invariant 16).
         """
         if self.kind != BatchKind.LIVE:
             return self.store.transition(batch, BatchState.ACKED)
