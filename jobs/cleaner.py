@@ -3,7 +3,7 @@
 Attempts that were fenced or abandoned leave their folders under
 `<table>/staged/<app_id>/` (invariant 3), and nothing else removes them safely: a Delta
 VACUUM with a short retention would also take the files of a PREPARED batch (README,
-"Cleaning and VACUUM"). The rule for what may go is `ledger/cleaning.py` (invariant 16);
+"Cleaning and VACUUM"). The rule for what may go is `ledger/cleaning.py` (invariant 18);
 this module gathers its inputs and deletes, through resources/storage.py only.
 
 Only the staged folders of the pipeline's own two application ids (live and backfill), in
@@ -199,7 +199,7 @@ class _Cleaner:
         Otherwise the ledger was lost (and not yet rebuilt), restored from an older backup,
         or is not this pipeline's (a relative sqlite path resolved from another directory):
         its votes are not the votes, and a PREPARED batch's files would look like orphans
-        (invariant 16).
+        (invariant 18).
         """
         for delta in self.targets.values():
             for app_id in self.apps:
@@ -222,7 +222,7 @@ class _Cleaner:
     def _check_ledger_wrote(self, entries: Iterable[StagedEntry]) -> None:
         """Staged files of an application id the ledger has no batch of were written by a
         pipeline with another ledger: before any commit no table can tell, so refuse rather
-        than take an empty ledger's silence for "nothing was voted" (invariant 16)."""
+        than take an empty ledger's silence for "nothing was voted" (invariant 18)."""
         for app_id in sorted({e.app_id for e in entries}):
             if not self.store.batches(app_id=app_id, limit=1):
                 raise InconsistencyError(

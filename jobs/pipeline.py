@@ -125,6 +125,7 @@ class Pipeline:
             publisher=self.publisher,
             max_records_per_partition=config.batch.max_records_per_partition,
             lease_seconds=config.batch.lease_seconds,
+            ack_retry_seconds=config.batch.ack_retry_seconds,
             starting_offsets=config.kafka.starting_offsets,
             log=self.log,
         )

@@ -1,4 +1,4 @@
-"""Which staged files are orphans that may be deleted (invariant 16): the rule alone, pure.
+"""Which staged files are orphans that may be deleted (invariant 18): the rule alone, pure.
 
 An attempt writes its files into a folder of its own under `<table>/staged/<app_id>/` and
 nothing deletes them (invariant 4); a fenced or abandoned attempt leaves them behind
@@ -116,7 +116,7 @@ def classify(
     `in_flight` the batches of the listed applications that were PLANNED, STAGED or PREPARED
     when read.
 
-    Protects invariant 16 (and through it 3 and 5): a file that may still be committed or
+    Protects invariant 18 (and through it 3 and 5): a file that may still be committed or
     read is never an orphan.
     """
     cutoffs = _in_flight_cutoffs(in_flight)

@@ -56,6 +56,13 @@ HOLDS_RANGE = frozenset(
     }
 )
 IN_FLIGHT = frozenset(TRANSITIONS) - {BatchState.ACKED, BatchState.ABORTED}
+#: What must finish before the next batch of the same application id is planned: one batch
+#: reads at a time, and a vote is published before anything new (invariant 5). A COMMITTED
+#: batch is complete; only its advisory ack may be outstanding, and that never holds the
+#: pipeline up (the next ack that succeeds catches the group up).
+BLOCKS_PLANNING = frozenset({BatchState.PLANNED, BatchState.STAGED, BatchState.PREPARED})
+#: Batches the tables hold: the consumer group may be moved to their ends.
+PUBLISHED = frozenset({BatchState.COMMITTED, BatchState.ACKED})
 
 
 def check_transition(batch: str, current: BatchState, target: BatchState) -> None:

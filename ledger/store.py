@@ -4,7 +4,8 @@ Every state change is one compare-and-set UPDATE on (state, attempt token): a st
 that wakes up later changes zero rows and learns it was fenced (invariant 6). The prepare
 vote writes the file list and the new state in one database transaction, so a crash leaves
 either no vote or a complete one. A database that does not answer is an UnreachableError
-naming it, whichever call found out.
+naming it, whichever call found out. Every timestamp is stamped by the database's clock
+(ledger/db_clock.py), never the writing host's, so ages compare like with like (invariant 17).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from ledger.batch import Batch, BatchKind, StagedFile, this_owner, utcnow
+from ledger.batch import Batch, BatchKind, StagedFile, this_owner
+from ledger.db_clock import db_now
 from ledger.errors import BusyError, FencedError, InconsistencyError, UnreachableError
 from ledger.protocol import (
+    BLOCKS_PLANNING,
     HOLDS_RANGE,
-    IN_FLIGHT,
     BatchState,
     OffsetRange,
     Owner,
@@ -126,6 +128,14 @@ class LedgerStore:
             for r in rows
         ]
 
+    def now(self) -> datetime:
+        """The ledger database's current time: what every age is measured against, because
+        every timestamp in the ledger is the database's too (invariant 17)."""
+        with self._read() as conn:
+            stamp = _aware(conn.execute(sa.select(db_now())).scalar_one())
+        assert stamp is not None
+        return stamp
+
     def schema_version(self) -> int:
         with self._read() as conn:
             value = conn.execute(
@@ -186,7 +196,7 @@ class LedgerStore:
     ) -> set[tuple[str, str]]:
         """(target, path) of every file a vote of these application ids recorded, whatever
         the batch's state now; with `among`, only those paths. For the cleaner, which must
-        never delete a voted file (invariant 16)."""
+        never delete a voted file (invariant 18)."""
         query = sa.select(files_table.c.target, files_table.c.path).where(
             files_table.c.app_id.in_(list(app_ids))
         )
@@ -236,9 +246,10 @@ class LedgerStore:
         the same positions: the batch id is the primary key and the loser's insert fails.
         Backfills pass `contiguous=False`: their ranges are chosen by an operator, not
         continued from the previous batch. `batch_id` names the new batch (it must be
-        above every existing id); by default it is the next one. Refuses while any batch of
-        this application id is still in flight. When `ranges_for` returns None nothing is
-        recorded and None is returned.
+        above every existing id); by default it is the next one. Refuses while a batch of
+        this application id has not been published yet (BLOCKS_PLANNING; a COMMITTED batch
+        whose advisory ack is outstanding does not hold the next one up). When `ranges_for`
+        returns None nothing is recorded and None is returned.
 
         `check(batches)`, if given, runs in the same transaction with every batch of
         `pipeline` (all its application ids) and raises to refuse: a backfill's rules
@@ -247,7 +258,7 @@ class LedgerStore:
         the batch is recorded.
         """
         owner = owner or this_owner()
-        now = utcnow()
+        now = db_now()
         try:
             with self._tx() as conn:
                 self._lock_pipeline(conn, pipeline)
@@ -257,7 +268,7 @@ class LedgerStore:
                     )
                     .where(
                         batches_table.c.app_id == app_id,
-                        batches_table.c.state.in_([str(s) for s in IN_FLIGHT]),
+                        batches_table.c.state.in_([str(s) for s in BLOCKS_PLANNING]),
                     )
                     .limit(1)
                 ).first()
@@ -352,12 +363,12 @@ class LedgerStore:
         kind: BatchKind,
         state: BatchState,
         owner: Owner,
-        created_at: datetime,
+        created_at: datetime | db_now,
         params: Mapping[str, Any] | None,
         **columns: Any,
     ) -> None:
-        """A new batch row at attempt 1 with a fresh token."""
-        now = utcnow()
+        """A new batch row at attempt 1 with a fresh token, stamped by the database's clock."""
+        now = db_now()
         conn.execute(
             batches_table.insert().values(
                 kind=str(kind),
@@ -433,7 +444,7 @@ class LedgerStore:
         self._guarded_update(
             conn,
             batch,
-            {**values, "state": str(target), "updated_at": utcnow()},
+            {**values, "state": str(target), "updated_at": db_now()},
             same_state=True,
             refused=f"fenced moving {batch.state} -> {target}",
         )
@@ -455,7 +466,7 @@ class LedgerStore:
         all-or-nothing (invariant 3: only these files are ever committed).
         """
         check_transition(batch.label, batch.state, target)
-        now = utcnow()
+        now = db_now()
         values: dict[str, Any] = {"heartbeat_at": now}
         if metrics is not None:
             values["metrics"] = {**batch.metrics, **metrics}
@@ -497,7 +508,7 @@ class LedgerStore:
             self._guarded_update(
                 conn,
                 batch,
-                {"metrics": {**batch.metrics, **metrics}, "updated_at": utcnow()},
+                {"metrics": {**batch.metrics, **metrics}, "updated_at": db_now()},
                 same_state=False,
                 refused="fenced while recording metrics",
             )
@@ -512,7 +523,7 @@ class LedgerStore:
         longer move the batch.
         """
         with self._tx() as conn:
-            now = utcnow()
+            now = db_now()
             self._guarded_update(
                 conn,
                 batch,
@@ -550,7 +561,7 @@ class LedgerStore:
             self._guarded_update(
                 conn,
                 batch,
-                {"heartbeat_at": utcnow()},
+                {"heartbeat_at": db_now()},
                 same_state=False,
                 refused="fenced (heartbeat refused)",
             )
@@ -564,14 +575,17 @@ class LedgerStore:
         batch_id: int,
         ranges: Iterable[OffsetRange],
         table_version: int | None,
-        committed_at: datetime,
+        committed_at: datetime | None = None,
         params: Mapping[str, Any] | None = None,
     ) -> bool:
         """Re-create a COMMITTED batch found in the Delta log (invariant 7). Idempotent.
 
         Under the pipeline's planning lock, like every other insert of a batch, so a
         backfill's check never decides between two of its statements.
+
+        `committed_at` defaults to the database's time of the rebuild (invariant 17).
         """
+        stamp = committed_at if committed_at is not None else db_now()
         try:
             with self._tx() as conn:
                 self._lock_pipeline(conn, pipeline)
@@ -585,9 +599,9 @@ class LedgerStore:
                     kind=kind,
                     state=BatchState.COMMITTED,
                     owner=this_owner(),
-                    created_at=committed_at,
+                    created_at=stamp,
                     params={**dict(params or {}), "rebuilt_from_delta_log": True},
-                    committed_at=committed_at,
+                    committed_at=stamp,
                     table_version=table_version,
                 )
                 self._insert_ranges(conn, app_id, batch_id, ranges)

@@ -4,10 +4,12 @@
     invoke(batch)         stage: write files nobody can see yet                -> STAGED
     pre_commit(...)       the vote: record exactly those files, durably        -> PREPARED
     commit(batch)         publish them in one Delta transaction                -> COMMITTED
-    ack(batch)            move the consumer group (advisory)                   -> ACKED
+    ack(batch)            move the consumer group (advisory; a refusal is a warning) -> ACKED
     abort(batch)          give up a batch that has not voted                   -> ABORTED
     recover_and_commit()  on every start: finish what voted, abandon the rest
+    abandon_dead()        abandon the batches that have not voted and whose owner is gone
     redrive(batch_id)     finish one voted batch under a new attempt
+    needs_redrive(batch)  whether a voted batch is left with nobody finishing it
     next_batch()          what begin() would plan now, or why nothing, without planning
 
 The edges (Kafka offsets, the Spark stage job, the Delta tables) come in through the small
@@ -25,13 +27,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ledger.batch import Batch, BatchKind, StagedFile, this_owner, utcnow
+from ledger.batch import Batch, BatchKind, StagedFile, this_owner
 from ledger.crash import crashpoint
 from ledger.errors import BusyError, FencedError, InconsistencyError, RefusedBatchError
 from ledger.protocol import (
     ABANDONABLE,
-    IN_FLIGHT,
+    BLOCKS_PLANNING,
     MUST_FINISH,
+    PUBLISHED,
     Available,
     BatchState,
     OffsetRange,
@@ -66,8 +69,8 @@ class NextBatch:
     """What `begin()` would plan now, worked out without planning it.
 
     A batch is due when `batch_id` is set (with its `ranges`). Otherwise `in_flight` is the
-    batch that must finish first (one batch at a time), or None when the topic holds nothing
-    new (caught up).
+    batch that must be published first (one batch at a time; BLOCKS_PLANNING), or None when
+    the topic holds nothing new (caught up).
     """
 
     batch_id: int | None
@@ -104,6 +107,10 @@ class Publisher(Protocol):
         """Raise RefusedBatchError if a table cannot take its staged schema (invariant 14)."""
 
 
+def _never(_batch: Batch) -> bool:
+    return False
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -129,6 +136,7 @@ class TwoPhaseCommit:
         max_records_per_partition: int,
         kind: BatchKind = BatchKind.LIVE,
         lease_seconds: float = 120.0,
+        ack_retry_seconds: float = 120.0,
         starting_offsets: str = "earliest",
         log: Callable[[str], None] = lambda _msg: None,
     ) -> None:
@@ -141,6 +149,7 @@ class TwoPhaseCommit:
         self.publisher = publisher
         self.max_records_per_partition = max_records_per_partition
         self.lease_seconds = lease_seconds
+        self.ack_retry_seconds = ack_retry_seconds
         self.starting_offsets = starting_offsets
         self.log = log
 
@@ -177,7 +186,7 @@ class TwoPhaseCommit:
         a batch is due; a batch planned meanwhile by someone else makes `begin(batch_id=...)`
         refuse the stale id instead.
         """
-        in_flight = self.store.batches(app_id=self.app_id, states=IN_FLIGHT, limit=1)
+        in_flight = self.store.batches(app_id=self.app_id, states=BLOCKS_PLANNING, limit=1)
         if in_flight:
             return NextBatch(None, in_flight=in_flight[0])
         ranges = self._next_ranges(self.store.positions(self.app_id), self.source.available())
@@ -289,13 +298,100 @@ class TwoPhaseCommit:
         return batch
 
     def ack(self, batch: Batch) -> Batch:
-        """Move the consumer group to the batch's end offsets, then mark it ACKED.
+        """Move the consumer group to the newest published batch's ends, then mark every
+        COMMITTED batch up to that one ACKED.
 
-        Advisory: the table and the ledger, never the group, decide what comes next.
+        Advisory: the table and the ledger, never the group, decide what comes next. So a
+        group that refuses the commit (it has active members, an ACL is missing) is a warning,
+        not an error: the batch stays COMMITTED, complete, with the refusal in its metrics
+        (`ack_error`, `ack_failures`, `ack_failures_in_a_row`), planning goes on (COMMITTED
+        does not block it), and the next ack that succeeds catches the group up. The group is
+        moved to the newest batch the tables hold, never to `batch`'s own ends, so an old batch
+        acked late (a zombie, a slow re-drive) never moves it backwards (invariant 16).
         """
-        if self.kind == BatchKind.LIVE:
-            self.source.ack(batch.ranges)
-        return self.store.transition(batch, BatchState.ACKED)
+        if self.kind != BatchKind.LIVE:
+            return self.store.transition(batch, BatchState.ACKED)
+        try:
+            through = self._ack_newest(batch)
+        except Exception as exc:  # advisory: whatever refused it, the batch is complete
+            return self._ack_refused(batch, exc)
+        acked = self._mark_acked(batch, through)
+        self._catch_up_acks(through)
+        return acked
+
+    def _ack_newest(self, batch: Batch, rounds: int = 5) -> int:
+        """Move the group to the newest published batch's ends; returns that batch's id.
+
+        After each commit to the group the ledger is read again: if a newer batch was
+        published meanwhile, its committer's ack may have reached Kafka before ours, and ours
+        would have moved the group back, so the newer ends are committed again. Once a read
+        finds nothing newer, any later batch is acked by its committer after ours completed.
+        """
+        newest = self._newest_published(batch)
+        for _ in range(rounds):
+            self.source.ack(newest.ranges)
+            again = self._newest_published(newest)
+            if again.batch_id == newest.batch_id:
+                break
+            newest = again
+        return newest.batch_id
+
+    def _mark_acked(self, batch: Batch, through: int) -> Batch:
+        """Move `batch` to ACKED; if a later batch's ack caught it up first, that is the same
+        outcome, not a fencing to report."""
+        try:
+            return self.store.transition(
+                batch, BatchState.ACKED, metrics={"acked_to_batch": through}
+            )
+        except FencedError:
+            current = self.store.get(batch.app_id, batch.batch_id)
+            if current is None or current.state is not BatchState.ACKED:
+                raise
+            return current
+
+    def _newest_published(self, batch: Batch) -> Batch:
+        """The newest batch of this application id the tables hold (`batch` itself unless a
+        later one was committed meanwhile): where the group belongs."""
+        newest = self.store.batches(app_id=self.app_id, states=PUBLISHED, limit=1)
+        return newest[0] if newest and newest[0].batch_id > batch.batch_id else batch
+
+    def _catch_up_acks(self, through: int) -> None:
+        """Mark the COMMITTED batches up to `through` ACKED: the group now points past them."""
+        for older in self.store.batches(app_id=self.app_id, states=[BatchState.COMMITTED]):
+            if older.batch_id > through:
+                continue
+            try:
+                self.store.transition(older, BatchState.ACKED, metrics={"acked_to_batch": through})
+            except FencedError:
+                continue  # another attempt acked it meanwhile
+
+    def _ack_refused(self, batch: Batch, exc: Exception) -> Batch:
+        """Record a refused ack on the batch (it stays COMMITTED) and warn."""
+        in_a_row = self.ack_failures_in_a_row() + 1
+        refused = self.store.record_metrics(
+            batch,
+            {
+                "ack_error": str(exc),
+                "ack_failures": int(batch.metrics.get("ack_failures", 0)) + 1,
+                "ack_failures_in_a_row": in_a_row,
+            },
+        )
+        self.log(
+            f"warning: batch {batch.label} is committed, but the consumer group was not moved "
+            f"({in_a_row} refused in a row): {exc}. The batch is complete and the next batch "
+            "runs; the next ack that succeeds catches the group up."
+        )
+        return refused
+
+    def refused_acks(self) -> list[Batch]:
+        """COMMITTED batches whose ack was refused since the last one that succeeded (a
+        success acks every batch up to the newest), oldest first."""
+        committed = self.store.batches(app_id=self.app_id, states=[BatchState.COMMITTED])
+        return sorted((b for b in committed if "ack_error" in b.metrics), key=lambda b: b.batch_id)
+
+    def ack_failures_in_a_row(self) -> int:
+        """Acks refused since the last one that succeeded, across batches and attempts."""
+        return sum(int(b.metrics.get("ack_failures", 0)) for b in self.refused_acks())
 
     def abort(self, batch: Batch, reason: str) -> Batch:
         """Give up a batch that never voted; its range is planned again by the next begin."""
@@ -324,19 +420,43 @@ class TwoPhaseCommit:
         """
         self.rebuild_from_log()
         finished = []
-        pending = self.store.batches(app_id=self.app_id, states=IN_FLIGHT)
-        for batch in sorted(pending, key=lambda b: b.batch_id):
-            if batch.state in ABANDONABLE:
-                if self.may_be_alive(batch):
-                    raise BusyError(
-                        f"batch {batch.label} is {batch.state} and its owner {batch.owner} "
-                        "may still be running; try again when it finishes"
-                    )
-                self.log(f"abandoning batch {batch.label} ({batch.state}, owner gone)")
-                finished.append(self.abort(batch, f"abandoned by recovery: {batch.owner} is gone"))
-                continue
+        voted = self.store.batches(app_id=self.app_id, states=MUST_FINISH)
+        for stale in sorted(voted, key=lambda b: b.batch_id):
+            batch = self.store.get(self.app_id, stale.batch_id)
+            if batch is None or batch.state not in MUST_FINISH:
+                continue  # an earlier batch's ack caught it up
             finished.append(self._finish_voted(batch))
+        finished.extend(self.abandon_dead())
+        for batch in self.store.batches(app_id=self.app_id, states=ABANDONABLE):
+            raise BusyError(
+                f"batch {batch.label} is {batch.state} and its owner {batch.owner} "
+                "may still be running; try again when it finishes"
+            )
         return finished
+
+    def abandon_dead(self, still_running: Callable[[Batch], bool] = _never) -> list[Batch]:
+        """Abandon every batch of this application id that has not voted and whose attempt
+        cannot be running any more; returns them, now ABORTED.
+
+        Dead means: the owner process is gone (same host), or silent past its lease by the
+        database's clock (another host; invariant 17), and `still_running` (what an
+        orchestrator knows, e.g. that a Dagster run of the batch is still alive and may
+        continue it) does not say otherwise. Invariant 5 allows it (nothing voted); the next
+        batch plans the same ranges again (invariant 16: a dead run never stops the pipeline).
+        Batches that may be alive are left alone; one that moves on meanwhile is skipped.
+        """
+        abandoned = []
+        for batch in sorted(
+            self.store.batches(app_id=self.app_id, states=ABANDONABLE), key=lambda b: b.batch_id
+        ):
+            if self.may_be_alive(batch) or still_running(batch):
+                continue
+            self.log(f"abandoning batch {batch.label} ({batch.state}, owner gone)")
+            try:
+                abandoned.append(self.abort(batch, f"abandoned by recovery: {batch.owner} is gone"))
+            except FencedError:
+                continue  # its owner moved it on after all, or another recovery was first
+        return abandoned
 
     def redrive(self, batch_id: int) -> Batch | None:
         """Finish one batch that voted, under a new attempt; None if it is not past the vote.
@@ -348,6 +468,21 @@ class TwoPhaseCommit:
         if batch is None or batch.state not in MUST_FINISH:
             return None
         return self._finish_voted(batch)
+
+    def needs_redrive(self, batch: Batch) -> bool:
+        """Whether a voted batch is left with nobody finishing it (invariant 5).
+
+        Its attempt cannot be alive any more; and a COMMITTED batch whose ack was refused is
+        retried only once `ack_retry_seconds` passed since its last attempt (by the
+        database's clock): the batch is complete and the group advisory, so a group that
+        keeps refusing is retried, not hammered by a run per sensor evaluation.
+        """
+        if batch.state not in MUST_FINISH or self.may_be_alive(batch):
+            return False
+        if batch.state is BatchState.COMMITTED and "ack_error" in batch.metrics:
+            since = (self.store.now() - batch.heartbeat_at).total_seconds()
+            return since >= self.ack_retry_seconds
+        return True
 
     def _finish_voted(self, batch: Batch) -> Batch:
         """Take the batch over (fencing its old attempt), publish it if it is still PREPARED,
@@ -394,18 +529,21 @@ class TwoPhaseCommit:
                 batch_id=entry["batch_id"],
                 ranges=ranges,
                 table_version=entry.get("table_version"),
-                committed_at=utcnow(),
                 params=entry.get("params"),
             )
         self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
         return rebuilt
 
     def may_be_alive(self, batch: Batch) -> bool:
-        """Whether the attempt that owns `batch` may still be running somewhere."""
+        """Whether the attempt that owns `batch` may still be running somewhere.
+
+        The heartbeat's age is the database's now minus the heartbeat the database stamped
+        (invariant 17): the owner's clock and ours are never compared.
+        """
         me = this_owner()
         if batch.owner == me:
             return False
-        age = (utcnow() - batch.heartbeat_at).total_seconds()
+        age = (self.store.now() - batch.heartbeat_at).total_seconds()
         return owner_may_be_alive(
             batch.owner,
             age,

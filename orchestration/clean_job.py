@@ -3,7 +3,7 @@ same code as `exactly clean`, on the process's shared ledger and tables.
 
 Its own concurrency key (`<pipeline>.clean`): a clean never waits behind micro-batches nor
 holds them up, and two cleans of one pipeline never run at once. Running beside batches is
-safe by the cleaner's order of reads and its re-check before each delete (invariant 16).
+safe by the cleaner's order of reads and its re-check before each delete (invariant 18).
 The run's output metadata holds the files and bytes deleted and kept.
 """
 

@@ -16,6 +16,7 @@ import dagster as dg
 from ledger.batch import Batch
 from ledger.protocol import BatchState
 from ledger.two_phase import StageOutput, TwoPhaseCommit
+from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import batch_metadata, log_commit
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REPROCESS_TAGS
@@ -97,6 +98,7 @@ def build_micro_batch_job(
         pipeline = pipeline_in(context, name)
         tpc = pipeline.coordinator_for(batch)
         acked = _timed(tpc, tpc.ack(tpc.commit(batch)), "commit", started)
+        warn_if_not_acked(context.log.warning, acked)
         log_commit(context, table.key, pipeline, acked)
         return dg.Output(acked, metadata=batch_metadata(acked))
 

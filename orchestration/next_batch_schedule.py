@@ -3,28 +3,41 @@
 The tick names the next batch (a dynamic partition) before the run plans it, so the run and
 the batch share one id; ticks that would plan nothing are skipped with the reason, so the
 partition history holds only real batches. Whether a batch is due is the coordinator's
-decision (`next_batch`, the rule `begin` plans by), never the schedule's.
+decision (`next_batch`, the rule `begin` plans by), never the schedule's. Before deciding, a
+tick abandons the batch of a run that died before the vote (orchestration/liveness.py), so
+such a run never stops the pipeline (invariant 16).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import dagster as dg
 
 from jobs.pipeline import Pipeline
+from orchestration.liveness import abandon_dead_batches
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG
 from resources.config import PipelineConfig
 
 
 def next_batch_request(
-    pipeline: Pipeline, partitions: str, instance: dg.DagsterInstance
+    pipeline: Pipeline,
+    partitions: str,
+    instance: dg.DagsterInstance,
+    log: Callable[[str], None] = lambda _msg: None,
 ) -> dg.RunRequest | dg.SkipReason:
-    """A run for the next batch's partition (added to `partitions` now), or why not."""
+    """A run for the next batch's partition (added to `partitions` now), or why not.
+
+    A live batch whose run died before the vote is abandoned first, so its ranges are the
+    next batch's.
+    """
+    abandon_dead_batches(pipeline, instance, [pipeline.live], log)
     due = pipeline.live.next_batch()
     if due.in_flight is not None:
         return dg.SkipReason(
-            f"batch {due.in_flight.batch_id} is {due.in_flight.state}; it finishes (or the "
-            "re-drive sensor finishes it) before the next one is planned"
+            f"batch {due.in_flight.batch_id} is {due.in_flight.state} (owner "
+            f"{due.in_flight.owner}, still alive or within its lease, or a run of it is still "
+            "running); it finishes, is re-driven or is abandoned before the next one is planned"
         )
     if due.batch_id is None:
         return dg.SkipReason(f"{pipeline.config.kafka.topic}: caught up, nothing new to read")
@@ -54,6 +67,8 @@ def build_next_batch_schedule(
     def schedule(
         context: dg.ScheduleEvaluationContext, **_passed: Any
     ) -> dg.RunRequest | dg.SkipReason:
-        return next_batch_request(pipeline_in(context, name), batches.name, context.instance)
+        return next_batch_request(
+            pipeline_in(context, name), batches.name, context.instance, context.log.info
+        )
 
     return schedule

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from ledger.batch import Batch
+from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import batch_metadata, log_commit
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
@@ -37,6 +38,7 @@ def build_redrive_job(
             )
             return
         context.log.info(f"re-drove batch {acked.label} to {acked.state}")
+        warn_if_not_acked(context.log.warning, acked)
         log_commit(context, table.key, pipeline, acked)
         yield dg.Output(acked, metadata=batch_metadata(acked))
 

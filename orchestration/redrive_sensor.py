@@ -4,10 +4,13 @@
 `<pipeline>_redrive` run of their partition; backfill batches a `<pipeline>_backfill` run
 without ranges, which only recovers. The run key is (batch, attempt): an attempt is re-driven
 once; if that run dies too, its takeover raised the attempt and a later evaluation may launch
-again.
+again. Which voted batches need it is the coordinator's decision (`needs_redrive`): a
+COMMITTED batch whose ack was refused is retried every `batch.ack_retry_seconds`, not on
+every evaluation. Each evaluation also abandons live and backfill batches whose run died
+before the vote (orchestration/liveness.py, invariant 16).
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import dagster as dg
@@ -16,31 +19,16 @@ from jobs.pipeline import Pipeline
 from ledger.batch import Batch
 from ledger.protocol import MUST_FINISH
 from ledger.two_phase import TwoPhaseCommit
+from orchestration.liveness import abandon_dead_batches, run_alive
 from orchestration.resources import pipeline_in, pipeline_key
-from orchestration.tags import BATCH_TAG, PIPELINE_TAG
+from orchestration.tags import BATCH_TAG
 from resources.config import PipelineConfig
-
-_ALIVE = [
-    dg.DagsterRunStatus.QUEUED,
-    dg.DagsterRunStatus.NOT_STARTED,
-    dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED,
-    dg.DagsterRunStatus.CANCELING,
-]
-
-
-def _run_alive(instance: dg.DagsterInstance, pipeline_tag: str, batch_tag: str) -> bool:
-    runs = instance.get_runs(
-        dg.RunsFilter(tags={PIPELINE_TAG: pipeline_tag, BATCH_TAG: batch_tag}, statuses=_ALIVE),
-        limit=1,
-    )
-    return bool(runs)
 
 
 def _unattended(coordinator: TwoPhaseCommit) -> list[Batch]:
-    """The coordinator's voted batches whose attempt cannot be alive any more, oldest first."""
+    """The coordinator's voted batches nobody is finishing (`needs_redrive`), oldest first."""
     voted = coordinator.store.batches(app_id=coordinator.app_id, states=MUST_FINISH)
-    return [b for b in sorted(voted, key=lambda b: b.batch_id) if not coordinator.may_be_alive(b)]
+    return [b for b in sorted(voted, key=lambda b: b.batch_id) if coordinator.needs_redrive(b)]
 
 
 def redrive_requests(
@@ -50,12 +38,15 @@ def redrive_requests(
     partitions: str,
     redrive_job: str,
     backfill_job: str,
+    log: Callable[[str], None] = lambda _msg: None,
 ) -> Iterator[dg.RunRequest]:
-    """A commit-only run for every voted batch nobody is finishing."""
+    """A commit-only run for every voted batch nobody is finishing, after abandoning the
+    batches whose run died before the vote."""
     name = pipeline.config.pipeline
+    abandon_dead_batches(pipeline, instance, [pipeline.live, pipeline.backfill()], log)
     for batch in _unattended(pipeline.live):
         key = str(batch.batch_id)
-        if _run_alive(instance, name, key):
+        if run_alive(instance, name, key):
             continue
         if not instance.has_dynamic_partition(partitions, key):
             instance.add_dynamic_partitions(partitions, [key])
@@ -67,7 +58,7 @@ def redrive_requests(
         )
     for batch in _unattended(pipeline.backfill()):
         label = f"{batch.app_id}/{batch.batch_id}"
-        if _run_alive(instance, f"{name}.backfill", label):
+        if run_alive(instance, f"{name}.backfill", label):
             continue
         yield dg.RunRequest(
             run_key=f"{batch.app_id}:{batch.batch_id}:{batch.attempt}",
@@ -90,7 +81,8 @@ def build_redrive_sensor(
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
-            "Launches a commit-only run for every PREPARED or COMMITTED batch whose run died."
+            "Launches a commit-only run for every PREPARED or COMMITTED batch whose run died, "
+            "and abandons PLANNED or STAGED batches whose run died."
         ),
         required_resource_keys={pipeline_key(name)},
     )
@@ -103,6 +95,7 @@ def build_redrive_sensor(
             partitions=batches.name,
             redrive_job=redrive.name,
             backfill_job=backfill.name,
+            log=context.log.info,
         )
 
     return redrive_sensor

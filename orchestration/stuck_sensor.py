@@ -1,15 +1,31 @@
-"""The `<pipeline>_stuck_prepared_sensor`: a person hears of a batch that voted and stays
-uncommitted, once, and hears again when it commits.
+"""The `<pipeline>_stuck_prepared_sensor`: a person hears of a batch that stops moving, once,
+and hears again when it moves on; and of a consumer group that keeps refusing acks.
 
-A PREPARED batch must be published before Kafka retention deletes its offsets (docs/protocol.md);
-the re-drive sensor retries on its own, this sensor says when that is not enough. Which
-batches to alert on is decided by a pure function (`decide_stuck`) over the sensor's cursor,
-the batches already alerted.
+Invariant 16 (docs/protocol.md): a pipeline never stops without telling anyone. Every batch
+in a state that is not final (PLANNED, STAGED, PREPARED, COMMITTED) for longer than
+`alerts.stuck_after_seconds` alerts once; when it leaves that state, a "resolved" follows.
+A PREPARED batch must be published before Kafka retention deletes its offsets; a PLANNED or
+STAGED one is normally abandoned by the schedule once its run died, so one that stays means
+its run still looks alive; a COMMITTED one is complete but its consumer group was not moved.
+A COMMITTED batch whose ack was *refused* alerts through the ack alert instead (otherwise a
+group that refuses every ack would raise one alert per batch): once
+`alerts.ack_failures_before_alert` acks in a row were refused, one alert, and one "resolved"
+when an ack succeeds again.
+
+Ages are measured by the ledger database's clock (invariant 17): "now" is the database's,
+and so is every timestamp it is compared with. What to say is decided by pure functions
+(`decide_stuck`, `decide_ack`) over the sensor's cursor, the alerts still open.
+
+The sensor keeps the name it had when it watched PREPARED batches only: Dagster keys a
+sensor's running status and cursor by its name, so a new name would silently stop it and
+forget its open alerts.
 """
 
+from __future__ import annotations
+
 import json
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -17,89 +33,278 @@ import dagster as dg
 
 from jobs.pipeline import Pipeline
 from ledger.backfill import backfill_app_id
-from ledger.batch import Batch, BatchKind, utcnow
-from ledger.protocol import BatchState
+from ledger.batch import Batch, BatchKind
+from ledger.protocol import IN_FLIGHT, BatchState
 from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
 from resources.alerts import Alert, AlertsResource
 from resources.config import PipelineConfig
 
+S = BatchState
+
+
+def batch_key(batch: Batch) -> str:
+    return f"{batch.app_id}/{batch.batch_id}"
+
+
+def in_state_since(batch: Batch) -> datetime | None:
+    """When the batch entered its state, by the database's clock.
+
+    PLANNED: when it was planned. STAGED: its last heartbeat, which the move to STAGED
+    stamps and nothing renews afterwards (heartbeats run only while staging). PREPARED: the
+    vote. COMMITTED: the commit. None for final states.
+    """
+    return {
+        S.PLANNED: batch.created_at,
+        S.STAGED: batch.heartbeat_at,
+        S.PREPARED: batch.prepared_at,
+        S.COMMITTED: batch.committed_at,
+    }.get(batch.state)
+
+
+def ack_refused(batch: Batch) -> bool:
+    """A COMMITTED batch whose ack was refused: the ack alert speaks for it."""
+    return batch.state is S.COMMITTED and "ack_error" in batch.metrics
+
 
 @dataclass(frozen=True)
 class StuckDecision:
-    """What the stuck-prepared sensor must say now, and the batches it is watching after."""
+    """What the stuck sensor must say now, and the alerts open after: batch key -> the state
+    it was alerted in."""
 
     stuck: list[Batch]
-    resolved: list[Batch]
-    open_after: list[str]
+    resolved: list[tuple[Batch, BatchState]]
+    open_after: dict[str, str]
 
 
 def decide_stuck(
-    open_keys: Iterable[str],
-    prepared: Iterable[Batch],
-    current: dict[str, Batch | None],
+    open_alerts: Mapping[str, str],
+    candidates: Iterable[Batch],
+    current: Mapping[str, Batch | None],
     now: datetime,
     threshold_s: float,
 ) -> StuckDecision:
-    """Pure: alert once per stuck batch; resolve once it is past PREPARED.
+    """Pure: alert once per batch stuck in a state that is not final; resolve once it
+    leaves the state it was alerted in (invariant 16).
 
-    `open_keys` are the batches already alerted (the sensor's cursor); `current` maps each of
-    them to its row now (None if it vanished).
+    `open_alerts` are the alerts already sent (the sensor's cursor); `current` maps each of
+    them to its row now (None if it vanished); `now` is the database's time.
     """
-    open_set = set(open_keys)
-    stuck = [
-        b
-        for b in prepared
-        if b.prepared_at is not None
-        and (now - b.prepared_at).total_seconds() >= threshold_s
-        and f"{b.app_id}/{b.batch_id}" not in open_set
-    ]
+    stuck = []
+    for batch in candidates:
+        since = in_state_since(batch)
+        if (
+            batch.state in IN_FLIGHT
+            and since is not None
+            and not ack_refused(batch)
+            and (now - since).total_seconds() >= threshold_s
+            and batch_key(batch) not in open_alerts
+        ):
+            stuck.append(batch)
     resolved = []
-    still_open = set(open_set)
-    for key in sorted(open_set):
+    still_open = dict(open_alerts)
+    for key, alerted in sorted(open_alerts.items()):
         row = current.get(key)
-        if row is None or row.state is not BatchState.PREPARED:
-            still_open.discard(key)
+        if row is None or str(row.state) != alerted:
+            del still_open[key]
             if row is not None:
-                resolved.append(row)
-    still_open |= {f"{b.app_id}/{b.batch_id}" for b in stuck}
-    return StuckDecision(stuck, resolved, sorted(still_open))
+                resolved.append((row, BatchState(alerted)))
+    still_open.update({batch_key(b): str(b.state) for b in stuck})
+    return StuckDecision(stuck, resolved, dict(sorted(still_open.items())))
+
+
+@dataclass(frozen=True)
+class AckDecision:
+    """Whether to raise or resolve the consumer-group alert, and whether it is open after."""
+
+    alert: bool
+    resolve: bool
+    open_after: bool
+
+
+def decide_ack(was_open: bool, refused_in_a_row: int, threshold: int) -> AckDecision:
+    """Pure: one alert once `threshold` acks in a row were refused; one "resolved" once an
+    ack succeeds (a success acks every committed batch, so none is left refused)."""
+    if not was_open and refused_in_a_row >= threshold:
+        return AckDecision(alert=True, resolve=False, open_after=True)
+    if was_open and refused_in_a_row == 0:
+        return AckDecision(alert=False, resolve=True, open_after=False)
+    return AckDecision(alert=False, resolve=False, open_after=was_open)
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """The sensor's memory between evaluations: the alerts it sent that are still open."""
+
+    stuck: dict[str, str] = field(default_factory=dict)
+    ack_alert_open: bool = False
+
+    def dumps(self) -> str:
+        return json.dumps({"stuck": self.stuck, "ack_alert_open": self.ack_alert_open})
+
+    @classmethod
+    def loads(cls, text: str | None) -> Cursor:
+        """Also reads the cursor of the sensor's earlier version: a list of the keys of
+        batches alerted as stuck in PREPARED."""
+        if not text:
+            return cls()
+        data = json.loads(text)
+        if isinstance(data, list):
+            return cls({str(key): str(S.PREPARED) for key in data})
+        return cls(dict(data.get("stuck", {})), bool(data.get("ack_alert_open", False)))
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation's decisions (what was sent), for the sensor's skip message."""
+
+    stuck: StuckDecision
+    ack: AckDecision
 
 
 def evaluate_stuck(
     pipeline: Pipeline, alerts: AlertsResource, cursor: str | None, log: Callable[[str], None]
 ) -> tuple[StuckDecision, str]:
-    """One evaluation: send the alerts it decides, return the decision and the new cursor."""
+    """One evaluation: send the alerts it decides, return the stuck decision and the new
+    cursor."""
+    evaluation, new_cursor = evaluate(pipeline, alerts, cursor, log)
+    return evaluation.stuck, new_cursor
+
+
+def evaluate(
+    pipeline: Pipeline, alerts: AlertsResource, cursor: str | None, log: Callable[[str], None]
+) -> tuple[Evaluation, str]:
+    """One evaluation of both alerts: send what it decides, return it and the new cursor."""
     config = pipeline.config
     store = pipeline.store
-    open_keys = json.loads(cursor) if cursor else []
+    memory = Cursor.loads(cursor)
     current = {}
-    for key in open_keys:
+    for key in memory.stuck:
         app_id, _, batch_id = key.rpartition("/")
         current[key] = store.get(app_id, int(batch_id))
-    prepared = [
-        *store.batches(app_id=config.app_id, states=[BatchState.PREPARED]),
-        *store.batches(app_id=backfill_app_id(config.pipeline), states=[BatchState.PREPARED]),
+    candidates = [
+        *store.batches(app_id=config.app_id, states=IN_FLIGHT),
+        *store.batches(app_id=backfill_app_id(config.pipeline), states=IN_FLIGHT),
     ]
-    decision = decide_stuck(
-        open_keys,
-        prepared,
-        current,
-        utcnow(),
-        config.alerts.stuck_prepared_after_seconds,
+    now = store.now()
+    stuck = decide_stuck(memory.stuck, candidates, current, now, config.alerts.stuck_after_seconds)
+    for batch in stuck.stuck:
+        alerts.send(_stuck_alert(config, batch, now), log)
+    for batch, alerted in stuck.resolved:
+        alerts.send(_resolved_alert(batch, alerted), log)
+
+    refused = pipeline.live.refused_acks()
+    in_a_row = sum(int(b.metrics.get("ack_failures", 0)) for b in refused)
+    ack = decide_ack(memory.ack_alert_open, in_a_row, config.alerts.ack_failures_before_alert)
+    if ack.alert:
+        alerts.send(_ack_alert(config, refused, in_a_row), log)
+    if ack.resolve:
+        alerts.send(_ack_resolved_alert(config), log)
+    return Evaluation(stuck, ack), Cursor(stuck.open_after, ack.open_after).dumps()
+
+
+def _minutes(now: datetime, since: datetime | None) -> float:
+    return (now - since).total_seconds() / 60 if since is not None else 0.0
+
+
+def _stuck_text(config: PipelineConfig, batch: Batch, now: datetime) -> str:
+    """What a person needs to act: how long, what is at stake, who retries, where to look."""
+    minutes = _minutes(now, in_state_since(batch))
+    ranges = " ".join(str(r) for r in batch.ranges if r.span) or "(empty)"
+    head = f"batch {batch.batch_id} (attempt {batch.attempt})"
+    name = config.pipeline
+    run_of = (
+        f"the {name}_micro_batch run of partition {batch.batch_id}"
+        if batch.kind == BatchKind.LIVE
+        else f"the {name}_backfill run of {batch_key(batch)}"
     )
-    for batch in decision.stuck:
-        minutes = (utcnow() - batch.prepared_at).total_seconds() / 60 if batch.prepared_at else 0
-        text = (
-            f"batch {batch.batch_id} (attempt {batch.attempt}) voted {minutes:.1f} min ago "
-            f"and is not committed; its ranges {' '.join(map(str, batch.ranges))} must be "
-            "published before Kafka retention deletes them. The re-drive sensor retries; "
-            f"see `exactly ledger -c <config>` and the {config.pipeline}_redrive runs."
+    if batch.state is S.PREPARED:
+        return (
+            f"{head} voted {minutes:.1f} min ago and is not committed; its ranges {ranges} must "
+            "be published before Kafka retention deletes them. The re-drive sensor retries; "
+            f"see `exactly ledger -c <config>` and the {name}_redrive runs."
         )
-        alerts.send(_batch_alert("stuck_prepared", "stuck in PREPARED", text, batch), log)
-    for batch in decision.resolved:
-        text = f"batch {batch.batch_id} is {batch.state} now (attempt {batch.attempt})."
-        alerts.send(_batch_alert("resolved", "committed", text, batch), log)
-    return decision, json.dumps(decision.open_after)
+    if batch.state is S.COMMITTED:
+        return (
+            f"{head} was committed {minutes:.1f} min ago and its consumer group was not moved "
+            f"since: its records ({ranges}) are in the table, but the run died before the "
+            "ack, so lag tools show the group behind. The re-drive sensor acks it; see "
+            f"`exactly ledger -c <config>` and the {name}_redrive runs."
+        )
+    what = (
+        f"was planned {minutes:.1f} min ago and has not been staged"
+        if batch.state is S.PLANNED
+        else f"staged its files {minutes:.1f} min ago and has not voted"
+    )
+    heard = _minutes(now, batch.heartbeat_at)
+    return (
+        f"{head} {what}; nothing is published, and its ranges {ranges} wait to be read "
+        f"before Kafka retention deletes them. Its owner {batch.owner} was last heard from "
+        f"{heard:.1f} min ago. Once the owner is gone (batch.lease_seconds on another host) "
+        "and no Dagster run of the batch is alive, the schedule and the re-drive sensor "
+        "abandon it and the next batch reads its ranges again; a run that Dagster still "
+        "shows as running after its process died (killed, out of memory) holds it until "
+        f"it is terminated. See `exactly ledger -c <config>` and {run_of}."
+    )
+
+
+def _stuck_alert(config: PipelineConfig, batch: Batch, now: datetime) -> Alert:
+    state = str(batch.state)
+    return _batch_alert(
+        f"stuck_{state.lower()}", f"stuck in {state}", _stuck_text(config, batch, now), batch
+    )
+
+
+def _resolved_alert(batch: Batch, alerted: BatchState) -> Alert:
+    if batch.state is S.ABORTED:
+        what = "abandoned"
+    elif alerted is S.COMMITTED:
+        what = "acked"
+    elif batch.state in (S.COMMITTED, S.ACKED):
+        what = "committed"
+    else:
+        what = f"moved on to {batch.state}"
+    text = f"batch {batch.batch_id} is {batch.state} now (attempt {batch.attempt})."
+    if batch.state is S.ABORTED:
+        text += " The next batch reads its ranges again."
+    return _batch_alert("resolved", what, text, batch)
+
+
+def _ack_alert(config: PipelineConfig, refused: list[Batch], in_a_row: int) -> Alert:
+    group = config.group_id
+    last = refused[-1].metrics.get("ack_error", "") if refused else ""
+    ids = [b.batch_id for b in refused]
+    return Alert(
+        kind="ack_failing",
+        pipeline=config.pipeline,
+        title=f"{config.pipeline}: consumer group {group} refused {in_a_row} acks in a row",
+        text=(
+            f"the last {in_a_row} acks of consumer group {group} on topic {config.kafka.topic} "
+            f"were refused (last: {last}). Batches {', '.join(map(str, ids))} are committed "
+            "and complete, and the next batches still run: exactly never reads the group. "
+            "Only lag tools, which do, show it behind. A group with active members (a "
+            "consumer using the same group.id) or a missing ACL (Write on the group) refuses "
+            "the commit; the next ack that succeeds moves the group to the newest committed "
+            "batch."
+        ),
+        details={
+            "group_id": group,
+            "refused_in_a_row": in_a_row,
+            "batch_ids": ids,
+            "last_error": last,
+        },
+    )
+
+
+def _ack_resolved_alert(config: PipelineConfig) -> Alert:
+    group = config.group_id
+    return Alert(
+        kind="resolved",
+        pipeline=config.pipeline,
+        title=f"{config.pipeline}: consumer group {group} acked again",
+        text=f"an ack of consumer group {group} succeeded: it points at the newest committed "
+        "batch again.",
+        details={"group_id": group},
+    )
 
 
 def _batch_alert(kind: str, what: str, text: str, batch: Batch) -> Alert:
@@ -127,22 +332,26 @@ def build_stuck_sensor(config: PipelineConfig) -> dg.SensorDefinition:
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
-            f"Alerts once per batch PREPARED for over "
-            f"{config.alerts.stuck_prepared_after_seconds:g}s, and again when it commits."
+            f"Alerts once per batch PLANNED, STAGED, PREPARED or COMMITTED for over "
+            f"{config.alerts.stuck_after_seconds:g}s, and again when it moves on; and once "
+            f"when {config.alerts.ack_failures_before_alert} consumer-group acks in a row "
+            "were refused, and again when one succeeds."
         ),
         required_resource_keys={pipeline_key(name), alerts_key(name)},
     )
     def stuck(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SkipReason:
-        decision, cursor = evaluate_stuck(
+        evaluation, cursor = evaluate(
             pipeline_in(context, name),
             alerts_in(context, name),
             context.cursor,
             context.log.warning,
         )
         context.update_cursor(cursor)
+        decision = evaluation.stuck
         return dg.SkipReason(
             f"{len(decision.stuck)} new stuck, {len(decision.resolved)} resolved, "
-            f"{len(decision.open_after)} open"
+            f"{len(decision.open_after)} open; ack alert "
+            f"{'open' if evaluation.ack.open_after else 'closed'}"
         )
 
     return stuck

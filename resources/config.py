@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ledger.batch import BACKFILL_SUFFIX
 from ledger.cleaning import parse_duration
@@ -70,6 +78,9 @@ class BatchSettings(_Strict):
     max_records_per_partition: int = Field(default=100_000, gt=0)
     #: how long a PLANNED/STAGED attempt on another host may go silent before it is abandoned
     lease_seconds: float = Field(default=120.0, gt=0)
+    #: how long a committed batch whose consumer-group ack was refused waits before the
+    #: re-drive sensor tries that ack again (any later batch's ack catches it up sooner)
+    ack_retry_seconds: float = Field(default=120.0, gt=0)
 
 
 class ScheduleSettings(_Strict):
@@ -102,12 +113,34 @@ class AlertSettings(_Strict):
     """Where alerts go. Secrets never live here: only the names of environment variables
     that hold them, so neither the config, the Dagster UI nor the ledger ever shows one."""
 
-    stuck_prepared_after_seconds: float = Field(default=300.0, gt=0)
+    #: a batch in any state but a final one (PLANNED, STAGED, PREPARED, COMMITTED) for longer
+    #: alerts, once; `stuck_prepared_after_seconds`, its name from when only PREPARED batches
+    #: alerted, is still accepted
+    stuck_after_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        validation_alias=AliasChoices("stuck_after_seconds", "stuck_prepared_after_seconds"),
+    )
+    #: consumer-group acks refused in a row (across batches and retries) before an alert
+    ack_failures_before_alert: int = Field(default=3, gt=0)
     webhook_url_env: str | None = None
     slack_token_env: str | None = None
     slack_channel: str | None = None
     #: Slack's API root, for an egress proxy; default Slack itself
     slack_api_url: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_stuck_threshold(cls, data: Any) -> Any:
+        if (
+            isinstance(data, dict)
+            and "stuck_after_seconds" in data
+            and "stuck_prepared_after_seconds" in data
+        ):
+            raise ValueError(
+                "give stuck_after_seconds only (stuck_prepared_after_seconds is its former name)"
+            )
+        return data
 
     @field_validator("webhook_url_env", "slack_token_env")
     @classmethod

@@ -1,4 +1,4 @@
-"""Cleaning staged orphans (`exactly clean`, the `<pipeline>_clean` job, invariant 16): only
+"""Cleaning staged orphans (`exactly clean`, the `<pipeline>_clean` job, invariant 18): only
 files that no vote names, that no version of either table still names, that no batch in
 flight may still vote or publish, and that are older than the grace period are deleted.
 

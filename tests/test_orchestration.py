@@ -244,13 +244,14 @@ def _batch(batch_id: int, state: BatchState, prepared_ago_s: float | None) -> Ba
 
 def test_decide_stuck_alerts_once_and_resolves_once() -> None:
     old, young = _batch(1, BatchState.PREPARED, 600), _batch(2, BatchState.PREPARED, 10)
-    first = decide_stuck([], [old, young], {}, utcnow(), 300)
-    assert [b.batch_id for b in first.stuck] == [1] and first.open_after == ["pv/1"]
+    first = decide_stuck({}, [old, young], {}, utcnow(), 300)
+    assert [b.batch_id for b in first.stuck] == [1] and first.open_after == {"pv/1": "PREPARED"}
     second = decide_stuck(first.open_after, [old, young], {"pv/1": old}, utcnow(), 300)
-    assert second.stuck == [] and second.resolved == [] and second.open_after == ["pv/1"]
+    assert second.stuck == [] and second.resolved == [] and second.open_after == first.open_after
     committed = _batch(1, BatchState.COMMITTED, 600)
     third = decide_stuck(second.open_after, [young], {"pv/1": committed}, utcnow(), 300)
-    assert [b.batch_id for b in third.resolved] == [1] and third.open_after == []
+    assert [(b.batch_id, was) for b, was in third.resolved] == [(1, BatchState.PREPARED)]
+    assert third.open_after == {}
 
 
 def test_instance_settings_allow_one_run_per_pipeline(tmp_path: Path) -> None:

@@ -181,13 +181,21 @@ def test_plan_refuses_contiguity_violation(store: LedgerStore) -> None:
     assert [b.batch_id for b in store.batches(app_id=APP)] == [1]
 
 
-@pytest.mark.parametrize("state", [S.PLANNED, S.STAGED, S.PREPARED, S.COMMITTED])
+@pytest.mark.parametrize("state", [S.PLANNED, S.STAGED, S.PREPARED])
 def test_plan_refuses_while_a_batch_is_in_flight(store: LedgerStore, state: BatchState) -> None:
     walk_to(store, plan(store), state)
     with pytest.raises(BusyError) as info:
         plan(store)
     assert f"batch 1 is still {state}" in str(info.value)
     assert len(store.batches(app_id=APP)) == 1
+
+
+def test_a_committed_batch_waiting_for_its_ack_does_not_block_the_next(store: LedgerStore) -> None:
+    """The ack is advisory: a COMMITTED batch is published and complete (BLOCKS_PLANNING)."""
+    first = walk_to(store, plan(store), S.COMMITTED)
+    second = plan(store)
+    assert second.batch_id == 2
+    assert [r.start for r in second.ranges] == [r.end for r in first.ranges]
 
 
 def test_plan_with_nothing_to_do_records_nothing(store: LedgerStore) -> None:
@@ -561,7 +569,7 @@ def test_this_owner_is_this_process() -> None:
 
 
 def test_voted_paths_names_every_voted_file_of_the_given_apps(store: LedgerStore) -> None:
-    """What the cleaner must never delete (invariant 16): every path a vote recorded,
+    """What the cleaner must never delete (invariant 18): every path a vote recorded,
     whatever the batch's state now, only for the application ids asked about."""
     acked = walk_to(store, plan(store), S.ACKED)
     voted = store.transition(

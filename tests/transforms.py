@@ -3,6 +3,8 @@ tests, schema changes (invariant 14) and transforms that break exactly-once (inv
 
 from __future__ import annotations
 
+import os
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -57,3 +59,15 @@ def pageviews_moved_offset(records: DataFrame) -> DataFrame:
     return pageviews(records).withColumn(
         "_kafka_offset", F.when(offset == 1, offset + 1_000_000).otherwise(offset)
     )
+
+
+#: Set (to anything) to make `pageviews_or_fail` fail the way a transient Spark error does.
+FAIL_STAGE_ENV = "EXACTLY_TEST_FAIL_STAGE"
+
+
+def pageviews_or_fail(records: DataFrame) -> DataFrame:
+    """The page-view transform, or, while $EXACTLY_TEST_FAIL_STAGE is set, a stage that dies:
+    a run that fails between plan and vote, as a lost executor or a Kafka timeout makes it."""
+    if os.environ.get(FAIL_STAGE_ENV):
+        raise RuntimeError("simulated transient stage failure (EXACTLY_TEST_FAIL_STAGE is set)")
+    return pageviews(records)
