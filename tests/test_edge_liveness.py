@@ -39,17 +39,22 @@ def instance() -> Iterator[dg.DagsterInstance]:
 
 def tick(jobs: PipelineDefinitions, instance: dg.DagsterInstance) -> Any:
     """One evaluation of the pipeline's schedule: a RunRequest or a SkipReason."""
-    return jobs.schedule(dg.build_schedule_context(instance=instance, resources=jobs.resources))
+    # closed here, not by the garbage collector: a context left open resets Dagster's current
+    # instance storage whenever it is collected, to an instance a later test no longer has
+    with dg.build_schedule_context(instance=instance, resources=jobs.resources) as context:
+        return jobs.schedule(context)
 
 
 def evaluate(jobs: PipelineDefinitions, instance: dg.DagsterInstance, suffix: str, cursor: Any):
     """One evaluation of the pipeline's sensor named `*suffix`; returns (result, new cursor)."""
     sensor = next(s for s in jobs.sensors if s.name.endswith(suffix))
-    context = dg.build_sensor_context(instance=instance, cursor=cursor, resources=jobs.resources)
-    result = sensor(context)
-    if isinstance(result, Iterator):
-        result = list(result)
-    return result, context.cursor
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources=jobs.resources
+    ) as context:
+        result = sensor(context)
+        if isinstance(result, Iterator):
+            result = list(result)
+        return result, context.cursor
 
 
 def run_batch(jobs: PipelineDefinitions, instance: dg.DagsterInstance, request: Any) -> Any:

@@ -47,7 +47,9 @@ def sensor_context(
 
 def tick(jobs: PipelineDefinitions, instance: dg.DagsterInstance) -> Any:
     """One evaluation of the pipeline's schedule: a RunRequest or a SkipReason."""
-    return jobs.schedule(dg.build_schedule_context(instance=instance, resources=jobs.resources))
+    # closed here, not by the garbage collector (see tests/test_edge_liveness.py `tick`)
+    with dg.build_schedule_context(instance=instance, resources=jobs.resources) as context:
+        return jobs.schedule(context)
 
 
 def test_definitions_load_for_the_demo_pipeline() -> None:
