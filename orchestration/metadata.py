@@ -25,7 +25,8 @@ def batch_metadata(batch: Batch) -> dict[str, Any]:
         "ranges": [str(r) for r in batch.ranges],
         "offsets_spanned": batch.span,
     }
-    for key in ("records_read", "table_records", "quarantine_records", "files"):
+    counts = ("files_staged", "files_committed", "files_already_committed", "files_missing")
+    for key in ("records_read", "table_records", "quarantine_records", "files", *counts):
         if key in batch.metrics:
             meta[key] = batch.metrics[key]
     for phase, seconds in batch.metrics.get("phase_s", {}).items():
