@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import pyarrow.compute as pc
+
 from jobs.stage import QUARANTINE, TABLE, attempt_folder
 from ledger.batch import Batch, StagedFile
 from ledger.crash import crashpoint
@@ -90,6 +92,25 @@ class DeltaPublisher:
             for target, delta in self._outputs()
             if (v := delta.transaction_version(batch.app_id)) is not None and v >= batch.batch_id
         }
+
+    def rows_held(self, batch: Batch, target: str) -> int:
+        """Rows of the table `target` whose coordinates fall in the batch's ranges, counted
+        by delta-rs over the files whose statistics may hold them."""
+        table = dict(self._outputs())[target].load()
+        wanted = None
+        for r in batch.ranges:
+            if not r.span:
+                continue
+            one = (
+                (pc.field("_kafka_topic") == r.topic)
+                & (pc.field("_kafka_partition") == r.partition)
+                & (pc.field("_kafka_offset") >= r.start)
+                & (pc.field("_kafka_offset") < r.end)
+            )
+            wanted = one if wanted is None else wanted | one
+        if table is None or wanted is None:
+            return 0
+        return table.to_pyarrow_dataset().count_rows(filter=wanted)
 
     def file_size(self, target: str, path: str) -> int | None:
         """A staged file's size now (None if gone); `path` is relative to its table's root."""

@@ -117,6 +117,9 @@ class Publisher(Protocol):
         """The size of a staged file of output `target` (path relative to the output's
         root) on storage now; None when it does not exist."""
 
+    def rows_held(self, batch: Batch, target: str) -> int:
+        """How many rows of output `target` have coordinates in the batch's ranges."""
+
 
 @dataclass(frozen=True)
 class Incident:
@@ -318,6 +321,8 @@ class TwoPhaseCommit:
                 )
             batch = self._restage(batch, check)
             restages += 1
+        if batch.voted_once and check.already_committed:
+            self.check_same_split(batch, files, check)
         result = self.publisher.publish(batch, files)
         crashpoint("recovery_after_delta_commit" if recovering else "after_delta_commit")
         published = len(check.to_publish) if result.published else 0
@@ -339,6 +344,25 @@ class TwoPhaseCommit:
         """Which voted files are missing or changed on storage, skipping outputs that
         already hold the batch (invariant 11)."""
         return check_vote(files, self.publisher.outputs_holding(batch), self.publisher.file_size)
+
+    def check_same_split(self, batch: Batch, files: Sequence[StagedFile], check: VoteCheck) -> None:
+        """A batch staged again while some outputs already hold it (a crash between the
+        commits) publishes only to the others, so the new stage must have split the
+        records as the first did: per output that holds the batch, as many records as it
+        holds in the batch's ranges. A transform changed in between (or one that is not
+        deterministic) would otherwise put a record in two outputs or in none (invariant
+        1). Counts, not coordinates: an exchange of records between outputs passes."""
+        for target in sorted({f.target for f in check.already_committed}):
+            staged = sum(f.records for f in files if f.target == target)
+            held = self.publisher.rows_held(batch, target)
+            if staged != held:
+                raise InconsistencyError(
+                    f"batch {batch.label}: the {target} holds {held} rows of its ranges from "
+                    f"an earlier attempt, but the batch was staged again and staged {staged} "
+                    f"{target} rows: the transform splits these records differently now "
+                    "(changed since the first attempt?); publishing would duplicate or lose "
+                    "records. Run recover with the transform the batch was first staged with"
+                )
 
     def _restage(self, batch: Batch, check: VoteCheck) -> Batch:
         """Send a vote that lost files back to PLANNED (a new attempt, its file rows gone,

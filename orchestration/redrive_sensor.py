@@ -14,7 +14,7 @@ import dagster as dg
 
 from jobs.pipeline import Pipeline
 from ledger.batch import Batch
-from ledger.protocol import MUST_FINISH
+from ledger.protocol import IN_FLIGHT, MUST_FINISH
 from ledger.two_phase import TwoPhaseCommit
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
@@ -38,8 +38,11 @@ def _run_alive(instance: dg.DagsterInstance, pipeline_tag: str, batch_tag: str) 
 
 
 def _unattended(coordinator: TwoPhaseCommit) -> list[Batch]:
-    """The coordinator's voted batches whose attempt cannot be alive any more, oldest first."""
-    voted = coordinator.store.batches(app_id=coordinator.app_id, states=MUST_FINISH)
+    """The coordinator's voted batches whose attempt cannot be alive any more, oldest first:
+    PREPARED or COMMITTED, or sent back to be staged again (invariant 11), which the
+    schedule would otherwise wait for forever as a batch in flight."""
+    found = coordinator.store.batches(app_id=coordinator.app_id, states=IN_FLIGHT)
+    voted = [b for b in found if b.state in MUST_FINISH or b.voted_once]
     return [b for b in sorted(voted, key=lambda b: b.batch_id) if not coordinator.may_be_alive(b)]
 
 
@@ -90,7 +93,8 @@ def build_redrive_sensor(
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
-            "Launches a commit-only run for every PREPARED or COMMITTED batch whose run died."
+            "Launches a re-drive run for every PREPARED or COMMITTED batch whose run died, "
+            "and for every batch being staged again after its vote lost files."
         ),
         required_resource_keys={pipeline_key(name)},
     )

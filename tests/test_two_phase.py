@@ -99,6 +99,7 @@ class FakePublisher:
     drop_metadata_of: set[int] = field(default_factory=set)  # log retention removed these
     disk: dict[str, int] = field(default_factory=dict)  # the stager's: path -> size
     held: dict[str, int] = field(default_factory=dict)  # other outputs' app-txn versions
+    rows: dict[str, int] = field(default_factory=dict)  # their rows in the batch's ranges
 
     def committed_version(self, app_id: str) -> int | None:
         return self.version
@@ -109,6 +110,9 @@ class FakePublisher:
 
     def file_size(self, target: str, path: str) -> int | None:
         return self.disk.get(path)
+
+    def rows_held(self, batch: Batch, target: str) -> int:
+        return self.rows.get(target, 0)
 
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
         if self.honour_version and self.version is not None and batch.batch_id <= self.version:
@@ -920,3 +924,31 @@ def test_the_alert_hook_gets_the_missing_files(
     assert alert.details["batch_id"] == 1 and alert.details["app_id"] == APP
     assert alert.details["missing"] == [f"table/{lost.path}"]
     assert "re-stag" in alert.text
+
+
+@pytest.mark.parametrize("held_rows", [17, 16])
+def test_a_restage_must_split_records_as_the_output_that_holds_the_batch_did(
+    store: LedgerStore,
+    source: FakeSource,
+    disk: dict[str, int],
+    publisher: FakePublisher,
+    held_rows: int,
+) -> None:
+    stager = FakeStager(disk=disk, outputs=("table", "quarantine"))
+    tpc = coordinator(store, source, stager, publisher)
+    voted(tpc)
+    # a crash between the commits: the quarantine holds the batch's 17 rows; then a table
+    # file of the vote is lost, so the batch is staged again, and the quarantine part of the
+    # new stage must be what the quarantine holds, or the table would get a different split
+    publisher.held["quarantine"] = 1
+    publisher.rows["quarantine"] = held_rows
+    del disk[next(f.path for f in store.files(APP, 1) if f.target == "table")]
+    if held_rows == 17:
+        assert tpc.recover_and_commit()[0].state is S.ACKED
+        assert all(p.startswith("staging/") for p in publisher.commits[0]["files"])
+        return
+    with pytest.raises(InconsistencyError, match=r"quarantine holds 16 .* staged 17"):
+        tpc.recover_and_commit()
+    assert publisher.commits == []
+    batch = store.get(APP, 1)
+    assert batch is not None and batch.state is S.PREPARED
