@@ -29,6 +29,8 @@ def batch_metadata(batch: Batch) -> dict[str, Any]:
     for key in ("records_read", "table_records", "quarantine_records", "files", *counts):
         if key in batch.metrics:
             meta[key] = batch.metrics[key]
+    if "restage" in batch.metrics:  # staged again after its vote lost files (invariant 11)
+        meta["restages"] = batch.metrics["restage"].get("count", 0)
     for phase, seconds in batch.metrics.get("phase_s", {}).items():
         meta[f"{phase}_seconds"] = round(seconds, 3)
     return meta

@@ -180,6 +180,7 @@ def test_redrive_sensor_finishes_a_restaging_batch_whose_run_died(
     meta = {k: v.value for k, v in materialization.metadata.items()}
     assert meta["files_missing"] == 1 and meta["files_already_committed"] == 0
     assert meta["files_committed"] == meta["files_staged"] > 0
+    assert meta["restages"] == 1
     assert list(redrive(sensor_context(jobs, instance))) == []
 
 
