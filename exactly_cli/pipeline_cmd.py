@@ -125,14 +125,31 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         json.dump([b.as_dict() for b in found], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    _say(f"{'batch':>6} {'app_id':<20} {'state':<10} {'att':>3} {'records':>9}  ranges")
+    _say(
+        f"{'batch':>6} {'app_id':<20} {'state':<10} {'att':>3} {'records':>9} "
+        f"{'files s/c/a/m':>13}  ranges"
+    )
     for b in found:
         ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in b.ranges)
         records = b.metrics.get("records_read", "")
         _say(
-            f"{b.batch_id:>6} {b.app_id:<20} {b.state:<10} {b.attempt:>3} {records!s:>9}  {ranges}"
+            f"{b.batch_id:>6} {b.app_id:<20} {b.state:<10} {b.attempt:>3} {records!s:>9} "
+            f"{file_counts(b.metrics):>13}  {ranges}"
         )
     return 0
+
+
+#: The per-batch file counts of invariant 11, in the order `exactly ledger` shows them.
+FILE_COUNTS = ("files_staged", "files_committed", "files_already_committed", "files_missing")
+
+
+def file_counts(metrics: dict) -> str:
+    """staged/committed/already committed/missing, as recorded by the commit; a batch not
+    committed yet shows only how many files went missing so far."""
+    if "files_staged" not in metrics:
+        missing = metrics.get("files_missing")
+        return f"-/-/-/{missing}" if missing else ""
+    return "/".join(str(metrics.get(k, 0)) for k in FILE_COUNTS)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
 """The protocol's publisher (ledger/two_phase.py `Publisher`): a pipeline's data table and its
 quarantine table, published together, batch by batch, with delta-rs.
 
-Every commit carries the batch's offsets in its metadata, so the data table's log alone can
-rebuild a lost ledger (invariant 7).
+Every commit carries the batch's offsets in its metadata, so the two tables' logs can
+rebuild a lost ledger (invariant 7); each table is idempotent on its own by its application
+transaction version, and a batch found in the quarantine's log but not the data table's (a
+crash between the two commits) is reported unfinished, never forgotten (invariant 12).
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pyarrow.compute as pc
+
 from jobs.stage import QUARANTINE, TABLE, attempt_folder
 from ledger.batch import Batch, StagedFile
+from ledger.crash import crashpoint
 from ledger.two_phase import PublishResult
+from resources import storage
 from resources.config import PipelineConfig
 from resources.delta import DeltaTarget, TableStats, decode_schema
 
@@ -46,11 +52,78 @@ class DeltaPublisher:
             DeltaTarget(config.delta.quarantine_uri, options),
         )
 
+    def _outputs(self) -> tuple[tuple[str, DeltaTarget], ...]:
+        """Both tables, in the order a batch is published to them."""
+        return ((QUARANTINE, self.quarantine), (TABLE, self.table))
+
     def committed_version(self, app_id: str) -> int | None:
-        return self.table.transaction_version(app_id)
+        """The newest batch id either table holds for `app_id` (invariant 12)."""
+        versions = [d.transaction_version(app_id) for _t, d in self._outputs()]
+        return max((v for v in versions if v is not None), default=None)
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
-        return self.table.committed_batches(app_id)
+        """Every batch of `app_id` in either table's log, oldest first, one entry each.
+
+        `outputs` names the tables whose log has the batch; `complete` is whether the data
+        table, published last, holds it (its version is at or past the batch id; the
+        version, not the log, decides, so a data-table log cleaned up by retention still
+        counts). An incomplete batch was committed to the quarantine only (invariant 12).
+        `table_version` is the data table's version of the commit, when it has one.
+        """
+        merged: dict[int, dict[str, Any]] = {}
+        for target, delta in self._outputs():
+            for entry in delta.committed_batches(app_id):
+                found = merged.setdefault(entry["batch_id"], {**entry, "outputs": []})
+                found["outputs"].append(target)
+                if target == TABLE:
+                    found["table_version"] = entry.get("table_version")
+                else:
+                    found["table_version"] = None
+        table_version = self.table.transaction_version(app_id)
+        for entry in merged.values():
+            entry["complete"] = table_version is not None and entry["batch_id"] <= table_version
+        return [merged[b] for b in sorted(merged)]
+
+    def outputs_holding(self, batch: Batch) -> set[str]:
+        """The tables whose app-transaction version for the batch's app id is at or past
+        its id: they already hold the batch, and the commit leaves them alone."""
+        return {
+            target
+            for target, delta in self._outputs()
+            if (v := delta.transaction_version(batch.app_id)) is not None and v >= batch.batch_id
+        }
+
+    def rows_held(self, batch: Batch, target: str) -> int:
+        """Rows of the table `target` whose coordinates fall in the batch's ranges.
+
+        Files are pruned by partition and offset only. A topic name longer than the
+        statistics keep (resources/delta.py) has no min/max, and delta-rs 1.6 then prunes
+        every file on a topic filter (it compares with null), so the topic is matched on
+        the rows read.
+        """
+        table = dict(self._outputs())[target].load()
+        if table is None:
+            return 0
+        dataset = table.to_pyarrow_dataset()
+        held = 0
+        for topic in sorted({r.topic for r in batch.ranges if r.span}):
+            wanted = None
+            for r in batch.ranges:
+                if r.span and r.topic == topic:
+                    one = (
+                        (pc.field("_kafka_partition") == r.partition)
+                        & (pc.field("_kafka_offset") >= r.start)
+                        & (pc.field("_kafka_offset") < r.end)
+                    )
+                    wanted = one if wanted is None else wanted | one
+            rows = dataset.to_table(columns=["_kafka_topic"], filter=wanted)
+            held += pc.sum(pc.equal(rows["_kafka_topic"], topic).cast("int64")).as_py() or 0
+        return held
+
+    def file_size(self, target: str, path: str) -> int | None:
+        """A staged file's size now (None if gone); `path` is relative to its table's root."""
+        root = dict(self._outputs())[target].uri
+        return storage.file_size(storage.join(root, path))
 
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
         """Refuse, before the vote, staged schemas either table cannot take (invariant 14).
@@ -81,7 +154,9 @@ class DeltaPublisher:
         for f in files:
             by_target[f.target].append(f)
         outcome = None
-        for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
+        for target, delta in self._outputs():
+            if target == TABLE:
+                crashpoint("between_table_commits")
             has_rows = any(f.records for f in by_target[target])
             if target == QUARANTINE and not has_rows and not (replace and delta.load()):
                 continue
@@ -93,7 +168,9 @@ class DeltaPublisher:
                 "metadata": meta,
             }
             if replace:
-                rewrites = attempt_folder(delta.uri, batch.app_id, batch.batch_id, batch.attempt)
+                rewrites = attempt_folder(
+                    delta.uri, batch.app_id, batch.batch_id, batch.attempt, batch.token
+                )
                 outcome = delta.replace(
                     **common, ranges=batch.ranges, rewrite_dir=f"{rewrites}-rewrites"
                 )

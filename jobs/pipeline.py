@@ -21,7 +21,7 @@ from jobs.spark_stager import SharedSpark, SparkStager
 from ledger.backfill import BackfillMode, backfill_app_id, plan_backfill
 from ledger.batch import Batch, BatchKind
 from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
+from ledger.two_phase import Incident, TwoPhaseCommit
 from resources.config import PipelineConfig
 from resources.kafka import KafkaClient
 
@@ -128,7 +128,27 @@ class Pipeline:
             ack_retry_seconds=config.batch.ack_retry_seconds,
             starting_offsets=config.kafka.starting_offsets,
             log=self.log,
+            alert=self.alert,
         )
+
+    def alert(self, incident: Incident) -> None:
+        """Send a coordinator's incident (a vote that lost files, ...) to the pipeline's
+        alert sinks (config `alerts`: the log, and a webhook or Slack when configured), so
+        the CLI and Dagster runs both tell someone. A sink that fails is logged; the
+        batch goes on."""
+        from resources.alerts import Alert, AlertsResource  # dagster: only when alerting
+
+        settings = self.config.alerts
+        sinks = AlertsResource(
+            webhook_url_env=settings.webhook_url_env,
+            slack_token_env=settings.slack_token_env,
+            slack_channel=settings.slack_channel,
+            slack_api_url=settings.slack_api_url,
+        )
+        alert = Alert(
+            incident.kind, self.config.pipeline, incident.title, incident.text, incident.details
+        )
+        sinks.send(alert, self.log)
 
 
 def build(

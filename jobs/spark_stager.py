@@ -10,7 +10,7 @@ from typing import Any
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
 from ledger.batch import Batch
 from ledger.two_phase import StageOutput
-from resources.config import PipelineConfig
+from resources.config import PipelineConfig, load_transform
 from resources.spark import build_session
 
 
@@ -53,10 +53,17 @@ class SparkStager:
             "ranges": batch.ranges,
             "batch_id": batch.batch_id,
             "attempt_dirs": {
-                t: attempt_folder(root, batch.app_id, batch.batch_id, batch.attempt)
+                t: attempt_folder(root, batch.app_id, batch.batch_id, batch.attempt, batch.token)
                 for t, root in roots.items()
             },
             "table_roots": roots,
-            "transform": self.transform,
-            "transform_name": self.config.transform,
+            **self._transform_for(batch),
         }
+
+    def _transform_for(self, batch: Batch) -> dict[str, Any]:
+        """The transform the batch was planned with: a backfill records its own in its
+        params. A batch staged again (invariant 11) must write what its first attempt
+        wrote, whichever coordinator finishes it."""
+        name = batch.params.get("transform") or self.config.transform
+        transform = self.transform if name == self.config.transform else load_transform(name)
+        return {"transform": transform, "transform_name": name}

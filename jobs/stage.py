@@ -45,10 +45,17 @@ KAFKA_SCHEMA = T.StructType(
 )
 
 
-def attempt_folder(root: str, app_id: str, batch_id: int, attempt: int) -> str:
-    """Unique to (application, batch, attempt), and not `_`-prefixed so vacuum cleans
-    orphans of abandoned attempts (docs/protocol.md)."""
-    return storage.join(root, "staged", app_id, f"batch-{batch_id:012d}-attempt-{attempt}")
+def attempt_folder(root: str, app_id: str, batch_id: int, attempt: int, token: str) -> str:
+    """Unique to one attempt, and not `_`-prefixed so vacuum cleans orphans of abandoned
+    attempts (protocol.md).
+
+    The attempt's token is part of the name: after a lost ledger is rebuilt, batch ids and
+    attempt numbers start over where the ledger stopped, and the folder of a batch the old
+    ledger planned may still be there; a stage never writes into a folder that exists
+    (invariant 4).
+    """
+    name = f"batch-{batch_id:012d}-attempt-{attempt}-{token}"
+    return storage.join(root, "staged", app_id, name)
 
 
 def read_ranges(

@@ -33,6 +33,11 @@ class BatchKind(enum.StrEnum):
 #: (resources/config.py), or a pipeline `X.backfill` would share the ids of X's backfills.
 BACKFILL_SUFFIX = ".backfill"
 
+#: The metrics key of a batch whose vote was sent back to be staged again (invariant 11):
+#: why, which files were missing, how often. Its presence marks a batch that voted once, so
+#: recovery finishes it and never abandons it (invariant 5).
+RESTAGE = "restage"
+
 
 def utcnow() -> datetime:
     """Every timestamp the ledger writes or compares is timezone-aware UTC."""
@@ -94,6 +99,13 @@ class Batch:
     @property
     def span(self) -> int:
         return sum(r.span for r in self.ranges)
+
+    @property
+    def voted_once(self) -> bool:
+        """Whether the batch voted before and was sent back to PLANNED to be staged again
+        (invariant 11), or was rebuilt from an output that holds it: it must be finished,
+        never abandoned, even in a state that is otherwise abandonable (invariant 5)."""
+        return RESTAGE in self.metrics
 
     def as_dict(self) -> dict[str, Any]:
         return {

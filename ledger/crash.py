@@ -15,6 +15,7 @@ POINTS = (
     "during_stage",
     "after_stage",
     "after_prepare",
+    "between_table_commits",
     "after_delta_commit",
     "after_committed",
     "recovery_after_delta_commit",

@@ -8,8 +8,9 @@ A batch is one checkpoint in the sense of Flink's two-phase commit (see
 docs/protocol.md):
 
     PLANNED -> STAGED -> PREPARED -> COMMITTED -> ACKED
-        \\         \\
-         +---------+--> ABORTED   (only before PREPARED)
+     ^  \\         \\          |
+     |   +---------+--> ABORTED  (only before PREPARED, and never once a batch voted)
+     +-----------------------+  re-stage: the vote's files vanished (invariant 11)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ class BatchState(enum.StrEnum):
 TRANSITIONS: Mapping[BatchState, frozenset[BatchState]] = {
     BatchState.PLANNED: frozenset({BatchState.STAGED, BatchState.ABORTED}),
     BatchState.STAGED: frozenset({BatchState.PREPARED, BatchState.ABORTED}),
-    BatchState.PREPARED: frozenset({BatchState.COMMITTED}),
+    BatchState.PREPARED: frozenset({BatchState.COMMITTED, BatchState.PLANNED}),
     BatchState.COMMITTED: frozenset({BatchState.ACKED}),
     BatchState.ACKED: frozenset(),
     BatchState.ABORTED: frozenset(),
@@ -65,11 +66,24 @@ BLOCKS_PLANNING = frozenset({BatchState.PLANNED, BatchState.STAGED, BatchState.P
 PUBLISHED = frozenset({BatchState.COMMITTED, BatchState.ACKED})
 
 
-def check_transition(batch: str, current: BatchState, target: BatchState) -> None:
+#: The one move back: a vote whose staged files vanished before its commit is staged again
+#: over the same ranges, under the same batch id, as a new attempt (invariant 11).
+RESTAGE_MOVE = (BatchState.PREPARED, BatchState.PLANNED)
+
+
+def check_transition(
+    batch: str, current: BatchState, target: BatchState, *, reason: str | None = None
+) -> None:
     """Refuse a move the state machine does not allow (e.g. PREPARED -> ABORTED).
 
-    Protects invariant 5: nothing may abandon a batch that has voted.
+    Protects invariant 5: nothing may abandon a batch that has voted. The one move back
+    (RESTAGE_MOVE) needs a `reason`, which the ledger keeps (invariant 11).
     """
+    if (current, target) == RESTAGE_MOVE and not reason:
+        raise InconsistencyError(
+            f"batch {batch}: {current} -> {target} (re-stage) needs a reason: only a vote whose "
+            "staged files vanished is staged again"
+        )
     if target not in TRANSITIONS[current]:
         raise InconsistencyError(
             f"batch {batch}: illegal transition {current} -> {target}; "

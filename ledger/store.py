@@ -20,12 +20,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from ledger.batch import Batch, BatchKind, StagedFile, this_owner
+from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
 from ledger.db_clock import db_now
 from ledger.errors import BusyError, FencedError, InconsistencyError, UnreachableError
 from ledger.protocol import (
     BLOCKS_PLANNING,
     HOLDS_RANGE,
+    RESTAGE_MOVE,
     BatchState,
     OffsetRange,
     Owner,
@@ -465,7 +466,17 @@ class LedgerStore:
         For PREPARED, the file list is written in the same transaction: the vote is
         all-or-nothing (invariant 3: only these files are ever committed).
         """
-        check_transition(batch.label, batch.state, target)
+        check_transition(batch.label, batch.state, target, reason=error)
+        if (batch.state, target) == RESTAGE_MOVE:
+            raise InconsistencyError(
+                f"batch {batch.label}: a vote goes back to PLANNED only through "
+                "LedgerStore.restage, which fences the attempt and drops its files (invariant 11)"
+            )
+        if target is BatchState.ABORTED and batch.voted_once:
+            raise InconsistencyError(
+                f"batch {batch.label} voted once and is being staged again: it cannot be "
+                "abandoned (invariant 5); fix what fails its stage and run recover"
+            )
         now = db_now()
         values: dict[str, Any] = {"heartbeat_at": now}
         if metrics is not None:
@@ -498,6 +509,45 @@ class LedgerStore:
                 if target is not BatchState.PREPARED:
                     raise ValueError("files are recorded only by the prepare vote")
                 conn.execute(files_table.insert(), rows)
+            updated = self._get(conn, batch.app_id, batch.batch_id)
+        assert updated is not None
+        return updated
+
+    def restage(self, batch: Batch, *, reason: str, metrics: Mapping[str, Any]) -> Batch:
+        """Send a PREPARED batch back to PLANNED to be staged again, in one transaction:
+        a new attempt (the old token stops working), the old vote's file rows deleted, and
+        `reason` and `metrics` (which must say which files were missing) recorded.
+
+        The only way back from PREPARED (invariant 11). The batch keeps its id and ranges,
+        so its range stays held and nothing is planned past it until it commits; and it
+        stays marked (metrics RESTAGE) as a batch that voted, never abandoned (invariant 5).
+        """
+        check_transition(batch.label, batch.state, BatchState.PLANNED, reason=reason)
+        if RESTAGE not in metrics:
+            raise ValueError(f"re-staging {batch.label} must record metrics[{RESTAGE!r}]")
+        with self._tx() as conn:
+            now = db_now()
+            self._guarded_update(
+                conn,
+                batch,
+                {
+                    "state": str(BatchState.PLANNED),
+                    "attempt": batch.attempt + 1,
+                    "token": uuid.uuid4().hex,
+                    "owner": str(this_owner()),
+                    "heartbeat_at": now,
+                    "updated_at": now,
+                    "error": reason,
+                    "metrics": {**batch.metrics, **metrics},
+                },
+                same_state=True,
+                refused=f"fenced moving {batch.state} -> {BatchState.PLANNED} to re-stage",
+            )
+            conn.execute(
+                files_table.delete().where(
+                    files_table.c.app_id == batch.app_id, files_table.c.batch_id == batch.batch_id
+                )
+            )
             updated = self._get(conn, batch.app_id, batch.batch_id)
         assert updated is not None
         return updated
@@ -603,6 +653,50 @@ class LedgerStore:
                     params={**dict(params or {}), "rebuilt_from_delta_log": True},
                     committed_at=stamp,
                     table_version=table_version,
+                )
+                self._insert_ranges(conn, app_id, batch_id, ranges)
+        except IntegrityError:
+            return False  # a concurrent rebuild inserted it first
+        return True
+
+    def insert_unfinished(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: BatchKind,
+        batch_id: int,
+        ranges: Iterable[OffsetRange],
+        params: Mapping[str, Any] | None,
+        reason: str,
+        metrics: Mapping[str, Any],
+    ) -> bool:
+        """Re-create a batch that some outputs hold and others not, found in their logs
+        when the ledger was lost (invariant 12), as a PLANNED batch to be staged again over
+        its ranges and finished (metrics must carry RESTAGE). Idempotent."""
+        if RESTAGE not in metrics:
+            raise ValueError(f"an unfinished batch {app_id}/{batch_id} must carry {RESTAGE!r}")
+        now = db_now()
+        try:
+            with self._tx() as conn:
+                if self._get(conn, app_id, batch_id) is not None:
+                    return False
+                self._insert_batch(
+                    conn,
+                    app_id=app_id,
+                    batch_id=batch_id,
+                    pipeline=pipeline,
+                    kind=kind,
+                    state=BatchState.PLANNED,
+                    owner=this_owner(),
+                    created_at=now,
+                    params={**dict(params or {}), "rebuilt_from_delta_log": True},
+                    error=reason,
+                )
+                conn.execute(
+                    batches_table.update()
+                    .where(batches_table.c.app_id == app_id, batches_table.c.batch_id == batch_id)
+                    .values(metrics=dict(metrics))
                 )
                 self._insert_ranges(conn, app_id, batch_id, ranges)
         except IntegrityError:

@@ -12,6 +12,11 @@
     needs_redrive(batch)  whether a voted batch is left with nobody finishing it
     next_batch()          what begin() would plan now, or why nothing, without planning
 
+Before publishing, commit() checks that the vote's files are still on storage as voted; a
+vote that lost files is never published but staged again over the same ranges as a new
+attempt (invariant 11). Recovery rebuilds a lost ledger from every output's log (invariant
+12).
+
 The edges (Kafka offsets, the Spark stage job, the Delta tables) come in through the small
 protocols below, so this module can be exercised with in-memory fakes and read alone.
 """
@@ -27,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ledger.batch import Batch, BatchKind, StagedFile, this_owner
+from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
 from ledger.crash import crashpoint
 from ledger.errors import BusyError, FencedError, InconsistencyError, RefusedBatchError
 from ledger.protocol import (
@@ -44,6 +49,7 @@ from ledger.protocol import (
     worth_planning,
 )
 from ledger.store import LedgerStore
+from ledger.vote_check import VoteCheck, check_vote, describe
 
 
 @dataclass(frozen=True)
@@ -95,16 +101,41 @@ class Stager(Protocol):
 
 class Publisher(Protocol):
     def committed_version(self, app_id: str) -> int | None:
-        """The newest batch id the tables hold for `app_id`."""
+        """The newest batch id any output holds for `app_id`."""
 
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
-        """Publish exactly `files` with the app transaction (app id, batch id); idempotent."""
+        """Publish exactly `files` with the app transaction (app id, batch id); idempotent
+        per output: an output that already holds the batch gets nothing (invariant 12)."""
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
-        """Commit metadata of every batch of `app_id` still in the table's log."""
+        """Commit metadata of every batch of `app_id` still in any output's log, one entry
+        per batch. An entry whose `complete` is False is held by some outputs and not by the
+        last one published (a crash between the commits); missing means True."""
+
+    def outputs_holding(self, batch: Batch) -> set[str]:
+        """The outputs (StagedFile.target) whose app-transaction version for the batch's
+        application id is at or past its batch id: they hold the batch already."""
+
+    def file_size(self, target: str, path: str) -> int | None:
+        """The size of a staged file of output `target` (path relative to the output's
+        root) on storage now; None when it does not exist."""
+
+    def rows_held(self, batch: Batch, target: str) -> int:
+        """How many rows of output `target` have coordinates in the batch's ranges."""
 
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
         """Raise RefusedBatchError if a table cannot take its staged schema (invariant 14)."""
+
+
+@dataclass(frozen=True)
+class Incident:
+    """Something operators must hear about. The coordinator has no sinks of its own: its
+    `alert` hook delivers it (the pipeline's alert sinks, jobs/pipeline.py; or the log)."""
+
+    kind: str
+    title: str
+    text: str
+    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _never(_batch: Batch) -> bool:
@@ -139,6 +170,8 @@ class TwoPhaseCommit:
         ack_retry_seconds: float = 120.0,
         starting_offsets: str = "earliest",
         log: Callable[[str], None] = lambda _msg: None,
+        alert: Callable[[Incident], None] | None = None,
+        max_restages: int = 2,
     ) -> None:
         self.store = store
         self.pipeline = pipeline
@@ -152,6 +185,12 @@ class TwoPhaseCommit:
         self.ack_retry_seconds = ack_retry_seconds
         self.starting_offsets = starting_offsets
         self.log = log
+        self.alert = alert or self._log_alert
+        #: re-stages one commit call may do before it fails loudly (invariant 11)
+        self.max_restages = max_restages
+
+    def _log_alert(self, incident: Incident) -> None:
+        self.log(f"ALERT [{incident.kind}] {incident.title}: {incident.text}")
 
     # -- begin / invoke / preCommit / commit / abort -------------------------------------
 
@@ -245,25 +284,20 @@ class TwoPhaseCommit:
 
     def invoke(self, batch: Batch) -> tuple[Batch, StageOutput]:
         """Stage the batch; on success it is STAGED. Nothing is visible to readers yet."""
+        output = self._stage(batch)
+        batch = self.store.transition(batch, BatchState.STAGED, metrics=_stage_metrics(output))
+        crashpoint("after_stage")
+        return batch, output
+
+    def _stage(self, batch: Batch) -> StageOutput:
+        """Run the stager for this attempt, its ranges checked readable first (invariant 8);
+        an output the stage refuses (invariants 13, 14) is never voted."""
         check_ranges_readable(batch.ranges, self.source.available())
         try:
             with self._heartbeat(batch):
-                output = self.stager.stage(batch)
+                return self.stager.stage(batch)
         except RefusedBatchError as exc:
             raise self._refuse(batch, exc) from exc
-        batch = self.store.transition(
-            batch,
-            BatchState.STAGED,
-            metrics={
-                "records_read": output.records_read,
-                "table_records": output.table_records,
-                "quarantine_records": output.quarantine_records,
-                "files": len(output.files),
-                "stage_detail_s": output.seconds,
-            },
-        )
-        crashpoint("after_stage")
-        return batch, output
 
     def pre_commit(self, batch: Batch, output: StageOutput) -> Batch:
         """The vote: one ledger transaction records the files, the schemas and PREPARED.
@@ -282,20 +316,134 @@ class TwoPhaseCommit:
         return batch
 
     def commit(self, batch: Batch, *, recovering: bool = False) -> Batch:
-        """Publish exactly the voted files; idempotent against the table's txn version."""
+        """Publish exactly the voted files; idempotent against the table's txn version.
+
+        First every voted file must still be on storage with its voted size (invariant 11).
+        If one is not, nothing of that vote is published: an alert goes out and the batch
+        is staged again over the same ranges as a new attempt, votes, and is checked again;
+        at most `max_restages` times in one call, then the call fails loudly (the next
+        call tries again). Outputs that already hold the batch are not checked and get
+        nothing (invariant 12).
+        """
         if batch.state is not BatchState.PREPARED:
             raise InconsistencyError(
                 f"batch {batch.label}: commit needs PREPARED, not {batch.state}"
             )
-        self.store.require_current(batch)
-        files = self.store.files(batch.app_id, batch.batch_id)
+        restages = 0
+        while True:
+            self.store.require_current(batch)
+            files = self.store.files(batch.app_id, batch.batch_id)
+            check = self.check_vote(batch, files)
+            if not check.missing:
+                break
+            if restages >= self.max_restages:
+                self._alert_missing(batch, check, restaging=False)
+                raise InconsistencyError(
+                    f"batch {batch.label}: voted files vanished again after {restages} "
+                    f"re-stages in a row ({', '.join(describe(check.missing, 3))}): something "
+                    "deletes staged files before they are committed (a storage lifecycle rule "
+                    "or a VACUUM of the staging folders?); stop it, then run recover"
+                )
+            batch = self._restage(batch, check)
+            restages += 1
+        if batch.voted_once and check.already_committed:
+            self.check_same_split(batch, files, check)
         result = self.publisher.publish(batch, files)
         crashpoint("recovery_after_delta_commit" if recovering else "after_delta_commit")
+        published = len(check.to_publish) if result.published else 0
         batch = self.store.transition(
-            batch, BatchState.COMMITTED, table_version=result.table_version
+            batch,
+            BatchState.COMMITTED,
+            table_version=result.table_version,
+            metrics={
+                "files_staged": len(check.staged),
+                "files_committed": published,
+                "files_already_committed": len(check.staged) - published,
+                "files_missing": batch.metrics.get("files_missing", 0),
+            },
         )
         crashpoint("after_committed")
         return batch
+
+    def check_vote(self, batch: Batch, files: Sequence[StagedFile]) -> VoteCheck:
+        """Which voted files are missing or changed on storage, skipping outputs that
+        already hold the batch (invariant 11)."""
+        return check_vote(files, self.publisher.outputs_holding(batch), self.publisher.file_size)
+
+    def check_same_split(self, batch: Batch, files: Sequence[StagedFile], check: VoteCheck) -> None:
+        """A batch staged again while some outputs already hold it (a crash between the
+        commits) publishes only to the others, so the new stage must have split the
+        records as the first did: per output that holds the batch, as many records as it
+        holds in the batch's ranges. A transform changed in between (or one that is not
+        deterministic) would otherwise put a record in two outputs or in none (invariant
+        1). Counts, not coordinates: an exchange of records between outputs passes."""
+        for target in sorted({f.target for f in check.already_committed}):
+            staged = sum(f.records for f in files if f.target == target)
+            held = self.publisher.rows_held(batch, target)
+            if staged != held:
+                raise InconsistencyError(
+                    f"batch {batch.label}: the {target} holds {held} rows of its ranges from "
+                    f"an earlier attempt, but the batch was staged again and staged {staged} "
+                    f"{target} rows: the transform splits these records differently now "
+                    "(changed since the first attempt?); publishing would duplicate or lose "
+                    "records. Run recover with the transform the batch was first staged with"
+                )
+
+    def _restage(self, batch: Batch, check: VoteCheck) -> Batch:
+        """Send a vote that lost files back to PLANNED (a new attempt, its file rows gone,
+        why recorded), then stage and vote again over the same ranges: the PREPARED batch
+        of the new attempt. The old vote's files are orphans, never published."""
+        self._alert_missing(batch, check, restaging=True)
+        missing = describe(check.missing)
+        count = batch.metrics.get(RESTAGE, {}).get("count", 0) + 1
+        planned = self.store.restage(
+            batch,
+            reason=(
+                f"re-staged as attempt {batch.attempt + 1}: {len(check.missing)} voted file(s) "
+                f"were missing or of another size before the commit: {', '.join(missing)}"
+            ),
+            metrics={
+                RESTAGE: {
+                    "count": count,
+                    "missing": missing,
+                    "outputs_holding": sorted({f.target for f in check.already_committed}),
+                },
+                "files_missing": batch.metrics.get("files_missing", 0) + len(check.missing),
+            },
+        )
+        self.log(f"re-staging batch {planned.label} over {_ranges_text(planned)}")
+        staged, output = self.invoke(planned)
+        return self.pre_commit(staged, output)
+
+    def _alert_missing(self, batch: Batch, check: VoteCheck, *, restaging: bool) -> None:
+        """Tell operators a vote lost files: it is a storage problem someone must fix."""
+        what = (
+            "nothing of that vote is published; the batch is re-staged over the same ranges "
+            "as a new attempt"
+            if restaging
+            else f"it was re-staged {self.max_restages} times and lost files every time; "
+            "the commit stops here and the batch waits (its range is held)"
+        )
+        missing = describe(check.missing)
+        self.alert(
+            Incident(
+                kind="staged_files_missing",
+                title=f"{self.pipeline}: batch {batch.batch_id} lost staged files",
+                text=(
+                    f"batch {batch.label} ({_ranges_text(batch)}) voted files that are gone or "
+                    f"changed before its commit: {', '.join(missing)}"
+                    f"{' ...' if len(check.missing) > len(missing) else ''}; {what}"
+                ),
+                details={
+                    "app_id": batch.app_id,
+                    "batch_id": batch.batch_id,
+                    "attempt": batch.attempt,
+                    "missing": missing,
+                    "files_missing": len(check.missing),
+                    "restaging": restaging,
+                },
+            )
+        )
 
     def ack(self, batch: Batch) -> Batch:
         """Move the consumer group to the newest published batch's ends, then mark every
@@ -406,6 +554,13 @@ class TwoPhaseCommit:
         """
         reason = f"batch {batch.label} refused before the vote: {exc}"
         self.log(reason)
+        if batch.voted_once:
+            # It voted once (invariant 5): it waits, its range held, for a transform that
+            # stages it as it was first staged; never abandoned.
+            return RefusedBatchError(
+                f"{reason}; it voted once and is being staged again, so it is never abandoned: "
+                "restore the transform it was first staged with, then run recover"
+            )
         self.abort(batch, reason)
         return RefusedBatchError(reason)
 
@@ -420,10 +575,16 @@ class TwoPhaseCommit:
         """
         self.rebuild_from_log()
         finished = []
-        voted = self.store.batches(app_id=self.app_id, states=MUST_FINISH)
+        voted = self.store.batches(app_id=self.app_id, states=MUST_FINISH | ABANDONABLE)
         for stale in sorted(voted, key=lambda b: b.batch_id):
             batch = self.store.get(self.app_id, stale.batch_id)
-            if batch is None or batch.state not in MUST_FINISH:
+            if batch is None:
+                continue
+            if batch.state in ABANDONABLE:
+                if batch.voted_once and not self.may_be_alive(batch):
+                    finished.append(self._finish_restaging(batch))
+                continue  # the others are abandoned below, if their owner is gone
+            if batch.state not in MUST_FINISH:
                 continue  # an earlier batch's ack caught it up
             finished.append(self._finish_voted(batch))
         finished.extend(self.abandon_dead())
@@ -449,6 +610,8 @@ class TwoPhaseCommit:
         for batch in sorted(
             self.store.batches(app_id=self.app_id, states=ABANDONABLE), key=lambda b: b.batch_id
         ):
+            if batch.voted_once:
+                continue  # never abandoned (invariant 5): redrive() stages it again
             if self.may_be_alive(batch) or still_running(batch):
                 continue
             self.log(f"abandoning batch {batch.label} ({batch.state}, owner gone)")
@@ -465,9 +628,13 @@ class TwoPhaseCommit:
         recovering everything else: only PREPARED or COMMITTED batches are touched.
         """
         batch = self.store.get(self.app_id, batch_id)
-        if batch is None or batch.state not in MUST_FINISH:
+        if batch is None:
             return None
-        return self._finish_voted(batch)
+        if batch.state in MUST_FINISH:
+            return self._finish_voted(batch)
+        if batch.voted_once and batch.state in ABANDONABLE and not self.may_be_alive(batch):
+            return self._finish_restaging(batch)
+        return None
 
     def needs_redrive(self, batch: Batch) -> bool:
         """Whether a voted batch is left with nobody finishing it (invariant 5).
@@ -477,7 +644,11 @@ class TwoPhaseCommit:
         database's clock): the batch is complete and the group advisory, so a group that
         keeps refusing is retried, not hammered by a run per sensor evaluation.
         """
-        if batch.state not in MUST_FINISH or self.may_be_alive(batch):
+        if self.may_be_alive(batch):
+            return False
+        if batch.voted_once and batch.state in ABANDONABLE:
+            return True  # a vote sent back to be staged again, whose attempt died
+        if batch.state not in MUST_FINISH:
             return False
         if batch.state is BatchState.COMMITTED and "ack_error" in batch.metrics:
             since = (self.store.now() - batch.heartbeat_at).total_seconds()
@@ -493,18 +664,39 @@ class TwoPhaseCommit:
             batch = self.commit(batch, recovering=True)
         return self.ack(batch)
 
+    def _finish_restaging(self, batch: Batch) -> Batch:
+        """Take over a batch that voted once and went back to be staged again (invariant
+        11), or that a rebuild found in some outputs only (invariant 12), whose attempt
+        died: stage it over its ranges under a new attempt, vote, commit and ack. It is
+        never abandoned (invariant 5); if its ranges left Kafka this fails loudly
+        (DataLossError) and the batch stays as it is, to be finished later."""
+        batch = self.store.takeover(batch)
+        self.log(f"re-staging batch {batch.label} from {batch.state} over {_ranges_text(batch)}")
+        if batch.state is BatchState.PLANNED:
+            batch, output = self.invoke(batch)
+        else:  # STAGED by a dead attempt, whose files were never voted: stage anew
+            output = self._stage(batch)
+            batch = self.store.record_metrics(batch, _stage_metrics(output))
+        return self.ack(self.commit(self.pre_commit(batch, output), recovering=True))
+
     def rebuild_from_log(self) -> int:
         """Re-create committed batches the ledger lacks from the Delta log's commit info.
 
-        Returns how many were re-created. Refuses (loudly) when the table's newest batch is
-        not in the log any more, because positions could then not be known.
+        Reads every output's log (invariant 12): a batch some outputs hold and others not
+        (a crash between the commits) is finished work, never planned again; it is
+        re-created as a batch to be staged again over its ranges and published to the
+        outputs that lack it (each output is idempotent by its own txn version).
+
+        Returns how many were re-created. Refuses (loudly) when the newest batch is not in
+        the log any more, because positions could then not be known.
         """
         version = self.publisher.committed_version(self.app_id)
         if version is None:
             return 0
         known = self.store.get(self.app_id, version)
         if known is not None:
-            if known.state in ABANDONABLE or known.state is BatchState.ABORTED:
+            stale = known.state in ABANDONABLE and not known.voted_once
+            if stale or known.state is BatchState.ABORTED:
                 raise InconsistencyError(
                     f"the Delta table holds batch {self.app_id}/{version}, but the ledger has "
                     f"it {known.state}: the ledger is older than the table (restored from a "
@@ -522,6 +714,9 @@ class TwoPhaseCommit:
             if self.store.get(self.app_id, entry["batch_id"]) is not None:
                 continue
             ranges = [OffsetRange.from_dict(r) for r in entry["ranges"]]
+            if not entry.get("complete", True):
+                rebuilt += self._insert_unfinished(entry, ranges)
+                continue
             rebuilt += self.store.insert_committed(
                 pipeline=self.pipeline,
                 app_id=self.app_id,
@@ -533,6 +728,26 @@ class TwoPhaseCommit:
             )
         self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
         return rebuilt
+
+    def _insert_unfinished(self, entry: Mapping[str, Any], ranges: list[OffsetRange]) -> bool:
+        """Re-create a batch that some outputs hold and others not as one to be staged
+        again over its ranges and finished (invariant 12)."""
+        holding = sorted(entry.get("outputs", []))
+        batch_id = int(entry["batch_id"])
+        self.log(f"batch {self.app_id}/{batch_id} is in {holding} only: it will be re-staged")
+        return self.store.insert_unfinished(
+            pipeline=self.pipeline,
+            app_id=self.app_id,
+            kind=BatchKind(entry.get("kind", self.kind)),
+            batch_id=batch_id,
+            ranges=ranges,
+            params=entry.get("params"),
+            reason=(
+                f"rebuilt from the Delta logs: {', '.join(holding)} hold(s) batch {batch_id}, "
+                "the other outputs not; it is staged again over its ranges to finish it"
+            ),
+            metrics={RESTAGE: {"count": 0, "missing": [], "outputs_holding": holding}},
+        )
 
     def may_be_alive(self, batch: Batch) -> bool:
         """Whether the attempt that owns `batch` may still be running somewhere.
@@ -605,6 +820,21 @@ class TwoPhaseCommit:
         timings["ack"] = time.perf_counter() - t
         batch = self.store.record_metrics(batch, {"phase_s": timings})
         return BatchReport(batch, output, timings)
+
+
+def _stage_metrics(output: StageOutput) -> dict[str, Any]:
+    """What a stage records in the batch's metrics (shown by `exactly ledger` and Dagster)."""
+    return {
+        "records_read": output.records_read,
+        "table_records": output.table_records,
+        "quarantine_records": output.quarantine_records,
+        "files": len(output.files),
+        "stage_detail_s": output.seconds,
+    }
+
+
+def _ranges_text(batch: Batch) -> str:
+    return " ".join(str(r) for r in batch.ranges if r.span) or "(empty)"
 
 
 @dataclass(frozen=True)

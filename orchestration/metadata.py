@@ -25,9 +25,12 @@ def batch_metadata(batch: Batch) -> dict[str, Any]:
         "ranges": [str(r) for r in batch.ranges],
         "offsets_spanned": batch.span,
     }
-    for key in ("records_read", "table_records", "quarantine_records", "files"):
+    counts = ("files_staged", "files_committed", "files_already_committed", "files_missing")
+    for key in ("records_read", "table_records", "quarantine_records", "files", *counts):
         if key in batch.metrics:
             meta[key] = batch.metrics[key]
+    if "restage" in batch.metrics:  # staged again after its vote lost files (invariant 11)
+        meta["restages"] = batch.metrics["restage"].get("count", 0)
     for phase, seconds in batch.metrics.get("phase_s", {}).items():
         meta[f"{phase}_seconds"] = round(seconds, 3)
     return meta

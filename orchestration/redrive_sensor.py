@@ -17,7 +17,7 @@ import dagster as dg
 
 from jobs.pipeline import Pipeline
 from ledger.batch import Batch
-from ledger.protocol import MUST_FINISH
+from ledger.protocol import IN_FLIGHT
 from ledger.two_phase import TwoPhaseCommit
 from orchestration.liveness import abandon_dead_batches, run_alive
 from orchestration.resources import pipeline_in, pipeline_key
@@ -26,9 +26,11 @@ from resources.config import PipelineConfig
 
 
 def _unattended(coordinator: TwoPhaseCommit) -> list[Batch]:
-    """The coordinator's voted batches nobody is finishing (`needs_redrive`), oldest first."""
-    voted = coordinator.store.batches(app_id=coordinator.app_id, states=MUST_FINISH)
-    return [b for b in sorted(voted, key=lambda b: b.batch_id) if coordinator.needs_redrive(b)]
+    """The coordinator's voted batches nobody is finishing (`needs_redrive`), oldest first:
+    PREPARED or COMMITTED, or sent back to be staged again (invariant 11), which the
+    schedule would otherwise wait for forever as a batch in flight."""
+    found = coordinator.store.batches(app_id=coordinator.app_id, states=IN_FLIGHT)
+    return [b for b in sorted(found, key=lambda b: b.batch_id) if coordinator.needs_redrive(b)]
 
 
 def redrive_requests(
@@ -81,8 +83,9 @@ def build_redrive_sensor(
         minimum_interval_seconds=30,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
-            "Launches a commit-only run for every PREPARED or COMMITTED batch whose run died, "
-            "and abandons PLANNED or STAGED batches whose run died."
+            "Launches a commit-only run for every PREPARED or COMMITTED batch whose run died "
+            "and for every batch being staged again after its vote lost files, and abandons "
+            "PLANNED or STAGED batches whose run died."
         ),
         required_resource_keys={pipeline_key(name)},
     )

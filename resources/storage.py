@@ -95,6 +95,17 @@ def file_info(uri: str) -> FileInfo:
     return FileInfo(uri, stat.st_size, int(stat.st_mtime * 1000))
 
 
+def file_size(uri: str) -> int | None:
+    """The size of the file at `uri` now, or None when there is none: how the commit checks
+    that a voted file is still there as voted (invariant 11)."""
+    if is_remote(uri):
+        raise NotImplementedError("object storage arrives with the object-store issue")
+    try:
+        return Path(uri).stat().st_size
+    except FileNotFoundError:
+        return None
+
+
 def ensure_parent(uri: str) -> None:
     """Local folders must exist before a file is written into them; object stores have none."""
     if not is_remote(uri):

@@ -1,5 +1,6 @@
-"""Backfills against the real broker, Spark and Delta: fill, replace, compaction, retention,
-and a crash at every crash point of a backfill."""
+"""Backfills against the real broker, Spark and Delta: fill, replace, compaction, retention.
+A crash at every crash point of a backfill, with the ledger kept and lost, is in the crash
+matrix (tests/test_crash.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from deltalake import DeltaTable
 from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build, build_backfill
 from ledger.backfill import BackfillError, BackfillMode, plan_backfill
-from ledger.crash import CRASH_EXIT_CODE
 from ledger.errors import DataLossError
 from ledger.protocol import BatchState, OffsetRange
 from ledger.store import LedgerStore
@@ -247,56 +247,3 @@ def test_a_range_deleted_by_retention_fails_loudly_and_commits_nothing(
         backfill(config, spark, "replace", OffsetRange(config.kafka.topic, 0, 50, 150))
     assert DeltaTable(config.delta.table_uri).version() == version
     assert LedgerStore(config.ledger.url).batches(app_id="pageviews.backfill") == []
-
-
-BACKFILL_CRASHES = {
-    "after_plan": BatchState.PLANNED,
-    "during_stage": BatchState.PLANNED,
-    "after_stage": BatchState.STAGED,
-    "after_prepare": BatchState.PREPARED,
-    "after_delta_commit": BatchState.PREPARED,
-    "after_committed": BatchState.COMMITTED,
-}
-
-
-@pytest.mark.parametrize("point", sorted(BACKFILL_CRASHES))
-def test_a_crash_during_a_replace_then_recovery_keeps_exactly_once(
-    point: str, spark: Any, kafka_client: Any, pipeline_factory: Any
-) -> None:
-    config = pipeline_factory(2, max_records=500)
-    kafka_client.produce_to_partitions(
-        config.kafka.topic,
-        {p: list(pageviews(300, start=300 * p, malformed_every=30)) for p in (0, 1)},
-    )
-    live_until_caught_up(config, spark)
-    before = apps_by_coordinate(config)
-    result = cli(
-        "backfill",
-        "-c",
-        str(config_path(config)),
-        "--partition",
-        "1",
-        "--from",
-        "20",
-        "--to",
-        "200",
-        "--mode",
-        "replace",
-        "--transform",
-        V2,
-        env={"EXACTLY_CRASH_AT": point},
-    )
-    assert result.returncode == CRASH_EXIT_CODE, result.stdout + result.stderr
-    store = LedgerStore(config.ledger.url)
-    (crashed,) = store.batches(app_id="pageviews.backfill")
-    assert crashed.state is BACKFILL_CRASHES[point]
-
-    # restart: recovery finishes a voted replace; an unvoted one is abandoned and redone
-    rng = OffsetRange(config.kafka.topic, 1, 20, 200)
-    backfill(config, spark, "replace", rng)
-    done = [b for b in store.batches(app_id="pageviews.backfill") if b.state is BatchState.ACKED]
-    assert len(done) == 1
-    assert_exactly_once(config, kafka_client)
-    for coord, app in apps_by_coordinate(config).items():
-        in_range = coord[0] == 1 and 20 <= coord[1] < 200
-        assert app == (before[coord].upper() if in_range else before[coord]), coord

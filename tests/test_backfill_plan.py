@@ -26,7 +26,7 @@ from ledger.errors import ExactlyError
 from ledger.protocol import Available, BatchState, OffsetRange, Owner
 from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
-from tests.test_two_phase import FakePublisher, FakeSource, FakeStager
+from tests.fixtures.fakes import FakeSource, wired
 
 S = BatchState
 PIPELINE = "pageviews"
@@ -63,27 +63,29 @@ def live(
 ) -> TwoPhaseCommit:
     """The live pipeline's coordinator: application id = the pipeline's name."""
     kw.setdefault("max_records_per_partition", 10)
+    stager, publisher = wired()
     return TwoPhaseCommit(
         store,
         pipeline=pipeline,
         app_id=pipeline,
         source=source,
-        stager=FakeStager(),
-        publisher=FakePublisher(),
+        stager=stager,
+        publisher=publisher,
         **kw,
     )
 
 
 def backfiller(store: LedgerStore, source: FakeSource, pipeline: str = PIPELINE) -> TwoPhaseCommit:
     """The coordinator of the pipeline's backfills, as jobs/ builds it."""
+    stager, publisher = wired()
     return TwoPhaseCommit(
         store,
         pipeline=pipeline,
         app_id=backfill_app_id(pipeline),
         kind=BatchKind.BACKFILL,
         source=source,
-        stager=FakeStager(),
-        publisher=FakePublisher(),
+        stager=stager,
+        publisher=publisher,
         max_records_per_partition=1000,
     )
 

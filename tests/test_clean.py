@@ -97,7 +97,10 @@ def roots(config: PipelineConfig) -> dict[str, str]:
 
 def folder_of(config: PipelineConfig, batch: Batch, target: str = TABLE) -> Path:
     """The attempt folder the stage job writes `batch`'s current attempt into."""
-    return Path(attempt_folder(roots(config)[target], batch.app_id, batch.batch_id, batch.attempt))
+    folder = attempt_folder(
+        roots(config)[target], batch.app_id, batch.batch_id, batch.attempt, batch.token
+    )
+    return Path(folder)
 
 
 def plan(
@@ -658,11 +661,6 @@ def test_clean_after_a_crash_keeps_the_prepared_batch_and_recovery_commits_it(
     assert table + quarantined == 600
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FileNotFoundError,  # reading the table: recovery committed the vacuumed files
-    reason="needs item 3: re-stage when voted files are missing",
-)
 def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
     spark: Any, kafka_client: Any, pipeline_factory: Any
 ) -> None:
@@ -690,7 +688,9 @@ def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
     assert vacuumed == [f.path for f in files], "VACUUM RETAIN 0 HOURS left voted files"
 
     restarted = build(config, spark_factory=lambda: spark)
-    restarted.recover_and_commit()
+    (recovered,) = restarted.recover_and_commit()
+    assert recovered.batch_id == 2 and recovered.metrics["files_missing"] == len(files)
+    assert recovered.metrics["restage"]["count"] == 1
     while restarted.run_batch() is not None:
         pass
     table, quarantined = assert_exactly_once(config, kafka_client)

@@ -1,88 +1,229 @@
-"""Crash tests: a real `exactly run` child process dies with os._exit at each crash point
-of docs/protocol.md, then the pipeline restarts and the table must hold every record once."""
+"""The crash matrix: a real `exactly run` (live batches) or `exactly backfill` (a replace) is
+killed with os._exit at each crash point of docs/protocol.md, then the pipeline restarts twice
+from the state the crash left: once with the ledger kept, once with the ledger deleted (the
+Delta logs must rebuild it, invariants 7 and 12). Both restarts must end with every record
+once in the table or the quarantine (invariant 1).
+
+One broker topic, one crashed child and one set of tables per crash point: the state the
+crash left is copied (tables and staged files, without the ledger) for the ledger-lost
+restart, so each case pays for one child process, the expensive part. The data has
+malformed records in every batch, so both tables are written. The restarts run in this
+process on the session's Spark.
+"""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
+from jobs.pipeline import build, build_backfill
+from ledger.backfill import BackfillMode, plan_backfill
 from ledger.crash import POINTS
-from ledger.protocol import BatchState
+from ledger.protocol import BatchState, OffsetRange
 from ledger.store import LedgerStore
-from tests.fixtures.pipeline import assert_exactly_once, crash_run
+from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
+from tests.test_backfill import V2, apps_by_coordinate, cli
 
-#: crash point -> the state the batch is left in when the process dies there
+S = BatchState
+
+#: crash point -> the state the crashed batch is left in (with the ledger kept)
 LEFT_IN = {
-    "after_plan": BatchState.PLANNED,
-    "during_stage": BatchState.PLANNED,
-    "after_stage": BatchState.STAGED,
-    "after_prepare": BatchState.PREPARED,
-    "after_delta_commit": BatchState.PREPARED,
-    "after_committed": BatchState.COMMITTED,
+    "after_plan": S.PLANNED,
+    "during_stage": S.PLANNED,
+    "after_stage": S.STAGED,
+    "after_prepare": S.PREPARED,
+    "between_table_commits": S.PREPARED,
+    "after_delta_commit": S.PREPARED,
+    "after_committed": S.COMMITTED,
+    "recovery_after_delta_commit": S.PREPARED,
+}
+#: where each output stands after the crash: (quarantine holds the batch, table holds it)
+HELD = {
+    "between_table_commits": (True, False),
+    "after_delta_commit": (True, True),
+    "after_committed": (True, True),
+    "recovery_after_delta_commit": (True, True),
 }
 
 
-def restart(config: Any, spark: Any) -> list[Any]:
-    tpc = build(config, spark_factory=lambda: spark)
-    tpc.recover_and_commit()
-    reports = []
-    while (report := tpc.run_batch()) is not None:
-        reports.append(report)
-    return reports
+def test_every_crash_point_is_in_the_matrix() -> None:
+    assert set(LEFT_IN) == set(POINTS)
 
 
-def test_every_protocol_crash_point_is_tested() -> None:
-    assert set(LEFT_IN) | {"recovery_after_delta_commit"} == set(POINTS)
-
-
-@pytest.mark.parametrize("point", sorted(LEFT_IN))
-def test_crash_then_restart_keeps_exactly_once(
-    point: str, spark: Any, kafka_client: Any, pipeline_factory: Any
-) -> None:
-    config = pipeline_factory(3, max_records=300)
-    kafka_client.produce(config.kafka.topic, pageviews(1500, malformed_every=70))
-    tpc = build(config, spark_factory=lambda: spark)
-    tpc.recover_and_commit()
-    assert tpc.run_batch() is not None  # history before the crash
-
-    crash_run(config, point)
-    store = LedgerStore(config.ledger.url)
-    crashed = store.get(config.app_id, 2)
-    assert crashed is not None and crashed.state is LEFT_IN[point]
-    table_had_it = DeltaTable(config.delta.table_uri).transaction_version(config.app_id) == 2
-    assert table_had_it == (point in ("after_delta_commit", "after_committed"))
-
-    restart(config, spark)
-    table, quarantined = assert_exactly_once(config, kafka_client)
-    assert table + quarantined == 1500
-    after = store.get(config.app_id, 2)
-    assert after is not None
-    expected = (
-        BatchState.ABORTED
-        if LEFT_IN[point] in (BatchState.PLANNED, BatchState.STAGED)
-        else BatchState.ACKED
+def without_ledger(config: Any, dest: Path) -> Any:
+    """A copy of the pipeline's tables (with the staged files under them) and no ledger:
+    what the crash left, as an operator who lost the ledger database finds it."""
+    copies = {}
+    for field in ("table_uri", "quarantine_uri"):
+        source = Path(getattr(config.delta, field))
+        copies[field] = str(dest / source.name)
+        if source.exists():
+            shutil.copytree(source, copies[field])
+    return config.model_copy(
+        update={
+            "delta": config.delta.model_copy(update=copies),
+            "ledger": config.ledger.model_copy(update={"url": f"sqlite:///{dest / 'new.db'}"}),
+        }
     )
-    assert after.state is expected
 
 
-def test_crash_during_recovery_itself(spark: Any, kafka_client: Any, pipeline_factory: Any) -> None:
-    config = pipeline_factory(2, max_records=500)
-    kafka_client.produce(config.kafka.topic, pageviews(800, malformed_every=33))
-    crash_run(config, "after_prepare")
-    # the next start recovers the prepared batch, publishes it, and dies before the ledger
-    # learns it: the table has the batch, the ledger still says PREPARED
-    crash_run(config, "recovery_after_delta_commit")
+def held(config: Any, app_id: str) -> tuple[bool, bool]:
+    """Whether the quarantine and the table hold the crashed batch's app transaction."""
+
+    def at(uri: str) -> int:
+        if not DeltaTable.is_deltatable(uri):
+            return 0
+        return DeltaTable(uri).transaction_version(app_id) or 0
+
+    latest = max(b.batch_id for b in LedgerStore(config.ledger.url).batches(app_id=app_id))
+    return (
+        at(config.delta.quarantine_uri) >= latest,
+        at(config.delta.table_uri) >= latest,
+    )
+
+
+def crashed_batch(config: Any, app_id: str) -> Any:
     store = LedgerStore(config.ledger.url)
-    batch = store.get(config.app_id, 1)
-    assert batch is not None and batch.state is BatchState.PREPARED and batch.attempt == 2
-    assert DeltaTable(config.delta.table_uri).transaction_version(config.app_id) == 1
+    try:
+        return store.batches(app_id=app_id, limit=1)[0]
+    finally:
+        store.dispose()
 
-    restart(config, spark)
+
+# -- live batches -------------------------------------------------------------------------
+
+
+def live_restart(config: Any, spark: Any) -> None:
+    """The next `exactly run --until-caught-up`: recover (rebuilding a lost ledger), then
+    batches until caught up."""
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    while tpc.run_batch() is not None:
+        pass
+
+
+@pytest.mark.parametrize("point", list(LEFT_IN))
+def test_live_crash_then_restart_with_and_without_the_ledger(
+    point: str, spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = pipeline_factory(3)
+    topic = config.kafka.topic
+    kafka_client.produce(topic, pageviews(600, malformed_every=20))
+    live_restart(config, spark)  # batch 1: history before the crash
+    kafka_client.produce(topic, pageviews(300, start=600, malformed_every=20))
+
+    if point == "recovery_after_delta_commit":
+        crash_run(config, "after_prepare")  # the next start recovers batch 2 and dies
+    crash_run(config, point)
+    crashed = crashed_batch(config, config.app_id)
+    assert (crashed.batch_id, crashed.state) == (2, LEFT_IN[point])
+    assert held(config, config.app_id) == HELD.get(point, (False, False))
+    # the topic moves on before anyone restarts: a batch planned again would read more
+    kafka_client.produce(topic, pageviews(300, start=900, malformed_every=20))
+    lost = without_ledger(config, tmp_path / "ledger-lost")
+
+    live_restart(config, spark)
     table, quarantined = assert_exactly_once(config, kafka_client)
-    assert table + quarantined == 800
-    final = store.get(config.app_id, 1)
-    assert final is not None and final.state is BatchState.ACKED and final.attempt == 3
+    assert (table + quarantined, quarantined) == (1200, 60)
+    after = LedgerStore(config.ledger.url).get(config.app_id, 2)
+    assert after is not None
+    voted = LEFT_IN[point] not in (S.PLANNED, S.STAGED)
+    assert after.state is (S.ACKED if voted else S.ABORTED)
+
+    live_restart(lost, spark)
+    assert assert_exactly_once(lost, kafka_client) == (table, quarantined)
+    rebuilt = LedgerStore(lost.ledger.url).get(lost.app_id, 2)
+    assert rebuilt is not None and rebuilt.state in (S.COMMITTED, S.ACKED)
+    if HELD.get(point, (False, False))[0]:
+        # a batch some table holds is finished over its own ranges, never planned again
+        assert rebuilt.ranges == crashed.ranges
+
+
+# -- replace backfills --------------------------------------------------------------------
+
+REPLACED = (1, 20, 200)  # partition, from, to
+
+
+def replace_args(config: Any) -> list[str]:
+    partition, start, end = REPLACED
+    return [
+        "backfill",
+        "-c",
+        str(config_path(config)),
+        "--partition",
+        str(partition),
+        "--from",
+        str(start),
+        "--to",
+        str(end),
+        "--mode",
+        "replace",
+        "--transform",
+        V2,
+    ]
+
+
+def backfill_crash(config: Any, point: str) -> None:
+    result = cli(*replace_args(config), env={"EXACTLY_CRASH_AT": point})
+    assert result.returncode == 137, result.stdout + result.stderr
+    assert f"crash point {point} reached" in result.stderr
+
+
+def backfill_restart(config: Any, spark: Any) -> None:
+    """`exactly recover`, then the same `exactly backfill` again: recovery finishes (or
+    rebuilds) what the crash left; a replace already done is not done twice."""
+    live_restart(config, spark)
+    tpc = build_backfill(config, transform=V2, spark_factory=lambda: spark)
+    partition, start, end = REPLACED
+    batch, planned = plan_backfill(
+        tpc,
+        live_app_id=config.app_id,
+        mode=BackfillMode.REPLACE,
+        ranges=[OffsetRange(config.kafka.topic, partition, start, end)],
+        transform=V2,
+    )
+    if planned:
+        tpc.finish(batch)
+
+
+def assert_replaced(config: Any, before: dict[tuple[int, int], str]) -> None:
+    partition, start, end = REPLACED
+    for coord, app in apps_by_coordinate(config).items():
+        inside = coord[0] == partition and start <= coord[1] < end
+        assert app == (before[coord].upper() if inside else before[coord]), coord
+
+
+@pytest.mark.parametrize("point", list(LEFT_IN))
+def test_backfill_crash_then_restart_with_and_without_the_ledger(
+    point: str, spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce_to_partitions(
+        config.kafka.topic,
+        {p: list(pageviews(300, start=300 * p, malformed_every=15)) for p in (0, 1)},
+    )
+    live_restart(config, spark)
+    before = apps_by_coordinate(config)
+    app_id = f"{config.pipeline}.backfill"
+
+    if point == "recovery_after_delta_commit":
+        backfill_crash(config, "after_prepare")
+    backfill_crash(config, point)
+    crashed = crashed_batch(config, app_id)
+    assert (crashed.batch_id, crashed.state) == (1, LEFT_IN[point])
+    assert held(config, app_id) == HELD.get(point, (False, False))
+    lost = without_ledger(config, tmp_path / "ledger-lost")
+
+    for restarted in (config, lost):
+        backfill_restart(restarted, spark)
+        table, quarantined = assert_exactly_once(restarted, kafka_client)
+        assert (table + quarantined, quarantined) == (600, 40)
+        assert_replaced(restarted, before)
+        store = LedgerStore(restarted.ledger.url)
+        done = [b for b in store.batches(app_id=app_id) if b.state is S.ACKED]
+        assert len(done) == 1, [(b.batch_id, b.state) for b in store.batches(app_id=app_id)]

@@ -27,7 +27,7 @@ from ledger.two_phase import TwoPhaseCommit
 from orchestration.stuck_sensor import evaluate_stuck
 from resources.alerts import AlertsResource
 from resources.config import parse_config
-from tests.test_two_phase import FakePublisher, FakeSource, FakeStager
+from tests.fixtures.fakes import FakeSource, wired
 
 APP = "pageviews"
 TOPIC = "pageviews"
@@ -59,13 +59,14 @@ def store(ledger_url: str) -> Iterator[LedgerStore]:
 
 def judge(store: LedgerStore, lease_seconds: float) -> TwoPhaseCommit:
     """The coordinator of the process that decides: a schedule tick, a recovery."""
+    stager, publisher = wired()
     return TwoPhaseCommit(
         store,
         pipeline="pv",
         app_id=APP,
         source=FakeSource({0: Available(0, 100)}),
-        stager=FakeStager(),
-        publisher=FakePublisher(),
+        stager=stager,
+        publisher=publisher,
         max_records_per_partition=10,
         lease_seconds=lease_seconds,
     )

@@ -23,7 +23,8 @@ from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
 from orchestration.stuck_sensor import Cursor, decide_ack, decide_stuck
 from resources.config import parse_config
-from tests.test_two_phase import FakePublisher, FakeSource, FakeStager, dead_pid, plan_as
+from tests.fixtures.fakes import FakePublisher, FakeSource, FakeStager
+from tests.test_two_phase import dead_pid, plan_as
 
 S = BatchState
 APP = "pageviews"
@@ -74,7 +75,7 @@ def coordinator(
         pipeline="pv",
         app_id=APP,
         source=source,
-        stager=FakeStager(),
+        stager=FakeStager(disk=publisher.disk),
         publisher=publisher,
         max_records_per_partition=10,
         **kw,

@@ -24,6 +24,7 @@ from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_def
 from orchestration.stuck_sensor import decide_stuck
 from orchestration.tags import BATCH_TAG
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run, save_config
+from tests.test_restage_pipeline import delete_one_voted_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -154,6 +155,35 @@ def test_redrive_sensor_finishes_a_batch_left_prepared(
     assert again.success
     assert not [e for e in again.all_events if e.event_type_value == "STEP_OUTPUT"]
     assert assert_exactly_once(config, kafka_client) == (880, 20)
+
+
+def test_redrive_sensor_finishes_a_restaging_batch_whose_run_died(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
+    crash_run(config, "after_prepare")
+    delete_one_voted_file(config, "table")
+    # the next start finds the file gone, re-stages the batch and dies before its new vote
+    crash_run(config, "after_stage")
+    jobs = pipeline_definitions(config_path(config))
+    redrive = sensor(jobs, "_redrive_sensor")
+    requests = list(redrive(sensor_context(jobs, instance)))
+    assert [(r.partition_key, r.run_key) for r in requests] == [("1", "pageviews:1:3")]
+
+    result = jobs.redrive.execute_in_process(
+        instance=instance, partition_key="1", tags=requests[0].tags
+    )
+    assert result.success
+    batch = result.output_for_node("pageviews_redrive_commit")
+    assert (batch.state, batch.attempt) == (BatchState.ACKED, 4)
+    assert assert_exactly_once(config, kafka_client) == (392, 8)
+    (materialization,) = result.asset_materializations_for_node("pageviews_redrive_commit")
+    meta = {k: v.value for k, v in materialization.metadata.items()}
+    assert meta["files_missing"] == 1 and meta["files_already_committed"] == 0
+    assert meta["files_committed"] == meta["files_staged"] > 0
+    assert meta["restages"] == 1
+    assert list(redrive(sensor_context(jobs, instance))) == []
 
 
 def test_stuck_alert_fires_once_and_resolves_after_the_commit(

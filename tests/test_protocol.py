@@ -12,6 +12,7 @@ from ledger.protocol import (
     HOLDS_RANGE,
     IN_FLIGHT,
     MUST_FINISH,
+    RESTAGE_MOVE,
     TRANSITIONS,
     Available,
     BatchState,
@@ -35,6 +36,7 @@ LEGAL = {
     (S.STAGED, S.PREPARED),
     (S.STAGED, S.ABORTED),
     (S.PREPARED, S.COMMITTED),
+    (S.PREPARED, S.PLANNED),  # re-stage, with a reason only (invariant 11)
     (S.COMMITTED, S.ACKED),
 }
 ALL_PAIRS = set(itertools.product(BatchState, BatchState))
@@ -52,7 +54,22 @@ def test_transition_table_is_exactly_the_documented_graph() -> None:
 
 @pytest.mark.parametrize(("current", "target"), sorted(LEGAL))
 def test_legal_transitions_pass(current: BatchState, target: BatchState) -> None:
-    assert check_transition("app/1", current, target) is None
+    assert check_transition("app/1", current, target, reason="staged files vanished") is None
+
+
+def test_the_one_move_back_needs_a_reason() -> None:
+    assert RESTAGE_MOVE == (S.PREPARED, S.PLANNED)
+    for reason in (None, ""):
+        with pytest.raises(InconsistencyError, match=r"PREPARED -> PLANNED \(re-stage\) needs a"):
+            check_transition("app/1", S.PREPARED, S.PLANNED, reason=reason)
+    # no other move back exists, with or without a reason
+    for current, target in [
+        (S.STAGED, S.PLANNED),
+        (S.COMMITTED, S.PREPARED),
+        (S.PREPARED, S.STAGED),
+    ]:
+        with pytest.raises(InconsistencyError, match="illegal transition"):
+            check_transition("app/1", current, target, reason="because")
 
 
 @pytest.mark.parametrize(("current", "target"), ILLEGAL)

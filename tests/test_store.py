@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
 from devtools.jvm_process import free_port
-from ledger.batch import Batch, StagedFile, this_owner
+from ledger.batch import RESTAGE, Batch, StagedFile, this_owner
 from ledger.errors import (
     BusyError,
     ConfigError,
@@ -25,7 +25,7 @@ from ledger.errors import (
     InconsistencyError,
     UnreachableError,
 )
-from ledger.protocol import TRANSITIONS, BatchState, OffsetRange, Owner
+from ledger.protocol import RESTAGE_MOVE, TRANSITIONS, BatchState, OffsetRange, Owner
 from ledger.schema import SCHEMA_VERSION, batches_table, files_table, meta_table, ranges_table
 from ledger.store import LedgerStore
 
@@ -291,7 +291,10 @@ def test_stale_token_is_fenced_everywhere(store: LedgerStore, state: BatchState)
     for target in sorted(TRANSITIONS[state]):
         files = [staged_file("zombie")] if target is S.PREPARED else ()
         with pytest.raises(FencedError) as info:
-            store.transition(stale, target, files=files, table_version=1)
+            if (state, target) == RESTAGE_MOVE:  # the move back has a method of its own
+                store.restage(stale, reason="zombie", metrics={RESTAGE: {"count": 1}})
+            else:
+                store.transition(stale, target, files=files, table_version=1)
         message = str(info.value)
         assert f"{stale.label} was fenced moving {state} -> {target}" in message
         assert f"it is {state} at attempt 2 (owner rescuer:4242)" in message
@@ -592,3 +595,69 @@ def test_voted_paths_names_every_voted_file_of_the_given_apps(store: LedgerStore
     }
     assert store.voted_paths([APP], among=[]) == set()
     assert acked.state is S.ACKED and voted.state is S.PREPARED
+
+
+# -- re-staging a vote whose files vanished (invariant 11) ---------------------------------
+
+
+def test_restage_fences_the_vote_drops_its_files_and_keeps_the_range(store: LedgerStore) -> None:
+    voted = walk_to(store, plan(store), S.PREPARED)
+    assert [f.path for f in store.files(APP, 1)] == ["batch=1/a.parquet"]
+    why = {RESTAGE: {"count": 1, "missing": ["table/batch=1/a.parquet"]}, "files_missing": 1}
+    again = store.restage(voted, reason="table/batch=1/a.parquet is gone", metrics=why)
+    assert (again.state, again.attempt, again.batch_id) == (S.PLANNED, 2, 1)
+    assert again.token != voted.token and again.ranges == voted.ranges
+    assert again.error == "table/batch=1/a.parquet is gone"
+    assert again.metrics[RESTAGE]["missing"] == ["table/batch=1/a.parquet"]
+    assert again.voted_once
+    assert store.files(APP, 1) == []  # the old vote's rows went in the same transaction
+    assert store.positions(APP) == {0: 10, 1: 10}  # still holds its range
+    # the old attempt is fenced: it can neither commit nor re-stage
+    with pytest.raises(FencedError, match="it is PLANNED at attempt 2"):
+        store.transition(voted, S.COMMITTED, table_version=1)
+    with pytest.raises(FencedError, match="fenced moving PREPARED -> PLANNED"):
+        store.restage(voted, reason="again", metrics=why)
+    # a batch that voted once is never abandoned (invariant 5), even while PLANNED
+    with pytest.raises(InconsistencyError, match="cannot be abandoned"):
+        store.transition(again, S.ABORTED, error="owner gone")
+    # and it votes again with new files
+    staged = store.transition(again, S.STAGED)
+    prepared = store.transition(staged, S.PREPARED, files=[staged_file("b")])
+    assert [f.path for f in store.files(APP, 1)] == ["batch=1/b.parquet"]
+    assert prepared.voted_once
+
+
+def test_only_restage_moves_a_vote_back(store: LedgerStore) -> None:
+    voted = walk_to(store, plan(store), S.PREPARED)
+    with pytest.raises(InconsistencyError, match="needs a reason"):
+        store.transition(voted, S.PLANNED)
+    with pytest.raises(InconsistencyError, match=r"only through LedgerStore\.restage"):
+        store.transition(voted, S.PLANNED, error="gone")
+    with pytest.raises(InconsistencyError, match="needs a reason"):
+        store.restage(voted, reason="", metrics={RESTAGE: {}})
+    current = store.get(APP, 1)
+    assert current is not None and (current.state, current.attempt) == (S.PREPARED, 1)
+    assert len(store.files(APP, 1)) == 1
+
+
+def test_insert_unfinished_recreates_a_batch_to_finish(store: LedgerStore) -> None:
+    ranges = [OffsetRange(TOPIC, 0, 5, 9)]
+    marker = {RESTAGE: {"count": 0, "outputs_holding": ["quarantine"]}}
+    args: dict[str, Any] = {
+        "pipeline": "pv",
+        "app_id": APP,
+        "kind": "live",
+        "batch_id": 4,
+        "ranges": ranges,
+        "params": {"mode": "replace"},
+        "reason": "quarantine holds it",
+        "metrics": marker,
+    }
+    assert store.insert_unfinished(**args) is True
+    assert store.insert_unfinished(**args) is False
+    batch = store.get(APP, 4)
+    assert batch is not None
+    assert (batch.state, batch.ranges, batch.error) == (S.PLANNED, tuple(ranges), args["reason"])
+    assert batch.voted_once and batch.params["rebuilt_from_delta_log"]
+    assert batch.params["mode"] == "replace"
+    assert store.positions(APP) == {0: 9}

@@ -7,119 +7,27 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ledger.batch import Batch, StagedFile, utcnow
-from ledger.errors import BusyError, DataLossError, FencedError, InconsistencyError
+from ledger.errors import (
+    BusyError,
+    DataLossError,
+    FencedError,
+    InconsistencyError,
+    RefusedBatchError,
+)
 from ledger.protocol import Available, BatchState, OffsetRange, Owner
 from ledger.store import LedgerStore
-from ledger.two_phase import PublishResult, StageOutput, TwoPhaseCommit
+from ledger.two_phase import StageOutput, TwoPhaseCommit
+from tests.fixtures.fakes import TOPIC, FakePublisher, FakeSource, FakeStager
 
 S = BatchState
 APP = "pageviews"
-TOPIC = "pageviews"
-
-
-# -- fakes --------------------------------------------------------------------------------
-
-
-@dataclass
-class FakeSource:
-    """Kafka: per-partition earliest/last stable offsets, and the consumer group's acks."""
-
-    offsets: dict[int, Available]
-    topic: str = TOPIC
-    acks: list[list[OffsetRange]] = field(default_factory=list)
-
-    def available(self) -> Mapping[int, Available]:
-        return dict(self.offsets)
-
-    def ack(self, ranges: Sequence[OffsetRange]) -> None:
-        self.acks.append(list(ranges))
-
-
-@dataclass
-class FakeStager:
-    """Spark: writes (pretend) files unique to (batch id, attempt); one file per partition."""
-
-    staged: list[tuple[int, int]] = field(default_factory=list)
-    during: Any = None  # called with the batch while "staging"
-
-    def stage(self, batch: Batch) -> StageOutput:
-        self.staged.append((batch.batch_id, batch.attempt))
-        if self.during is not None:
-            self.during(batch)
-        files = [
-            StagedFile(
-                "table",
-                f"staging/batch={batch.batch_id}/attempt={batch.attempt}/part-{r.partition}.parquet",
-                100 + r.span,
-                r.span,
-                1_700_000_000_000,
-                "{}",
-            )
-            for r in batch.ranges
-            if r.span
-        ]
-        records = batch.span
-        return StageOutput(
-            files=files,
-            schemas={"table": "struct<value:binary>"},
-            records_read=records,
-            table_records=records,
-            quarantine_records=0,
-        )
-
-
-@dataclass
-class FakePublisher:
-    """Delta: a table whose log records, per commit, the files, batch id and ranges.
-
-    Like the real publisher (tests/test_delta_commit.py checks `DeltaTarget` itself), a
-    batch at or below the table's application-transaction version publishes nothing.
-    """
-
-    version: int | None = None
-    table_version: int = -1
-    commits: list[dict[str, Any]] = field(default_factory=list)
-    drop_metadata_of: set[int] = field(default_factory=set)  # log retention removed these
-
-    def committed_version(self, app_id: str) -> int | None:
-        return self.version
-
-    def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
-        if self.version is not None and batch.batch_id <= self.version:
-            return PublishResult(published=False, table_version=self.table_version)
-        self.table_version += 1
-        self.version = batch.batch_id
-        self.commits.append(
-            {
-                "batch_id": batch.batch_id,
-                "attempt": batch.attempt,
-                "kind": batch.kind,
-                "files": [f.path for f in files],
-                "table_version": self.table_version,
-                "ranges": [
-                    {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-                    for r in batch.ranges
-                ],
-            }
-        )
-        return PublishResult(published=True, table_version=self.table_version)
-
-    def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
-        return [c for c in self.commits if c["batch_id"] not in self.drop_metadata_of]
-
-    def check_schemas(self, schemas: Mapping[str, str]) -> None:
-        """Every staged schema fits: schema checks are tested on real tables (test_schema)."""
-
-    def published_ids(self) -> list[int]:
-        return [c["batch_id"] for c in self.commits]
 
 
 # -- fixtures and helpers -----------------------------------------------------------------
@@ -145,13 +53,19 @@ def source() -> FakeSource:
 
 
 @pytest.fixture
-def stager() -> FakeStager:
-    return FakeStager()
+def disk() -> dict[str, int]:
+    """The storage the fake stager writes to and the fake publisher reads from."""
+    return {}
 
 
 @pytest.fixture
-def publisher() -> FakePublisher:
-    return FakePublisher()
+def stager(disk: dict[str, int]) -> FakeStager:
+    return FakeStager(disk=disk)
+
+
+@pytest.fixture
+def publisher(disk: dict[str, int]) -> FakePublisher:
+    return FakePublisher(disk=disk)
 
 
 def coordinator(
@@ -456,7 +370,7 @@ def filled_table(
     source: FakeSource, stager: FakeStager, tmp_path: Path, batches: int
 ) -> FakePublisher:
     """A table that `batches` batches went into, through a ledger that is then lost."""
-    publisher = FakePublisher()
+    publisher = FakePublisher(disk=stager.disk)
     lost = LedgerStore(f"sqlite:///{tmp_path}/lost.db")
     try:
         tpc = coordinator(lost, source, stager, publisher)
@@ -698,3 +612,267 @@ def test_next_batch_pins_new_partitions_when_starting_from_latest(
     assert [str(r) for r in due.ranges] == ["pageviews-0[25,25)", "pageviews-1[12,12)"]
     assert tpc.run_batch() is not None
     assert tpc.next_batch().batch_id is None
+
+
+# -- invariant 11: a vote whose staged files vanished is re-staged, never published --------
+
+
+def alerting(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, publisher: FakePublisher
+) -> tuple[TwoPhaseCommit, list[str]]:
+    """A restarted coordinator whose log (where alerts go by default) is recorded."""
+    said: list[str] = []
+    return coordinator(store, source, stager, publisher, log=said.append), said
+
+
+def test_recovery_restages_a_vote_whose_staged_file_vanished(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    disk: dict[str, int],
+) -> None:
+    prepared = voted(tpc)
+    broken_vote = [f.path for f in store.files(APP, 1)]
+    del disk[broken_vote[0]]  # a lifecycle rule, a VACUUM or an operator removed it
+
+    restarted, said = alerting(store, source, stager, publisher)
+    finished = restarted.recover_and_commit()
+
+    # nothing of the broken vote was published; the batch was staged again and committed
+    assert [c["files"] for c in publisher.commits] == [[f.path for f in store.files(APP, 1)]]
+    assert not set(broken_vote) & set(publisher.commits[0]["files"])
+    assert [(b.batch_id, b.state) for b in finished] == [(1, S.ACKED)]
+    done = finished[0]
+    # same batch id and ranges; attempt 2 was the takeover, attempt 3 the re-stage
+    assert (done.ranges, done.attempt) == (prepared.ranges, 3)
+    assert stager.staged == [(1, 1), (1, 3)]
+    assert all("attempt=3" in f.path for f in store.files(APP, 1))
+    assert store.positions(APP) == {0: 10, 1: 12}
+    assert {k: done.metrics[k] for k in COUNTS} == {
+        "files_staged": 2,
+        "files_committed": 2,
+        "files_already_committed": 0,
+        "files_missing": 1,
+    }
+    assert done.metrics["restage"]["count"] == 1
+    assert done.metrics["restage"]["missing"] == [f"table/{broken_vote[0]}"]
+    assert broken_vote[0] in (done.error or "")
+    alerts = [line for line in said if line.startswith("ALERT [staged_files_missing]")]
+    assert len(alerts) == 1 and broken_vote[0] in alerts[0]
+
+
+COUNTS = ("files_staged", "files_committed", "files_already_committed", "files_missing")
+
+
+def test_a_file_of_another_size_counts_as_missing(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher, disk: dict[str, int]
+) -> None:
+    voted(tpc)
+    truncated = store.files(APP, 1)[1]
+    disk[truncated.path] = truncated.size - 1
+    done = tpc.recover_and_commit()[0]
+    assert done.state is S.ACKED and done.metrics["files_missing"] == 1
+    assert truncated.path not in publisher.commits[0]["files"]
+
+
+def test_an_intact_vote_is_committed_as_voted_with_its_counts(
+    tpc: TwoPhaseCommit, store: LedgerStore, stager: FakeStager
+) -> None:
+    report = tpc.run_batch()
+    assert report is not None
+    assert {k: report.batch.metrics[k] for k in COUNTS} == {
+        "files_staged": 2,
+        "files_committed": 2,
+        "files_already_committed": 0,
+        "files_missing": 0,
+    }
+    assert "restage" not in report.batch.metrics
+    assert stager.staged == [(1, 1)]
+
+
+def test_an_output_that_already_holds_the_batch_is_not_checked(
+    store: LedgerStore,
+    source: FakeSource,
+    disk: dict[str, int],
+    publisher: FakePublisher,
+) -> None:
+    stager = FakeStager(disk=disk, outputs=("table", "quarantine"))
+    tpc = coordinator(store, source, stager, publisher)
+    voted(tpc)
+    # the quarantine was published before a crash (between the two commits), then its
+    # staged files were cleaned up: they are the quarantine's now, not missing
+    publisher.held["quarantine"] = 1
+    for f in store.files(APP, 1):
+        if f.target == "quarantine":
+            del disk[f.path]
+    done = tpc.recover_and_commit()[0]
+    assert done.state is S.ACKED
+    assert stager.staged == [(1, 1)]  # no re-stage
+    assert {k: done.metrics[k] for k in COUNTS} == {
+        "files_staged": 4,
+        "files_committed": 2,
+        "files_already_committed": 2,
+        "files_missing": 0,
+    }
+    assert all(p.startswith("staging/") for p in publisher.commits[0]["files"])
+
+
+class ForgetfulDisk(dict):
+    """Storage where every staged file is gone by the time anyone looks."""
+
+    def __setitem__(self, key: str, value: int) -> None:
+        pass
+
+
+def test_restages_are_bounded_and_then_fail_loudly(store: LedgerStore, source: FakeSource) -> None:
+    disk = ForgetfulDisk()
+    stager, publisher = FakeStager(disk=disk), FakePublisher(disk=disk)
+    tpc, said = alerting(store, source, stager, publisher)
+    with pytest.raises(InconsistencyError, match=r"pageviews/1 .*vanished again after 2 re-st"):
+        tpc.run_batch()
+    assert publisher.commits == []
+    batch = store.get(APP, 1)
+    assert batch is not None and batch.state is S.PREPARED
+    assert stager.staged == [(1, 1), (1, 2), (1, 3)]
+    assert batch.metrics["restage"]["count"] == 2
+    assert len([line for line in said if "ALERT [staged_files_missing]" in line]) == 3
+    # the next start tries again (the operator fixed the storage meanwhile)
+    stager.disk = publisher.disk = {}
+    done = coordinator(store, source, stager, publisher).recover_and_commit()
+    assert [(b.state, b.attempt) for b in done] == [(S.ACKED, 5)]
+    assert publisher.published_ids() == [1]
+
+
+def test_a_restage_whose_offsets_left_kafka_fails_loudly_and_is_never_abandoned(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    disk: dict[str, int],
+) -> None:
+    voted(tpc)
+    disk.clear()
+    source.offsets[0] = Available(3, 25)  # retention removed [0, 3) before the re-stage
+    for _ in range(2):  # every start fails loudly, and abandons nothing
+        with pytest.raises(DataLossError, match=r"pageviews-0\[0,10\): offsets \[0, 3\)"):
+            coordinator(store, source, stager, publisher).recover_and_commit()
+        batch = store.get(APP, 1)
+        assert batch is not None and batch.state is S.PLANNED and "restage" in batch.metrics
+    assert publisher.commits == []
+    with pytest.raises(BusyError):
+        tpc.begin()  # its range stays held: nothing is planned past it
+    with pytest.raises(InconsistencyError, match="voted once"):
+        tpc.abort(batch, "operator")
+    assert store.positions(APP) == {0: 10, 1: 12}
+
+
+def test_redrive_finishes_a_restaging_batch_whose_run_died(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    disk: dict[str, int],
+) -> None:
+    prepared = voted(tpc)
+    disk.clear()
+    source.offsets[0] = Available(3, 25)
+    with pytest.raises(DataLossError):
+        tpc.redrive(prepared.batch_id)
+    source.offsets[0] = Available(0, 25)  # say the operator restored the offsets
+    done = tpc.redrive(prepared.batch_id)
+    assert done is not None and done.state is S.ACKED
+    assert publisher.published_ids() == [1]
+    assert [OffsetRange(**r) for r in publisher.commits[0]["ranges"]] == list(prepared.ranges)
+    assert all(f"attempt={done.attempt}" in p for p in publisher.commits[0]["files"])
+
+
+def test_a_batch_that_voted_once_is_never_abandoned_as_dead_but_redriven(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    disk: dict[str, int],
+) -> None:
+    """abandon_dead (the Dagster schedule and re-drive sensor) abandons dead batches that
+    never voted; one sent back to be staged again voted once (invariant 5): the sensor must
+    re-drive it instead."""
+    voted(tpc)
+    disk.clear()
+    source.offsets[0] = Available(3, 25)
+    with pytest.raises(DataLossError):
+        tpc.recover_and_commit()  # its re-stage fails: PLANNED, voted once, owner gone
+    batch = store.get(APP, 1)
+    assert batch is not None and batch.state is S.PLANNED and batch.voted_once
+    assert tpc.abandon_dead() == []
+    batch = store.get(APP, 1)
+    assert batch is not None and batch.state is S.PLANNED
+    assert tpc.needs_redrive(batch)
+
+
+def test_a_refused_restage_leaves_the_batch_to_finish_never_aborted(
+    tpc: TwoPhaseCommit, store: LedgerStore, stager: FakeStager, disk: dict[str, int]
+) -> None:
+    """A transform changed between a vote and its re-stage may be refused (invariants 13,
+    14): the batch voted once, so it waits for the old transform; it is not abandoned."""
+    voted(tpc)
+    disk.clear()
+
+    def refuse(_batch: Batch) -> None:
+        raise RefusedBatchError("column 'x' changed type from int to string")
+
+    stager.during = refuse
+    with pytest.raises(RefusedBatchError, match="never abandoned: restore the transform"):
+        tpc.recover_and_commit()
+    batch = store.get(APP, 1)
+    assert batch is not None and batch.state is S.PLANNED and batch.voted_once
+
+
+def test_the_alert_hook_gets_the_missing_files(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    disk: dict[str, int],
+) -> None:
+    voted(tpc)
+    lost = store.files(APP, 1)[0]
+    del disk[lost.path]
+    got: list[Any] = []
+    coordinator(store, source, stager, publisher, alert=got.append).recover_and_commit()
+    (alert,) = got
+    assert alert.kind == "staged_files_missing"
+    assert alert.details["batch_id"] == 1 and alert.details["app_id"] == APP
+    assert alert.details["missing"] == [f"table/{lost.path}"]
+    assert "re-stag" in alert.text
+
+
+@pytest.mark.parametrize("held_rows", [17, 16])
+def test_a_restage_must_split_records_as_the_output_that_holds_the_batch_did(
+    store: LedgerStore,
+    source: FakeSource,
+    disk: dict[str, int],
+    publisher: FakePublisher,
+    held_rows: int,
+) -> None:
+    stager = FakeStager(disk=disk, outputs=("table", "quarantine"))
+    tpc = coordinator(store, source, stager, publisher)
+    voted(tpc)
+    # a crash between the commits: the quarantine holds the batch's 17 rows; then a table
+    # file of the vote is lost, so the batch is staged again, and the quarantine part of the
+    # new stage must be what the quarantine holds, or the table would get a different split
+    publisher.held["quarantine"] = 1
+    publisher.rows["quarantine"] = held_rows
+    del disk[next(f.path for f in store.files(APP, 1) if f.target == "table")]
+    if held_rows == 17:
+        assert tpc.recover_and_commit()[0].state is S.ACKED
+        assert all(p.startswith("staging/") for p in publisher.commits[0]["files"])
+        return
+    with pytest.raises(InconsistencyError, match=r"quarantine holds 16 .* staged 17"):
+        tpc.recover_and_commit()
+    assert publisher.commits == []
+    batch = store.get(APP, 1)
+    assert batch is not None and batch.state is S.PREPARED
