@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ledger.batch import Batch, BatchKind
 from ledger.errors import ExactlyError
-from ledger.protocol import BatchState, OffsetRange
+from ledger.protocol import BatchState, OffsetRange, check_topic_identity
 from ledger.two_phase import TwoPhaseCommit
 
 
@@ -130,6 +130,34 @@ def check_replace(
             )
 
 
+def check_one_incarnation(
+    ranges: Sequence[OffsetRange], batches: Iterable[Batch], topic_id: str
+) -> None:
+    """A replace may not touch offsets committed from another incarnation of the topic.
+
+    Rows carry their coordinates (topic name, partition, offset), not the topic's id, and
+    a replace removes rows by coordinates: after a re-created topic was accepted, the same
+    coordinates may name a record of each incarnation, and the replace would remove the old
+    one with the new (invariant 10). Batches recorded before topic ids count as the current
+    incarnation: nothing says otherwise.
+    """
+    for r in normalize(ranges):
+        for batch in batches:
+            if batch.state is BatchState.ABORTED or batch.topic_id in (None, topic_id):
+                continue
+            for c in batch.ranges:
+                if (c.topic, c.partition) == (r.topic, r.partition) and (
+                    r.start < c.end and c.start < r.end
+                ):
+                    raise BackfillError(
+                        f"replace {r}: offsets [{max(r.start, c.start)}, {min(r.end, c.end)}) "
+                        f"were committed by batch {batch.app_id}/{batch.batch_id} from an "
+                        f"earlier incarnation of topic {r.topic} (id {batch.topic_id}, now "
+                        f"{topic_id}); their rows cannot be told from the new topic's, so "
+                        "replace cannot remove only the ones it means"
+                    )
+
+
 def params_for(mode: BackfillMode, ranges: Sequence[OffsetRange], transform: str) -> dict:
     """What identifies a backfill: repeating the same request is a no-op."""
     return {
@@ -159,6 +187,10 @@ def plan_backfill(
     """
     params = params_for(mode, ranges, transform)
     tpc.recover_and_commit()
+    # the live positions that decide what a backfill may take belong to one incarnation
+    # of the topic; on another they mean nothing (invariant 10)
+    topic_id = tpc.read_topic()[0]
+    check_topic_identity(tpc.source.topic, tpc.store.positions(live_app_id), topic_id)
     earlier = tpc.store.batches(app_id=tpc.app_id, states=[BatchState.COMMITTED, BatchState.ACKED])
     if not again:
         for batch in earlier:
@@ -179,4 +211,5 @@ def plan_backfill(
         check_fill(ordered, covered, live)
     else:
         check_replace(ordered, covered)
+        check_one_incarnation(ordered, everything, topic_id)
     return tpc.begin_fixed(ordered, params), True

@@ -6,6 +6,10 @@ batch and the state it was found in) so that an operator can act on the message 
 
 from __future__ import annotations
 
+#: Stands for the pipeline's config file in a command an error tells the operator to run;
+#: the CLI puts the path it was given in its place (exactly_cli.main).
+CONFIG_PLACEHOLDER = "<config>"
+
 
 class ExactlyError(Exception):
     """A problem the user or operator must fix; printed as one line, exit code 2."""
@@ -39,3 +43,13 @@ class DataLossError(ExactlyError):
 
 class InconsistencyError(ExactlyError):
     """The ledger, the Delta log and Kafka disagree in a way the protocol forbids."""
+
+
+class TopicChangedError(InconsistencyError):
+    """Kafka's topic is not the incarnation the stored positions were read from: it was
+    deleted and re-created, or the config now names another topic (invariant 10)."""
+
+
+class DecisionError(ExactlyError):
+    """An operator's skip decision was refused (it would lose records still in Kafka, or
+    duplicate committed ones); nothing was recorded."""

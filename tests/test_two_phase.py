@@ -30,14 +30,23 @@ TOPIC = "pageviews"
 
 @dataclass
 class FakeSource:
-    """Kafka: per-partition earliest/last stable offsets, and the consumer group's acks."""
+    """Kafka: per-partition earliest/last stable offsets, the topic's id, and the consumer
+    group's acks. `ids` (if set) are handed out one per read of the id, then the last one
+    stays: a topic re-created between two reads."""
 
     offsets: dict[int, Available]
     topic: str = TOPIC
     acks: list[list[OffsetRange]] = field(default_factory=list)
+    current_id: str = "topic-id-1"
+    ids: list[str] = field(default_factory=list)
 
     def available(self) -> Mapping[int, Available]:
         return dict(self.offsets)
+
+    def topic_id(self) -> str:
+        if self.ids:
+            self.current_id = self.ids.pop(0)
+        return self.current_id
 
     def ack(self, ranges: Sequence[OffsetRange]) -> None:
         self.acks.append(list(ranges))
@@ -105,16 +114,25 @@ class FakePublisher:
                 "kind": batch.kind,
                 "files": [f.path for f in files],
                 "table_version": self.table_version,
-                "ranges": [
-                    {"topic": r.topic, "partition": r.partition, "start": r.start, "end": r.end}
-                    for r in batch.ranges
-                ],
+                "ranges": [r.as_dict() for r in batch.ranges],
+                # what jobs/delta_publisher.py commit_metadata carries for invariants 10, 15
+                "topic_id": batch.topic_id,
+                "decisions": [d.as_dict() for d in batch.decisions],
             }
         )
         return PublishResult(published=True, table_version=self.table_version)
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         return [c for c in self.commits if c["batch_id"] not in self.drop_metadata_of]
+
+    def rows_reach(self, topic: str) -> dict[int, int]:
+        """Every published range's records are rows (the fake stager stages them all)."""
+        reach: dict[int, int] = {}
+        for commit in self.commits:
+            for r in commit["ranges"]:
+                if r["topic"] == topic and r["end"] > r["start"]:
+                    reach[r["partition"]] = max(reach.get(r["partition"], 0), r["end"])
+        return reach
 
     def published_ids(self) -> list[int]:
         return [c["batch_id"] for c in self.commits]
