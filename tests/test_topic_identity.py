@@ -268,6 +268,11 @@ def test_lost_commit_info_needs_the_positions_stated_by_an_operator(
     assert f"exactly skip resume-at -c {path}" in line
     assert "0=100" in line and "1=100" in line  # what the table's rows suggest
 
+    # more records arrive meanwhile: a careless position would skip some of them
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(40, start=1000 + 40 * p)) for p in (0, 1)}
+    )
+
     duplicating = one_error_line(
         exactly(
             "skip",
@@ -312,9 +317,6 @@ def test_lost_commit_info_needs_the_positions_stated_by_an_operator(
     )
     assert stated.returncode == 0, stated.stderr
 
-    kafka_client.produce_to_partitions(
-        topic, {p: list(pageviews(40, start=1000 + 40 * p)) for p in (0, 1)}
-    )
     reports = run_until_caught_up(config, spark)
     assert reports and reports[0].batch.batch_id == 3  # above the table's version
     table_rows, quarantined = assert_exactly_once(config, kafka_client)
