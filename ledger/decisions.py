@@ -253,13 +253,20 @@ def lost_offsets_skips(
 
 
 def check_new_topic(
-    topic: str, positions: Positions, current_id: str, accepted_id: str, *, force: bool = False
+    topic: str,
+    positions: Positions,
+    current_id: str,
+    accepted_id: str,
+    *,
+    read_before: Iterable[str] = (),
+    force: bool = False,
 ) -> None:
     """A `new-topic` decision accepts the id Kafka reports now, and only when the positions
     belong to another one: the operator names the id, so a topic re-created once more
-    since the error was read is not accepted unseen. Positions that carry no id (recorded
-    before exactly stored ids) may be the same topic: restarting them would read it again,
-    so that needs `force`."""
+    since the error was read is not accepted unseen. Restarting at the starting offsets
+    would read again a topic the pipeline already read from (`read_before`: a config
+    pointed back at an earlier topic), and positions that carry no id (recorded before
+    exactly stored ids) may be this very topic: both need `force`."""
     if accepted_id != current_id:
         raise DecisionError(
             f"topic {topic} has id {current_id}, not {accepted_id}: accept the id Kafka "
@@ -273,6 +280,12 @@ def check_new_topic(
         raise DecisionError(
             f"topic {topic}: the pipeline has no positions yet and starts on id {current_id} "
             "on its own; nothing to accept"
+        )
+    if current_id in set(read_before) and not force:
+        raise DecisionError(
+            f"topic {topic}: batches of this pipeline already read topic id {current_id}; "
+            "accepting it restarts at the starting offsets and reads those records again; "
+            "add --force only to read it again on purpose"
         )
     if positions.topic_id is None and not force:
         raise DecisionError(
@@ -382,6 +395,7 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
     current_id, available = tpc.read_topic()
     reach: Mapping[int, int] = {}
     floor = None
+    read_before = tpc.store.topic_ids_read(tpc.app_id)
     if request.kind is DecisionKind.RESUME_AT:
         reach = tpc.publisher.rows_reach(topic)
         floor = tpc.publisher.committed_version(tpc.app_id)
@@ -398,9 +412,14 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
             forced = any(r.end > available[r.partition].earliest for r in skipped)
         elif request.kind is DecisionKind.NEW_TOPIC:
             check_new_topic(
-                topic, positions, current_id, request.topic_id or "", force=request.force
+                topic,
+                positions,
+                current_id,
+                request.topic_id or "",
+                read_before=read_before,
+                force=request.force,
             )
-            forced = request.force and positions.topic_id is None
+            forced = request.force and (positions.topic_id is None or current_id in read_before)
         elif request.kind is DecisionKind.RESUME_AT:
             skipped = resume_skips(topic, request.positions, available, reach, force=request.force)
             resumed = dict(request.positions)

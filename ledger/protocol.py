@@ -300,9 +300,7 @@ class Positions(dict[int, int]):
 
 def accept_topic_command(topic_id: str) -> str:
     """The operator's way forward when the topic changed: the exact command to run."""
-    return (
-        f"exactly skip new-topic -c {CONFIG_PLACEHOLDER} --topic-id {topic_id} --reason '...'"
-    )
+    return f"exactly skip new-topic -c {CONFIG_PLACEHOLDER} --topic-id {topic_id} --reason '...'"
 
 
 def check_topic_identity(topic: str, positions: Positions, current_id: str) -> bool:

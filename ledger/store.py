@@ -225,6 +225,27 @@ class LedgerStore:
             )
         return apply_decisions(held, last, self._decisions(conn, app_id=app_id))
 
+    def topic_ids_read(self, app_id: str) -> set[str]:
+        """Every topic id a batch of `app_id` that was not abandoned was planned on."""
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(ranges_table.c.topic_id)
+                .distinct()
+                .join(
+                    batches_table,
+                    sa.and_(
+                        batches_table.c.app_id == ranges_table.c.app_id,
+                        batches_table.c.batch_id == ranges_table.c.batch_id,
+                    ),
+                )
+                .where(
+                    ranges_table.c.app_id == app_id,
+                    ranges_table.c.topic_id.is_not(None),
+                    batches_table.c.state != str(BatchState.ABORTED),
+                )
+            )
+            return {r.topic_id for r in rows}
+
     def decisions(
         self, *, app_id: str | None = None, pipeline: str | None = None
     ) -> list[Decision]:

@@ -221,6 +221,10 @@ def test_new_topic_accepts_only_the_current_id_and_only_when_it_changed() -> Non
     with pytest.raises(DecisionError, match="add --force only if the topic was re-created"):
         check_new_topic(TOPIC, Positions({0: 3}), "id-2", "id-2")
     check_new_topic(TOPIC, Positions({0: 3}), "id-2", "id-2", force=True)
+    # a config pointed back at a topic the pipeline read before would read it again
+    with pytest.raises(DecisionError, match="already read topic id id-0"):
+        check_new_topic(TOPIC, HELD, "id-0", "id-0", read_before={"id-0", "id-1"})
+    check_new_topic(TOPIC, HELD, "id-0", "id-0", read_before={"id-0"}, force=True)
 
 
 def test_resume_positions_must_neither_reread_nor_skip_what_kafka_holds() -> None:
@@ -284,6 +288,10 @@ def test_a_changed_topic_plans_nothing_until_the_new_one_is_accepted(
     assert publisher.commits[-1]["decisions"] == [accepted.as_dict()]
     following = tpc.run_batch()
     assert following is not None and following.batch.decisions == ()
+    # pointing back at the first topic would read it again from its starting offsets
+    source.current_id = "topic-id-1"
+    with pytest.raises(DecisionError, match="already read topic id topic-id-1"):
+        record_decision(tpc, ask(DecisionKind.NEW_TOPIC, topic_id="topic-id-1"), T0)
     # the old batch keeps its ranges and id, as history
     old = store.get(APP, 1)
     assert old is not None and old.topic_id == "topic-id-1"
