@@ -8,14 +8,22 @@ operators get the problem, not a traceback.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
-from ledger.errors import ExactlyError
+from ledger.errors import CONFIG_PLACEHOLDER, ExactlyError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from exactly_cli import backfill_cmd, bench_cmd, clean_cmd, kafka_cmd, pipeline_cmd
+    from exactly_cli import (
+        backfill_cmd,
+        bench_cmd,
+        clean_cmd,
+        kafka_cmd,
+        pipeline_cmd,
+        skip_cmd,
+    )
 
     parser = argparse.ArgumentParser(
         prog="exactly",
@@ -27,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.register(sub)
     backfill_cmd.register(sub)
     clean_cmd.register(sub)
+    skip_cmd.register(sub)
     return parser
 
 
@@ -36,11 +45,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ExactlyError as exc:
-        print(f"exactly: error: {exc}", file=sys.stderr)
+        print(f"exactly: error: {error_line(exc, args)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("exactly: interrupted", file=sys.stderr)
         return 130
+
+
+def error_line(exc: ExactlyError, args: argparse.Namespace) -> str:
+    """The error as one line; a command it tells the operator to run names the config file
+    this command was given, so it can be copied as it is."""
+    message = str(exc)
+    config = getattr(args, "config", None)
+    if config:
+        message = message.replace(CONFIG_PLACEHOLDER, shlex.quote(str(config)))
+    return message
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,11 +7,15 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from ledger.errors import BusyError, ExactlyError
+from ledger.protocol import BatchState
 from ledger.store import LedgerStore
 from resources.config import PipelineConfig, load_config
 
+#: States whose batches published what they were planned on.
+COMMITTED_STATES = (BatchState.COMMITTED, BatchState.ACKED)
 _DEMO_CONFIG = Path(__file__).resolve().parent.parent / "pipelines" / "pageviews.yaml"
 
 
@@ -46,6 +50,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ledger.add_argument("-c", "--config", required=True)
     ledger.add_argument("--json", action="store_true", help="one JSON document")
     ledger.add_argument("--limit", type=int, default=50)
+    ledger.add_argument(
+        "--decisions",
+        action="store_true",
+        help="list only the operator decisions (skipped ranges, accepted topics, resumes)",
+    )
     ledger.set_defaults(func=cmd_ledger)
 
     demo = sub.add_parser("demo", help="the main job on embedded defaults")
@@ -120,6 +129,14 @@ def cmd_recover(args: argparse.Namespace) -> int:
 def cmd_ledger(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     store = LedgerStore(config.ledger.url)
+    decisions = store.decisions(pipeline=config.pipeline)
+    if args.decisions:
+        if args.json:
+            json.dump([d.as_dict() for d in decisions], sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        else:
+            _print_decisions(decisions, store, config.pipeline)
+        return 0
     found = store.batches(pipeline=config.pipeline, limit=args.limit)
     if args.json:
         json.dump([b.as_dict() for b in found], sys.stdout, indent=2)
@@ -136,6 +153,9 @@ def cmd_ledger(args: argparse.Namespace) -> int:
             f"{b.batch_id:>6} {b.app_id:<20} {b.state:<10} {b.attempt:>3} {records!s:>9} "
             f"{file_counts(b.metrics):>13}  {ranges}"
         )
+    if decisions:
+        _say("")
+        _print_decisions(decisions, store, config.pipeline)
     return 0
 
 
@@ -150,6 +170,20 @@ def file_counts(metrics: dict) -> str:
         missing = metrics.get("files_missing")
         return f"-/-/-/{missing}" if missing else ""
     return "/".join(str(metrics.get(k, 0)) for k in FILE_COUNTS)
+
+
+def _print_decisions(decisions: list[Any], store: LedgerStore, pipeline: str) -> None:
+    """Every decision with the committed batch that carried it (invariant 15): skipped
+    ranges are never only in the ledger's history."""
+    carried: dict[str, str] = {}
+    committed = store.batches(pipeline=pipeline, states=COMMITTED_STATES)
+    for batch in sorted(committed, key=lambda b: b.batch_id):
+        for d in batch.decisions:
+            carried.setdefault(d.id, f"carried by batch {batch.batch_id}")
+    _say(f"decisions ({len(decisions)}):")
+    for d in decisions:
+        where = carried.get(d.id, "not committed yet")
+        _say(f"  {d.id[:8]} after batch {d.after_batch_id}, {where}: {d.describe()}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -24,7 +24,9 @@ from resources.delta import DeltaTarget, TableStats, decode_schema
 
 
 def commit_metadata(batch: Batch) -> dict[str, Any]:
-    """What every commit carries so the Delta log alone can rebuild the ledger."""
+    """What every commit carries so the Delta log alone can rebuild the ledger: with the
+    ranges, the topic incarnation they were read from (invariant 10) and the operator
+    decisions taken since the previous batch (invariant 15)."""
     return {
         "app_id": batch.app_id,
         "pipeline": batch.pipeline,
@@ -33,6 +35,8 @@ def commit_metadata(batch: Batch) -> dict[str, Any]:
         "attempt": batch.attempt,
         "ranges": [r.as_dict() for r in batch.ranges],
         "params": batch.params,
+        "topic_id": batch.topic_id,
+        "decisions": [d.as_dict() for d in batch.decisions],
     }
 
 
@@ -135,6 +139,14 @@ class DeltaPublisher:
         for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
             if target in schemas:
                 delta.check_schema(decode_schema(schemas[target]))
+
+    def rows_reach(self, topic: str) -> dict[int, int]:
+        """Per partition, one past the highest offset of `topic` in either table's rows:
+        where reading continues without a gap or a duplicate, when the log cannot say."""
+        reach = self.table.offset_reach(topic)
+        for partition, end in self.quarantine.offset_reach(topic).items():
+            reach[partition] = max(end, reach.get(partition, end))
+        return reach
 
     def table_stats(self, app_id: str) -> TableStats | None:
         """The data table's version, row count and `app_id`'s last batch, for operators."""

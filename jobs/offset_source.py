@@ -28,6 +28,9 @@ class KafkaOffsetSource:
             for p, o in self.client.offsets(self.topic, parts).items()
         }
 
+    def topic_id(self) -> str:
+        return self.client.topic_id(self.topic)
+
     def ack(self, ranges: Sequence[OffsetRange]) -> None:
         self.client.commit_group_offsets(
             self.group_id, self.topic, {r.partition: r.end for r in ranges}

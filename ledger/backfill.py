@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from ledger.batch import BACKFILL_SUFFIX, Batch, BatchKind
 from ledger.errors import ExactlyError
-from ledger.protocol import HOLDS_RANGE, BatchState, OffsetRange
+from ledger.protocol import HOLDS_RANGE, BatchState, OffsetRange, check_topic_identity
 from ledger.two_phase import TwoPhaseCommit
 
 
@@ -181,20 +181,50 @@ def check_replace(
             )
 
 
+def check_one_incarnation(
+    ranges: Sequence[OffsetRange], batches: Iterable[Batch], topic_id: str
+) -> None:
+    """A replace may not touch offsets committed from another incarnation of the topic.
+
+    Rows carry their coordinates (topic name, partition, offset), not the topic's id, and
+    a replace removes rows by coordinates: after a re-created topic was accepted, the same
+    coordinates may name a record of each incarnation, and the replace would remove the old
+    one with the new (invariant 10). Batches recorded before topic ids count as the current
+    incarnation: nothing says otherwise.
+    """
+    for r in normalize(ranges):
+        for batch in batches:
+            if batch.state is BatchState.ABORTED or batch.topic_id in (None, topic_id):
+                continue
+            for c in batch.ranges:
+                if (c.topic, c.partition) == (r.topic, r.partition) and (
+                    r.start < c.end and c.start < r.end
+                ):
+                    raise BackfillError(
+                        f"replace {r}: offsets [{max(r.start, c.start)}, {min(r.end, c.end)}) "
+                        f"were committed by batch {batch.app_id}/{batch.batch_id} from an "
+                        f"earlier incarnation of topic {r.topic} (id {batch.topic_id}, now "
+                        f"{topic_id}); their rows cannot be told from the new topic's, so "
+                        "replace cannot remove only the ones it means"
+                    )
+
+
 def check_request(
     mode: BackfillMode,
     ranges: Sequence[OffsetRange],
     batches: Iterable[Batch],
     live_app_id: str,
+    topic_id: str,
 ) -> None:
     """The rules of `mode` against every batch of the pipeline (live and backfill), as the
-    planning transaction read them."""
+    planning transaction read them, on the topic incarnation `topic_id`."""
     batches = list(batches)
     covered = coverage(batches)
     if mode is BackfillMode.FILL:
         check_fill(ranges, covered, live_positions(batches, live_app_id))
     else:
         check_replace(ranges, covered)
+        check_one_incarnation(ranges, batches, topic_id)
 
 
 def params_for(mode: BackfillMode, ranges: Sequence[OffsetRange], transform: str) -> dict:
@@ -231,6 +261,10 @@ def plan_backfill(
     """
     params = params_for(mode, ranges, transform)
     tpc.recover_and_commit()
+    # the live positions that decide what a backfill may take belong to one incarnation
+    # of the topic; on another they mean nothing (invariant 10)
+    topic_id = tpc.read_topic()[0]
+    check_topic_identity(tpc.source.topic, tpc.store.positions(live_app_id), topic_id)
     earlier = tpc.store.batches(app_id=tpc.app_id, states=[BatchState.COMMITTED, BatchState.ACKED])
     if not again:
         for batch in earlier:
@@ -241,6 +275,6 @@ def plan_backfill(
     ordered = normalize(ranges)
 
     def check(batches: Sequence[Batch]) -> None:
-        check_request(mode, ordered, batches, live_app_id)
+        check_request(mode, ordered, batches, live_app_id, topic_id)
 
     return tpc.begin_fixed(ordered, params, check=check), True

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from ledger.decisions import Decision
 from ledger.protocol import BatchState, OffsetRange, Owner
 
 
@@ -91,6 +92,11 @@ class Batch:
     schemas: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    #: Kafka's id of the topic incarnation the ranges were planned on (invariant 10); None
+    #: for batches recorded before exactly stored topic ids
+    topic_id: str | None = None
+    #: operator decisions the batch was planned on; its commit carries them (invariant 15)
+    decisions: tuple[Decision, ...] = ()
 
     @property
     def label(self) -> str:
@@ -125,4 +131,6 @@ class Batch:
             "ranges": [r.as_dict() for r in self.ranges],
             "metrics": self.metrics,
             "params": self.params,
+            "topic_id": self.topic_id,
+            "decisions": [d.as_dict() for d in self.decisions],
         }

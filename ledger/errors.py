@@ -6,6 +6,10 @@ batch and the state it was found in) so that an operator can act on the message 
 
 from __future__ import annotations
 
+#: Stands for the pipeline's config file in a command an error tells the operator to run;
+#: the CLI puts the path it was given in its place (exactly_cli.main).
+CONFIG_PLACEHOLDER = "<config>"
+
 
 class ExactlyError(Exception):
     """A problem the user or operator must fix; printed as one line, exit code 2."""
@@ -49,3 +53,13 @@ class RefusedBatchError(InconsistencyError):
     abandons the batch (ABORTED, with this message) before it votes instead of leaving it to
     be re-staged forever; nothing of it is ever published.
     """
+
+
+class TopicChangedError(InconsistencyError):
+    """Kafka's topic is not the incarnation the stored positions were read from: it was
+    deleted and re-created, or the config now names another topic (invariant 10)."""
+
+
+class DecisionError(ExactlyError):
+    """An operator's skip decision was refused (it would lose records still in Kafka, or
+    duplicate committed ones); nothing was recorded."""

@@ -20,7 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.errors import DataLossError, InconsistencyError
+from ledger.errors import (
+    CONFIG_PLACEHOLDER,
+    DataLossError,
+    InconsistencyError,
+    TopicChangedError,
+)
 
 
 class BatchState(enum.StrEnum):
@@ -187,7 +192,9 @@ def check_readable(topic: str, partition: int, start: int, avail: Available) -> 
         raise DataLossError(
             f"{topic}-{partition}: offsets [{start}, {avail.earliest}) are no longer in Kafka "
             f"(earliest available is {avail.earliest}; retention or deletion removed them "
-            "before they were committed). Skipping them needs an explicit operator decision."
+            "before they were committed). Skipping them needs an explicit operator decision: "
+            f"exactly skip lost-offsets -c {CONFIG_PLACEHOLDER} --partition {partition} "
+            "--reason '...'"
         )
     if start > avail.last_stable:
         raise InconsistencyError(
@@ -282,3 +289,86 @@ def owner_may_be_alive(
     if owner.host == this_host:
         return pid_alive
     return heartbeat_age_s < lease_s
+
+
+# -- topic identity (invariant 10) ---------------------------------------------------------
+
+
+class Positions(dict[int, int]):
+    """The next offset to read per partition, and which topic incarnation they belong to.
+
+    A dict of the offsets, so planners that only need those read it as one. `topic` and
+    `topic_id` are the name and Kafka's id (KIP-516) of the topic the positions were read
+    from; `topic_id` is None when nothing recorded it (a ledger written before topic ids,
+    or no position at all). `decisions` are the operator decisions (ledger/decisions.py)
+    the positions were moved by since the last batch that holds a range: the next batch's
+    commit carries them.
+    """
+
+    def __init__(
+        self,
+        offsets: Mapping[int, int] | Iterable[tuple[int, int]] = (),
+        *,
+        topic: str | None = None,
+        topic_id: str | None = None,
+        decisions: Iterable[Any] = (),
+    ) -> None:
+        super().__init__(offsets)
+        self.topic = topic
+        self.topic_id = topic_id
+        self.decisions: tuple[Any, ...] = tuple(decisions)
+
+
+def accept_topic_command(topic_id: str) -> str:
+    """The operator's way forward when the topic changed: the exact command to run."""
+    return f"exactly skip new-topic -c {CONFIG_PLACEHOLDER} --topic-id {topic_id} --reason '...'"
+
+
+def check_topic_identity(topic: str, positions: Positions, current_id: str) -> bool:
+    """Stored positions may only be continued on the topic incarnation they were read from.
+
+    Returns True when the positions carry no topic id yet (written before exactly stored
+    ids): the caller adopts `current_id` and records that it did. Raises TopicChangedError
+    when the ids differ: the offsets of a deleted and re-created topic, or of another topic
+    the config now names, mean nothing on this one, and continuing from them would skip
+    its first records (invariant 10). Positions that are all unset start fresh.
+    """
+    if positions.topic_id is None:
+        return bool(positions)
+    if positions.topic_id == current_id:
+        return False
+    read_from = positions.topic or topic
+    raise TopicChangedError(
+        f"topic {topic}: Kafka's topic {topic} has id {current_id}, but the ledger's "
+        f"positions were read from topic {read_from} with id {positions.topic_id} (the topic "
+        "was deleted and re-created, or the config points at another topic); nothing was "
+        "planned. To read the new topic from its starting offsets and keep the old positions "
+        f"as history, record the decision: {accept_topic_command(current_id)}"
+    )
+
+
+def check_batch_topic(label: str, topic: str, planned_id: str | None, current_id: str) -> None:
+    """A planned batch is read from the topic incarnation it was planned on, or not at all.
+
+    Checked right before staging and again after it, so the read can neither start on nor
+    cross into a re-created topic of the same name: ids are never reused, so the same id
+    before and after means the same incarnation throughout (invariant 10).
+    """
+    if planned_id == current_id:
+        return
+    planned = planned_id or "no recorded id (planned before exactly stored topic ids)"
+    raise TopicChangedError(
+        f"batch {label}: planned on topic {topic} with id {planned}, but Kafka's topic "
+        f"{topic} now has id {current_id}; nothing of it is voted. Run again: the batch is "
+        "abandoned, and planning names the decision the new topic needs"
+    )
+
+
+def check_topic_steady(topic: str, before: str, after: str) -> None:
+    """The topic id read before and after a batch's offsets must agree: otherwise the
+    offsets may belong to either incarnation (invariant 10)."""
+    if before != after:
+        raise TopicChangedError(
+            f"topic {topic} changed while its offsets were read (id {before}, then {after}): "
+            "it was deleted and re-created just now; nothing was planned; run again"
+        )

@@ -17,8 +17,10 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ledger.errors import ConfigError, UnreachableError
 
-#: Bump with every schema change; a ledger written by a newer exactly is refused.
-SCHEMA_VERSION = 1
+#: Bump with every schema change; a ledger written by a newer exactly is refused, an older
+#: one is migrated in place (`_migrate`).
+#: 2: topic ids on ranges, the decisions a batch was planned on, the decisions table.
+SCHEMA_VERSION = 2
 
 metadata = sa.MetaData()
 
@@ -50,6 +52,8 @@ batches_table = sa.Table(
     sa.Column("schemas", sa.JSON),
     sa.Column("metrics", sa.JSON),
     sa.Column("params", sa.JSON),
+    # version 2: the operator decisions the batch was planned on, as its commit carries them
+    sa.Column("decisions", sa.JSON),
 )
 
 ranges_table = sa.Table(
@@ -61,6 +65,8 @@ ranges_table = sa.Table(
     sa.Column("partition", sa.Integer, primary_key=True, autoincrement=False),
     sa.Column("start_offset", sa.BigInteger, nullable=False),
     sa.Column("end_offset", sa.BigInteger, nullable=False),
+    # version 2: Kafka's id of the topic incarnation (KIP-516); NULL = recorded before ids
+    sa.Column("topic_id", sa.String(64)),
     sa.ForeignKeyConstraint(
         ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
     ),
@@ -81,6 +87,32 @@ files_table = sa.Table(
         ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
     ),
 )
+
+
+decisions_table = sa.Table(
+    "exactly_decisions",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(32), nullable=False, unique=True),
+    sa.Column("pipeline", sa.String(255), nullable=False),
+    sa.Column("app_id", sa.String(255), nullable=False, index=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("topic", sa.String(255), nullable=False),
+    sa.Column("topic_id", sa.String(64)),
+    sa.Column("previous_topic_id", sa.String(64)),
+    sa.Column("after_batch_id", sa.BigInteger, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("decided_by", sa.String(255), nullable=False),
+    sa.Column("decided_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("forced", sa.Boolean, nullable=False),
+    # the whole decision as ledger/decisions.py Decision.as_dict() writes it
+    sa.Column("body", sa.JSON, nullable=False),
+)
+
+#: Columns added to tables that existed before the version named, for `_migrate`.
+_ADDED_COLUMNS: dict[int, list[tuple[sa.Table, str]]] = {
+    2: [(ranges_table, "topic_id"), (batches_table, "decisions")],
+}
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -134,6 +166,7 @@ def ensure_schema(engine: Engine) -> None:
     safe_url = engine.url.render_as_string(hide_password=True)
     try:
         with engine.begin() as conn:
+            _lock_schema(conn)
             metadata.create_all(conn)
             row = conn.execute(
                 sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
@@ -147,8 +180,43 @@ def ensure_schema(engine: Engine) -> None:
                     f"ledger at {safe_url} has schema version {row}, newer than "
                     f"this exactly supports ({SCHEMA_VERSION}); upgrade exactly"
                 )
+            elif int(row) < SCHEMA_VERSION:
+                _migrate(conn, int(row))
     except IntegrityError:
         # two processes created the schema at once; the other one won, which is fine
         return
     except OperationalError as exc:
         raise UnreachableError(f"ledger database {safe_url} is unreachable: {exc.orig}") from exc
+
+
+def _lock_schema(conn: Connection) -> None:
+    """Serialise schema set-up and migration between processes opening one ledger.
+
+    SQLite already does (BEGIN IMMEDIATE); on PostgreSQL two processes would otherwise both
+    add the same column and one would fail.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended('exactly.schema', 0))"))
+
+
+def _migrate(conn: Connection, version: int) -> None:
+    """Bring a ledger written by an older exactly to SCHEMA_VERSION, in the caller's
+    transaction: new tables are already created (create_all); new columns of existing
+    tables are added here, NULL in existing rows (for a range's topic id: unknown, adopted
+    on the next plan and recorded as a decision, ledger/protocol.py check_topic_identity).
+    Columns that exist already are left alone, so an interrupted migration can run again.
+    """
+    inspector = sa.inspect(conn)
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        for table, name in _ADDED_COLUMNS.get(step, []):
+            present = {c["name"] for c in inspector.get_columns(table.name)}
+            if name in present:
+                continue
+            column = table.c[name]
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}")
+    conn.execute(
+        meta_table.update()
+        .where(meta_table.c.key == "schema_version")
+        .values(value=str(SCHEMA_VERSION))
+    )

@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
 from ledger.db_clock import db_now
+from ledger.decisions import EXACTLY, Decision, DecisionKind, apply_decisions, new_decision_id
 from ledger.errors import BusyError, FencedError, InconsistencyError, UnreachableError
 from ledger.protocol import (
     BLOCKS_PLANNING,
@@ -30,12 +31,14 @@ from ledger.protocol import (
     BatchState,
     OffsetRange,
     Owner,
+    Positions,
     check_contiguous,
     check_transition,
 )
 from ledger.schema import (
     batches_table,
     create_ledger_engine,
+    decisions_table,
     ensure_schema,
     files_table,
     meta_table,
@@ -99,11 +102,26 @@ class LedgerStore:
             out[r.batch_id].append(OffsetRange(r.topic, r.partition, r.start_offset, r.end_offset))
         return out
 
+    def _topic_ids(self, conn: Connection, app_id: str, batch_ids: list[int]) -> dict[int, str]:
+        """The topic id each batch's ranges were planned on (one per batch: a batch reads
+        one topic); batches recorded before topic ids are absent."""
+        if not batch_ids:
+            return {}
+        rows = conn.execute(
+            sa.select(ranges_table.c.batch_id, ranges_table.c.topic_id).where(
+                ranges_table.c.app_id == app_id,
+                ranges_table.c.batch_id.in_(batch_ids),
+                ranges_table.c.topic_id.is_not(None),
+            )
+        )
+        return {r.batch_id: r.topic_id for r in rows}
+
     def _to_batches(self, conn: Connection, rows: list[Any]) -> list[Batch]:
         by_app: dict[str, list[int]] = {}
         for r in rows:
             by_app.setdefault(r.app_id, []).append(r.batch_id)
         ranges = {app: self._ranges(conn, app, ids) for app, ids in by_app.items()}
+        topic_ids = {app: self._topic_ids(conn, app, ids) for app, ids in by_app.items()}
         return [
             Batch(
                 app_id=r.app_id,
@@ -125,6 +143,8 @@ class LedgerStore:
                 schemas=r.schemas or {},
                 metrics=r.metrics or {},
                 params=r.params or {},
+                topic_id=topic_ids[r.app_id].get(r.batch_id),
+                decisions=tuple(Decision.from_dict(d) for d in r.decisions or ()),
             )
             for r in rows
         ]
@@ -209,21 +229,158 @@ class LedgerStore:
         with self._read() as conn:
             return {(r.target, r.path) for r in conn.execute(query)}
 
-    def positions(self, app_id: str) -> dict[int, int]:
-        """The next offset per partition: the ends of the newest batch that holds a range."""
+    def positions(self, app_id: str) -> Positions:
+        """The next offset per partition: the ends of the newest batch that holds a range,
+        moved by the operator decisions taken since (ledger/decisions.py), with the topic
+        id they belong to."""
         with self._read() as conn:
             return self._positions(conn, app_id)
 
-    def _positions(self, conn: Connection, app_id: str) -> dict[int, int]:
+    def _positions(self, conn: Connection, app_id: str) -> Positions:
         last = conn.execute(
             sa.select(sa.func.max(batches_table.c.batch_id)).where(
                 batches_table.c.app_id == app_id,
                 batches_table.c.state.in_([str(s) for s in HOLDS_RANGE]),
             )
         ).scalar_one_or_none()
-        if last is None:
-            return {}
-        return {r.partition: r.end for r in self._ranges(conn, app_id, [last])[last]}
+        held = Positions()
+        if last is not None:
+            ranges = self._ranges(conn, app_id, [last])[last]
+            held = Positions(
+                {r.partition: r.end for r in ranges},
+                topic=ranges[0].topic if ranges else None,
+                topic_id=self._topic_ids(conn, app_id, [last]).get(last),
+            )
+        return apply_decisions(held, last, self._decisions(conn, app_id=app_id))
+
+    def topic_ids_read(self, app_id: str) -> set[str]:
+        """Every topic id a batch of `app_id` that was not abandoned was planned on."""
+        with self._read() as conn:
+            rows = conn.execute(
+                sa.select(ranges_table.c.topic_id)
+                .distinct()
+                .join(
+                    batches_table,
+                    sa.and_(
+                        batches_table.c.app_id == ranges_table.c.app_id,
+                        batches_table.c.batch_id == ranges_table.c.batch_id,
+                    ),
+                )
+                .where(
+                    ranges_table.c.app_id == app_id,
+                    ranges_table.c.topic_id.is_not(None),
+                    batches_table.c.state != str(BatchState.ABORTED),
+                )
+            )
+            return {r.topic_id for r in rows}
+
+    def decisions(
+        self, *, app_id: str | None = None, pipeline: str | None = None
+    ) -> list[Decision]:
+        """Recorded operator decisions, oldest first."""
+        with self._read() as conn:
+            return self._decisions(conn, app_id=app_id, pipeline=pipeline)
+
+    def _decisions(
+        self, conn: Connection, *, app_id: str | None = None, pipeline: str | None = None
+    ) -> list[Decision]:
+        query = sa.select(decisions_table.c.body).order_by(
+            decisions_table.c.after_batch_id, decisions_table.c.decided_at, decisions_table.c.seq
+        )
+        if app_id is not None:
+            query = query.where(decisions_table.c.app_id == app_id)
+        if pipeline is not None:
+            query = query.where(decisions_table.c.pipeline == pipeline)
+        return [Decision.from_dict(body) for (body,) in conn.execute(query)]
+
+    def last_batch_id(self, app_id: str) -> int | None:
+        """The highest batch id in use for `app_id`; the next batch gets a higher one."""
+        with self._read() as conn:
+            return self._last_batch_id(conn, app_id)
+
+    def _last_batch_id(self, conn: Connection, app_id: str) -> int | None:
+        """The highest batch id in use: of a batch, or of a decision's `after_batch_id` (a
+        resume-at past the table's version reserves the ids up to it)."""
+        ids = [
+            conn.execute(
+                sa.select(sa.func.max(table.c[column])).where(table.c.app_id == app_id)
+            ).scalar_one_or_none()
+            for table, column in (
+                (batches_table, "batch_id"),
+                (decisions_table, "after_batch_id"),
+            )
+        ]
+        known = [i for i in ids if i is not None]
+        return max(known) if known else None
+
+    def _insert_decision(self, conn: Connection, decision: Decision) -> None:
+        conn.execute(
+            decisions_table.insert().values(
+                id=decision.id,
+                pipeline=decision.pipeline,
+                app_id=decision.app_id,
+                kind=str(decision.kind),
+                topic=decision.topic,
+                topic_id=decision.topic_id,
+                previous_topic_id=decision.previous_topic_id,
+                after_batch_id=decision.after_batch_id,
+                reason=decision.reason,
+                decided_by=decision.decided_by,
+                decided_at=decision.decided_at,
+                forced=decision.forced,
+                body=decision.as_dict(),
+            )
+        )
+
+    def record_decision(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        decide: Callable[[Positions, int], Decision],
+        floor_batch_id: int | None = None,
+    ) -> Decision:
+        """Record an operator decision, in one transaction under the planning lock.
+
+        `decide(positions, after_batch_id)` builds it (or refuses) from the positions read
+        in this transaction, so no plan can move them in between; `after_batch_id` is the
+        highest batch id in use, raised to `floor_batch_id` (the table's version, when the
+        ledger lost the batches the table holds). Refused while a batch is in flight: its
+        range would be read under the old positions (invariant 15).
+        """
+        with self._tx() as conn:
+            self._lock_pipeline(conn, pipeline)
+            in_flight = conn.execute(
+                sa.select(batches_table.c.batch_id, batches_table.c.state)
+                .where(
+                    batches_table.c.app_id == app_id,
+                    batches_table.c.state.in_([str(s) for s in BLOCKS_PLANNING]),
+                )
+                .limit(1)
+            ).first()
+            if in_flight is not None:
+                raise BusyError(
+                    f"{app_id}: batch {in_flight.batch_id} is still {in_flight.state}; "
+                    "recover it (exactly recover) before recording a decision"
+                )
+            last = max(self._last_batch_id(conn, app_id) or 0, floor_batch_id or 0)
+            decision = decide(self._positions(conn, app_id), last)
+            self._insert_decision(conn, decision)
+        return decision
+
+    def insert_decision(self, decision: Decision) -> bool:
+        """Re-create a decision found in the Delta log's commit metadata. Idempotent."""
+        try:
+            with self._tx() as conn:
+                found = conn.execute(
+                    sa.select(decisions_table.c.seq).where(decisions_table.c.id == decision.id)
+                ).first()
+                if found is not None:
+                    return False
+                self._insert_decision(conn, decision)
+        except IntegrityError:
+            return False  # a concurrent rebuild inserted it first
+        return True
 
     # -- writes -------------------------------------------------------------------------
 
@@ -239,6 +396,7 @@ class LedgerStore:
         batch_id: int | None = None,
         contiguous: bool = True,
         check: Callable[[Sequence[Batch]], None] | None = None,
+        topic_id: str | None = None,
     ) -> Batch | None:
         """Record a new PLANNED batch with the next batch id, in one transaction.
 
@@ -257,6 +415,12 @@ class LedgerStore:
         (ledger/backfill.py) are decided on what this transaction reads, and the planning
         lock of the pipeline keeps every other planner of it, live or backfill, out until
         the batch is recorded.
+
+        `topic_id` is the topic incarnation the ranges are planned on, stored with each
+        range. `ranges_for` receives the positions with their topic id and refuses a
+        different one (ledger/protocol.py check_topic_identity); live positions that carry
+        none adopt `topic_id` here, recorded as a decision. The batch records the decisions
+        its positions were moved by, for its commit to carry (invariant 15).
         """
         owner = owner or this_owner()
         now = db_now()
@@ -281,11 +445,7 @@ class LedgerStore:
                 if check is not None:
                     check(self._pipeline_batches(conn, pipeline))
                 positions = self._positions(conn, app_id)
-                last_id = conn.execute(
-                    sa.select(sa.func.max(batches_table.c.batch_id)).where(
-                        batches_table.c.app_id == app_id
-                    )
-                ).scalar_one_or_none()
+                last_id = self._last_batch_id(conn, app_id)
                 if batch_id is None:
                     batch_id = (last_id or 0) + 1
                 elif batch_id <= (last_id or 0):
@@ -297,8 +457,17 @@ class LedgerStore:
                 if proposed is None:
                     return None
                 new_ranges = list(proposed)
+                decisions: list[Decision] = []
                 if contiguous:
                     check_contiguous(positions, new_ranges, f"{app_id}/{batch_id}")
+                    decisions = list(positions.decisions)
+                    if topic_id is not None and positions.topic_id is None and positions:
+                        decided_at = _aware(conn.execute(sa.select(db_now())).scalar_one())
+                        adopted = self._adoption(
+                            pipeline, app_id, positions, topic_id, last_id, decided_at
+                        )
+                        self._insert_decision(conn, adopted)
+                        decisions.append(adopted)
                 self._insert_batch(
                     conn,
                     app_id=app_id,
@@ -309,8 +478,9 @@ class LedgerStore:
                     owner=owner,
                     created_at=now,
                     params=params,
+                    decisions=decisions,
                 )
-                self._insert_ranges(conn, app_id, batch_id, new_ranges)
+                self._insert_ranges(conn, app_id, batch_id, new_ranges, topic_id)
         except IntegrityError as exc:
             raise BusyError(
                 f"{app_id}: another process planned the next batch at the same moment; "
@@ -328,6 +498,34 @@ class LedgerStore:
             .order_by(batches_table.c.batch_id.desc(), batches_table.c.app_id)
         ).all()
         return self._to_batches(conn, rows)
+
+    @staticmethod
+    def _adoption(
+        pipeline: str,
+        app_id: str,
+        positions: Positions,
+        topic_id: str,
+        last_id: int | None,
+        decided_at: datetime,
+    ) -> Decision:
+        """The record of positions without a topic id taking the topic's current one."""
+        return Decision(
+            id=new_decision_id(),
+            pipeline=pipeline,
+            app_id=app_id,
+            kind=DecisionKind.ADOPT_TOPIC_ID,
+            topic=positions.topic or "",
+            topic_id=topic_id,
+            previous_topic_id=None,
+            after_batch_id=last_id or 0,
+            reason=(
+                "the positions were recorded before exactly stored topic ids (ledger schema "
+                "1); they continue on the topic's current id"
+            ),
+            decided_by=EXACTLY,
+            decided_at=decided_at,
+            previous_positions=dict(positions),
+        )
 
     @staticmethod
     def _lock_pipeline(conn: Connection, pipeline: str) -> None:
@@ -366,6 +564,7 @@ class LedgerStore:
         owner: Owner,
         created_at: datetime | db_now,
         params: Mapping[str, Any] | None,
+        decisions: Iterable[Decision] = (),
         **columns: Any,
     ) -> None:
         """A new batch row at attempt 1 with a fresh token, stamped by the database's clock."""
@@ -383,12 +582,18 @@ class LedgerStore:
                 params=dict(params or {}),
                 metrics={},
                 schemas={},
+                decisions=[d.as_dict() for d in decisions],
                 **columns,
             )
         )
 
     def _insert_ranges(
-        self, conn: Connection, app_id: str, batch_id: int, rngs: Iterable[OffsetRange]
+        self,
+        conn: Connection,
+        app_id: str,
+        batch_id: int,
+        rngs: Iterable[OffsetRange],
+        topic_id: str | None = None,
     ) -> None:
         rows = [
             {
@@ -398,6 +603,7 @@ class LedgerStore:
                 "partition": r.partition,
                 "start_offset": r.start,
                 "end_offset": r.end,
+                "topic_id": topic_id,
             }
             for r in rngs
         ]
@@ -627,13 +833,17 @@ class LedgerStore:
         table_version: int | None,
         committed_at: datetime | None = None,
         params: Mapping[str, Any] | None = None,
+        topic_id: str | None = None,
+        decisions: Iterable[Decision] = (),
     ) -> bool:
         """Re-create a COMMITTED batch found in the Delta log (invariant 7). Idempotent.
 
         Under the pipeline's planning lock, like every other insert of a batch, so a
         backfill's check never decides between two of its statements.
 
-        `committed_at` defaults to the database's time of the rebuild (invariant 17).
+        `committed_at` defaults to the database's time of the rebuild (invariant 17). With
+        its topic id and the decisions its commit carried (recorded again by
+        `insert_decision`).
         """
         stamp = committed_at if committed_at is not None else db_now()
         try:
@@ -651,10 +861,11 @@ class LedgerStore:
                     owner=this_owner(),
                     created_at=stamp,
                     params={**dict(params or {}), "rebuilt_from_delta_log": True},
+                    decisions=decisions,
                     committed_at=stamp,
                     table_version=table_version,
                 )
-                self._insert_ranges(conn, app_id, batch_id, ranges)
+                self._insert_ranges(conn, app_id, batch_id, ranges, topic_id)
         except IntegrityError:
             return False  # a concurrent rebuild inserted it first
         return True
@@ -670,6 +881,8 @@ class LedgerStore:
         params: Mapping[str, Any] | None,
         reason: str,
         metrics: Mapping[str, Any],
+        topic_id: str | None = None,
+        decisions: Iterable[Decision] = (),
     ) -> bool:
         """Re-create a batch that some outputs hold and others not, found in their logs
         when the ledger was lost (invariant 12), as a PLANNED batch to be staged again over
@@ -679,6 +892,7 @@ class LedgerStore:
         now = db_now()
         try:
             with self._tx() as conn:
+                self._lock_pipeline(conn, pipeline)
                 if self._get(conn, app_id, batch_id) is not None:
                     return False
                 self._insert_batch(
@@ -692,13 +906,14 @@ class LedgerStore:
                     created_at=now,
                     params={**dict(params or {}), "rebuilt_from_delta_log": True},
                     error=reason,
+                    decisions=decisions,
                 )
                 conn.execute(
                     batches_table.update()
                     .where(batches_table.c.app_id == app_id, batches_table.c.batch_id == batch_id)
                     .values(metrics=dict(metrics))
                 )
-                self._insert_ranges(conn, app_id, batch_id, ranges)
+                self._insert_ranges(conn, app_id, batch_id, ranges, topic_id)
         except IntegrityError:
             return False  # a concurrent rebuild inserted it first
         return True

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
 from ledger.crash import crashpoint
+from ledger.decisions import Decision, DecisionKind, resume_command
 from ledger.errors import BusyError, FencedError, InconsistencyError, RefusedBatchError
 from ledger.protocol import (
     ABANDONABLE,
@@ -43,7 +44,11 @@ from ledger.protocol import (
     Available,
     BatchState,
     OffsetRange,
+    Positions,
+    check_batch_topic,
     check_ranges_readable,
+    check_topic_identity,
+    check_topic_steady,
     owner_may_be_alive,
     plan_ranges,
     worth_planning,
@@ -89,6 +94,9 @@ class OffsetSource(Protocol):
 
     def available(self) -> Mapping[int, Available]:
         """Earliest and last stable offset of every partition, read now."""
+
+    def topic_id(self) -> str:
+        """Kafka's id of the topic's current incarnation (KIP-516), read now."""
 
     def ack(self, ranges: Sequence[OffsetRange]) -> None:
         """Move the consumer group to the ranges' ends (advisory)."""
@@ -140,6 +148,9 @@ class Incident:
 
 def _never(_batch: Batch) -> bool:
     return False
+
+    def rows_reach(self, topic: str) -> dict[int, int]:
+        """Per partition, one past the highest offset of `topic` in the published rows."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -201,10 +212,10 @@ class TwoPhaseCommit:
         `batch_id`, the batch gets that id (it must be above every existing one), so an
         orchestrator can name the batch before it exists.
         """
-        available = self.source.available()
+        topic_id, available = self.read_topic()
 
-        def ranges_for(positions: Mapping[int, int]) -> list[OffsetRange] | None:
-            return self._next_ranges(positions, available, allow_empty=allow_empty)
+        def ranges_for(positions: Positions) -> list[OffsetRange] | None:
+            return self._next_ranges(positions, available, topic_id, allow_empty=allow_empty)
 
         batch = self.store.plan(
             pipeline=self.pipeline,
@@ -212,6 +223,7 @@ class TwoPhaseCommit:
             kind=self.kind,
             ranges_for=ranges_for,
             batch_id=batch_id,
+            topic_id=topic_id,
         )
         if batch is not None:
             crashpoint("after_plan")
@@ -228,20 +240,42 @@ class TwoPhaseCommit:
         in_flight = self.store.batches(app_id=self.app_id, states=BLOCKS_PLANNING, limit=1)
         if in_flight:
             return NextBatch(None, in_flight=in_flight[0])
-        ranges = self._next_ranges(self.store.positions(self.app_id), self.source.available())
+        topic_id, available = self.read_topic()
+        ranges = self._next_ranges(self.store.positions(self.app_id), available, topic_id)
         if ranges is None:
             return NextBatch(None)
-        latest = self.store.batches(app_id=self.app_id, limit=1)
-        return NextBatch((latest[0].batch_id if latest else 0) + 1, tuple(ranges))
+        return NextBatch((self.store.last_batch_id(self.app_id) or 0) + 1, tuple(ranges))
+
+    def check_topic(self) -> None:
+        """Raise TopicChangedError if the stored positions were read from another topic
+        incarnation than the one Kafka has now (invariant 10). Nothing can be planned until
+        an operator records a decision, so a watcher calls this to make the stop heard."""
+        check_topic_identity(
+            self.source.topic, self.store.positions(self.app_id), self.source.topic_id()
+        )
+
+    def read_topic(self) -> tuple[str, Mapping[int, Available]]:
+        """The topic's id and its partitions' offsets, read at one instant: the id is read
+        before and after the offsets, and a change in between refuses (invariant 10)."""
+        before = self.source.topic_id()
+        available = self.source.available()
+        check_topic_steady(self.source.topic, before, self.source.topic_id())
+        return before, available
 
     def _next_ranges(
         self,
-        positions: Mapping[int, int],
+        positions: Positions,
         available: Mapping[int, Available],
+        topic_id: str,
         *,
         allow_empty: bool = False,
     ) -> list[OffsetRange] | None:
-        """The next batch's ranges from `positions`, or None when they are not worth a batch."""
+        """The next batch's ranges from `positions`, or None when they are not worth a batch.
+
+        Positions read from another topic incarnation than `topic_id` are refused before
+        anything is planned on them (invariant 10).
+        """
+        check_topic_identity(self.source.topic, positions, topic_id)
         ranges = plan_ranges(
             self.source.topic,
             positions,
@@ -266,8 +300,10 @@ class TwoPhaseCommit:
         `params` identify the request. `check(batches)` decides whether it is allowed
         (ledger/backfill.py); it runs inside the planning transaction, on every batch of the
         pipeline as that transaction reads them, so nothing is planned in between.
+        The ranges are planned on the topic's current incarnation (invariant 10).
         """
-        check_ranges_readable(ranges, self.source.available())
+        topic_id, available = self.read_topic()
+        check_ranges_readable(ranges, available)
         batch = self.store.plan(
             pipeline=self.pipeline,
             app_id=self.app_id,
@@ -277,6 +313,7 @@ class TwoPhaseCommit:
             batch_id=batch_id,
             contiguous=False,
             check=check,
+            topic_id=topic_id,
         )
         assert batch is not None
         crashpoint("after_plan")
@@ -291,13 +328,19 @@ class TwoPhaseCommit:
 
     def _stage(self, batch: Batch) -> StageOutput:
         """Run the stager for this attempt, its ranges checked readable first (invariant 8);
-        an output the stage refuses (invariants 13, 14) is never voted."""
-        check_ranges_readable(batch.ranges, self.source.available())
+        an output the stage refuses (invariants 13, 14) is never voted. The topic must be
+        the incarnation the batch was planned on, before the read and still after it, or
+        nothing is voted (invariant 10)."""
+        topic_id, available = self.read_topic()
+        check_batch_topic(batch.label, self.source.topic, batch.topic_id, topic_id)
+        check_ranges_readable(batch.ranges, available)
         try:
             with self._heartbeat(batch):
-                return self.stager.stage(batch)
+                output = self.stager.stage(batch)
         except RefusedBatchError as exc:
             raise self._refuse(batch, exc) from exc
+        check_batch_topic(batch.label, self.source.topic, batch.topic_id, self.source.topic_id())
+        return output
 
     def pre_commit(self, batch: Batch, output: StageOutput) -> Batch:
         """The vote: one ledger transaction records the files, the schemas and PREPARED.
@@ -704,18 +747,26 @@ class TwoPhaseCommit:
                 )
             return 0
         entries = self.publisher.committed_batches(self.app_id)
-        if not any(e["batch_id"] == version for e in entries):
+        if not any(e["batch_id"] == version for e in entries) and not self._resumed(version):
             raise InconsistencyError(
                 f"the Delta table holds batch {self.app_id}/{version}, but its commit info is no "
-                "longer in the Delta log (log retention?): offsets cannot be rebuilt"
+                "longer in the Delta log (log retention?): offsets cannot be rebuilt; if the "
+                "table's rows are complete, state where each partition continues (one past its "
+                "highest offset in the table): "
+                + resume_command(
+                    self.publisher.rows_reach(self.source.topic), sorted(self.source.available())
+                )
             )
         rebuilt = 0
         for entry in entries:
             if self.store.get(self.app_id, entry["batch_id"]) is not None:
                 continue
             ranges = [OffsetRange.from_dict(r) for r in entry["ranges"]]
+            decisions = [Decision.from_dict(d) for d in entry.get("decisions") or ()]
+            for decision in decisions:
+                self.store.insert_decision(decision)
             if not entry.get("complete", True):
-                rebuilt += self._insert_unfinished(entry, ranges)
+                rebuilt += self._insert_unfinished(entry, ranges, decisions)
                 continue
             rebuilt += self.store.insert_committed(
                 pipeline=self.pipeline,
@@ -725,11 +776,15 @@ class TwoPhaseCommit:
                 ranges=ranges,
                 table_version=entry.get("table_version"),
                 params=entry.get("params"),
+                topic_id=entry.get("topic_id"),
+                decisions=decisions,
             )
         self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
         return rebuilt
 
-    def _insert_unfinished(self, entry: Mapping[str, Any], ranges: list[OffsetRange]) -> bool:
+    def _insert_unfinished(
+        self, entry: Mapping[str, Any], ranges: list[OffsetRange], decisions: list[Decision]
+    ) -> bool:
         """Re-create a batch that some outputs hold and others not as one to be staged
         again over its ranges and finished (invariant 12)."""
         holding = sorted(entry.get("outputs", []))
@@ -747,6 +802,16 @@ class TwoPhaseCommit:
                 "the other outputs not; it is staged again over its ranges to finish it"
             ),
             metrics={RESTAGE: {"count": 0, "missing": [], "outputs_holding": holding}},
+            topic_id=entry.get("topic_id"),
+            decisions=decisions,
+        )
+
+    def _resumed(self, version: int) -> bool:
+        """Whether an operator stated where to continue past the table's `version` when its
+        commit info was gone (a resume-at decision, invariant 15)."""
+        return any(
+            d.kind is DecisionKind.RESUME_AT and d.after_batch_id >= version
+            for d in self.store.decisions(app_id=self.app_id)
         )
 
     def may_be_alive(self, batch: Batch) -> bool:

@@ -34,6 +34,7 @@ import dagster as dg
 from jobs.pipeline import Pipeline
 from ledger.backfill import backfill_app_id
 from ledger.batch import Batch, BatchKind
+from ledger.errors import TopicChangedError
 from ledger.protocol import IN_FLIGHT, BatchState
 from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
 from resources.alerts import Alert, AlertsResource
@@ -132,14 +133,39 @@ def decide_ack(was_open: bool, refused_in_a_row: int, threshold: int) -> AckDeci
 
 
 @dataclass(frozen=True)
+class BlockedDecision:
+    """Whether to raise or resolve the alert of a pipeline nothing can be planned for."""
+
+    alert: bool
+    resolve: bool
+    #: the reason of the alert open after this evaluation, if any
+    open_after: str | None
+
+
+def decide_blocked(was_open: str | None, reason: str | None, known: bool) -> BlockedDecision:
+    """Pure: one alert when the pipeline is blocked for a reason only an operator can lift
+    (a re-created or re-pointed topic, invariant 10), again if the reason changes; one
+    "resolved" once it is not blocked any more. `known` is False when the check could not
+    tell (the broker was unreachable): nothing changes then."""
+    if not known:
+        return BlockedDecision(alert=False, resolve=False, open_after=was_open)
+    if reason is not None:
+        return BlockedDecision(alert=reason != was_open, resolve=False, open_after=reason)
+    return BlockedDecision(alert=False, resolve=was_open is not None, open_after=None)
+
+
+@dataclass(frozen=True)
 class Cursor:
     """The sensor's memory between evaluations: the alerts it sent that are still open."""
 
     stuck: dict[str, str] = field(default_factory=dict)
     ack_alert_open: bool = False
+    blocked: str | None = None
 
     def dumps(self) -> str:
-        return json.dumps({"stuck": self.stuck, "ack_alert_open": self.ack_alert_open})
+        return json.dumps(
+            {"stuck": self.stuck, "ack_alert_open": self.ack_alert_open, "blocked": self.blocked}
+        )
 
     @classmethod
     def loads(cls, text: str | None) -> Cursor:
@@ -150,7 +176,11 @@ class Cursor:
         data = json.loads(text)
         if isinstance(data, list):
             return cls({str(key): str(S.PREPARED) for key in data})
-        return cls(dict(data.get("stuck", {})), bool(data.get("ack_alert_open", False)))
+        return cls(
+            dict(data.get("stuck", {})),
+            bool(data.get("ack_alert_open", False)),
+            data.get("blocked"),
+        )
 
 
 @dataclass(frozen=True)
@@ -159,6 +189,7 @@ class Evaluation:
 
     stuck: StuckDecision
     ack: AckDecision
+    blocked: BlockedDecision
 
 
 def evaluate_stuck(
@@ -199,7 +230,32 @@ def evaluate(
         alerts.send(_ack_alert(config, refused, in_a_row), log)
     if ack.resolve:
         alerts.send(_ack_resolved_alert(config), log)
-    return Evaluation(stuck, ack), Cursor(stuck.open_after, ack.open_after).dumps()
+
+    live_in_flight = any(b.app_id == config.app_id for b in candidates)
+    reason, known = (None, False) if live_in_flight else _blocked_reason(pipeline, log)
+    blocked = decide_blocked(memory.blocked, reason, known)
+    if blocked.alert and reason is not None:
+        alerts.send(_blocked_alert(config, reason), log)
+    if blocked.resolve:
+        alerts.send(_blocked_resolved_alert(config), log)
+    cursor_after = Cursor(stuck.open_after, ack.open_after, blocked.open_after)
+    return Evaluation(stuck, ack, blocked), cursor_after.dumps()
+
+
+def _blocked_reason(pipeline: Pipeline, log: Callable[[str], None]) -> tuple[str | None, bool]:
+    """(why nothing can be planned, whether the check could tell). Only reasons an operator
+    must act on count: a topic whose identity changed (invariant 10) stops the schedule's
+    every tick with the same error, and no batch is in flight for the stuck alert to see.
+    Asked only while no live batch is in flight: one that is holds planning up itself, and
+    the stuck alert speaks for it."""
+    try:
+        pipeline.live.check_topic()
+    except TopicChangedError as exc:
+        return str(exc), True
+    except Exception as exc:  # the broker is unreachable, say: the run that needs it fails
+        log(f"could not check the topic's identity: {exc}")
+        return None, False
+    return None, True
 
 
 def _minutes(now: datetime, since: datetime | None) -> float:
@@ -229,6 +285,13 @@ def _stuck_text(config: PipelineConfig, batch: Batch, now: datetime) -> str:
             f"since: its records ({ranges}) are in the table, but the run died before the "
             "ack, so lag tools show the group behind. The re-drive sensor acks it; see "
             f"`exactly ledger -c <config>` and the {name}_redrive runs."
+        )
+    if batch.voted_once:
+        return (
+            f"{head} voted, then lost staged files and went back to be staged again "
+            f"{minutes:.1f} min ago ({batch.error}); its ranges {ranges} must be read again "
+            "before Kafka retention deletes them. It is never abandoned: the re-drive sensor "
+            f"stages it again; see `exactly ledger -c <config>` and the {name}_redrive runs."
         )
     what = (
         f"was planned {minutes:.1f} min ago and has not been staged"
@@ -295,6 +358,27 @@ def _ack_alert(config: PipelineConfig, refused: list[Batch], in_a_row: int) -> A
     )
 
 
+def _blocked_alert(config: PipelineConfig, reason: str) -> Alert:
+    return Alert(
+        kind="blocked",
+        pipeline=config.pipeline,
+        title=f"{config.pipeline}: nothing can be planned until an operator decides",
+        text=f"{reason}. Every schedule tick fails with this until then; no record is read.",
+        details={"topic": config.kafka.topic},
+    )
+
+
+def _blocked_resolved_alert(config: PipelineConfig) -> Alert:
+    return Alert(
+        kind="resolved",
+        pipeline=config.pipeline,
+        title=f"{config.pipeline}: batches can be planned again",
+        text=f"topic {config.kafka.topic} is the incarnation the positions belong to again "
+        "(a decision was recorded): the schedule plans the next batch.",
+        details={"topic": config.kafka.topic},
+    )
+
+
 def _ack_resolved_alert(config: PipelineConfig) -> Alert:
     group = config.group_id
     return Alert(
@@ -335,7 +419,8 @@ def build_stuck_sensor(config: PipelineConfig) -> dg.SensorDefinition:
             f"Alerts once per batch PLANNED, STAGED, PREPARED or COMMITTED for over "
             f"{config.alerts.stuck_after_seconds:g}s, and again when it moves on; and once "
             f"when {config.alerts.ack_failures_before_alert} consumer-group acks in a row "
-            "were refused, and again when one succeeds."
+            "were refused, and again when one succeeds; and once when a changed topic blocks "
+            "planning until an operator decides, and again when it does."
         ),
         required_resource_keys={pipeline_key(name), alerts_key(name)},
     )
@@ -351,7 +436,8 @@ def build_stuck_sensor(config: PipelineConfig) -> dg.SensorDefinition:
         return dg.SkipReason(
             f"{len(decision.stuck)} new stuck, {len(decision.resolved)} resolved, "
             f"{len(decision.open_after)} open; ack alert "
-            f"{'open' if evaluation.ack.open_after else 'closed'}"
+            f"{'open' if evaluation.ack.open_after else 'closed'}; "
+            f"{'blocked' if evaluation.blocked.open_after else 'not blocked'}"
         )
 
     return stuck

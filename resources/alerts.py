@@ -25,7 +25,8 @@ _log = logging.getLogger("exactly.alerts")
 @dataclass(frozen=True)
 class Alert:
     """One message to operators. `kind` is stuck_<state> (stuck_planned, stuck_staged,
-    stuck_prepared, stuck_committed), ack_failing, resolved or run_failed."""
+    stuck_prepared, stuck_committed), ack_failing, blocked, staged_files_missing, resolved or
+    run_failed."""
 
     kind: str
     pipeline: str

@@ -512,6 +512,42 @@ class DeltaTarget:
         )
         return True
 
+    def offset_reach(self, topic: str) -> dict[int, int]:
+        """Per partition, one past the highest `_kafka_offset` of `topic` in the table's rows.
+
+        From the files' statistics where a file holds one partition of this topic only;
+        other files are read (their coordinate columns only). For an operator deciding
+        where to continue when the log no longer says (ledger/decisions.py).
+        """
+        table = self.load()
+        if table is None:
+            return {}
+        reach: dict[int, int] = {}
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        for row in actions:
+            t_lo, t_hi = row.get("min._kafka_topic"), row.get("max._kafka_topic")
+            p_lo, p_hi = row.get("min._kafka_partition"), row.get("max._kafka_partition")
+            o_hi = row.get("max._kafka_offset")
+            # Only a file whose statistics say exactly this topic is judged by them: string
+            # statistics may be truncated (a long topic name), so a range test could skip a
+            # file that holds the topic, and the reach would come out short.
+            if t_lo == t_hi == topic and p_lo is not None and p_lo == p_hi and o_hi is not None:
+                reach[p_lo] = max(reach.get(p_lo, 0), o_hi + 1)
+                continue
+            data = pq.read_table(
+                storage.join(self.uri, row["path"]),
+                columns=["_kafka_topic", "_kafka_partition", "_kafka_offset"],
+            )
+            data = data.filter(pc.fill_null(pc.equal(data["_kafka_topic"], topic), False))
+            for p, o in zip(
+                data.column("_kafka_partition").to_pylist(),
+                data.column("_kafka_offset").to_pylist(),
+                strict=True,
+            ):
+                if p is not None and o is not None:
+                    reach[p] = max(reach.get(p, 0), o + 1)
+        return reach
+
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """The exactly metadata of every commit by `app_id` still in the log, oldest first.
 

@@ -372,6 +372,29 @@ class KafkaClient:
             )
         return sorted(p.id for p in description.partitions)
 
+    def topic_id(self, topic: str) -> str:
+        """Kafka's id of the topic's current incarnation (KIP-516), as its tools print it.
+
+        A topic deleted and re-created under the same name gets a new id, so the id tells
+        offsets of one incarnation from the other's. A cluster that reports no id (brokers
+        older than Kafka 2.8) is an error: without it a re-created topic cannot be told.
+        """
+        description = self._describe(topic)
+        if description is None:
+            raise ExactlyError(
+                f"topic {topic!r} does not exist on Kafka at {self.bootstrap_servers}"
+            )
+        uuid = description.topic_id
+        if uuid is None or (
+            uuid.get_most_significant_bits() == 0 and uuid.get_least_significant_bits() == 0
+        ):
+            raise ExactlyError(
+                f"Kafka at {self.bootstrap_servers} reports no topic id for topic {topic!r} "
+                "(brokers before Kafka 2.8 have none); exactly needs it to tell a re-created "
+                "topic from the one it read"
+            )
+        return str(uuid)
+
     # -- offsets -----------------------------------------------------------------------------
 
     def offsets(self, topic: str, partitions: Iterable[int] | None = None) -> dict[int, Available]:

@@ -21,7 +21,7 @@ from ledger.errors import ConfigError, ExactlyError
 from ledger.protocol import Available, BatchState, OffsetRange, Owner
 from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
-from orchestration.stuck_sensor import Cursor, decide_ack, decide_stuck
+from orchestration.stuck_sensor import Cursor, decide_ack, decide_blocked, decide_stuck
 from resources.config import parse_config
 from tests.fixtures.fakes import FakePublisher, FakeSource, FakeStager
 from tests.test_two_phase import dead_pid, plan_as
@@ -345,3 +345,25 @@ def test_stuck_after_seconds_and_its_former_name(tmp_path: Path) -> None:
         config_with({"stuck_after_seconds": 1, "stuck_prepared_after_seconds": 2}, tmp_path)
     with pytest.raises(ConfigError, match=r"alerts\.ack_failures_before_alert"):
         config_with({"ack_failures_before_alert": 0}, tmp_path)
+
+
+def test_a_blocked_pipeline_alerts_once_per_reason_and_resolves_once() -> None:
+    """A changed topic stops planning with no batch in flight (invariant 10): the stuck
+    sensor must say so once, again only if the reason changes, and resolve once."""
+    opened = decide_blocked(None, "topic t: ids differ", known=True)
+    assert (opened.alert, opened.resolve, opened.open_after) == (True, False, "topic t: ids differ")
+    held = decide_blocked("topic t: ids differ", "topic t: ids differ", known=True)
+    assert (held.alert, held.resolve) == (False, False)
+    changed = decide_blocked("topic t: ids differ", "topic t: other ids", known=True)
+    assert changed.alert and changed.open_after == "topic t: other ids"
+    unknown = decide_blocked("topic t: ids differ", None, known=False)
+    assert (unknown.alert, unknown.resolve, unknown.open_after) == (
+        False,
+        False,
+        "topic t: ids differ",
+    )
+    closed = decide_blocked("topic t: ids differ", None, known=True)
+    assert (closed.alert, closed.resolve, closed.open_after) == (False, True, None)
+    assert decide_blocked(None, None, known=True) == decide_blocked(None, None, known=False)
+    cursor = Cursor({}, blocked="topic t: ids differ")
+    assert Cursor.loads(cursor.dumps()) == cursor

@@ -1,0 +1,187 @@
+"""A ledger written by an older exactly (schema version 1) opens, is migrated in place and
+keeps every batch, on SQLite and PostgreSQL; its positions, which predate topic ids, adopt
+the topic's current id on the next plan, and that adoption is recorded."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+
+from ledger.errors import TopicChangedError
+from ledger.protocol import Available, BatchState
+from ledger.schema import SCHEMA_VERSION
+from ledger.store import LedgerStore
+from ledger.two_phase import TwoPhaseCommit
+from tests.fixtures.fakes import FakeSource, wired
+
+APP = "pageviews"
+TOPIC = "pageviews"
+
+# -- the version-1 layout, as exactly 1 created it ----------------------------------------
+
+V1 = sa.MetaData()
+V1_META = sa.Table(
+    "exactly_meta",
+    V1,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)
+V1_BATCHES = sa.Table(
+    "exactly_batches",
+    V1,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("pipeline", sa.String(255), nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("token", sa.String(32), nullable=False),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("prepared_at", sa.DateTime(timezone=True)),
+    sa.Column("committed_at", sa.DateTime(timezone=True)),
+    sa.Column("table_version", sa.BigInteger),
+    sa.Column("error", sa.Text),
+    sa.Column("schemas", sa.JSON),
+    sa.Column("metrics", sa.JSON),
+    sa.Column("params", sa.JSON),
+)
+V1_RANGES = sa.Table(
+    "exactly_ranges",
+    V1,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("topic", sa.String(255), primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("start_offset", sa.BigInteger, nullable=False),
+    sa.Column("end_offset", sa.BigInteger, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
+    ),
+)
+V1_FILES = sa.Table(
+    "exactly_files",
+    V1,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("target", sa.String(16), primary_key=True),
+    sa.Column("path", sa.String(1024), primary_key=True),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("records", sa.BigInteger, nullable=False),
+    sa.Column("modification_time", sa.BigInteger, nullable=False),
+    sa.Column("stats", sa.Text, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
+    ),
+)
+
+
+def write_version_1_ledger(url: str) -> None:
+    """Two ACKED batches over two partitions, written with the version-1 tables."""
+    engine = sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    with engine.begin() as conn:
+        V1.create_all(conn)
+        conn.execute(V1_META.insert().values(key="schema_version", value="1"))
+        for batch_id, (start, end) in enumerate([(0, 10), (10, 25)], start=1):
+            conn.execute(
+                V1_BATCHES.insert().values(
+                    app_id=APP,
+                    batch_id=batch_id,
+                    pipeline="pv",
+                    kind="live",
+                    state="ACKED",
+                    attempt=1,
+                    token=f"t{batch_id}",
+                    owner="old-host:1",
+                    heartbeat_at=now,
+                    created_at=now,
+                    updated_at=now,
+                    prepared_at=now,
+                    committed_at=now,
+                    table_version=batch_id - 1,
+                    error=None,
+                    schemas={"table": "s"},
+                    metrics={"records_read": 2 * (end - start)},
+                    params={},
+                )
+            )
+            for partition in (0, 1):
+                conn.execute(
+                    V1_RANGES.insert().values(
+                        app_id=APP,
+                        batch_id=batch_id,
+                        topic=TOPIC,
+                        partition=partition,
+                        start_offset=start,
+                        end_offset=end,
+                    )
+                )
+            conn.execute(
+                V1_FILES.insert().values(
+                    app_id=APP,
+                    batch_id=batch_id,
+                    target="table",
+                    path=f"b{batch_id}.parquet",
+                    size=100,
+                    records=2 * (end - start),
+                    modification_time=0,
+                    stats="{}",
+                )
+            )
+    engine.dispose()
+
+
+def test_a_version_1_ledger_is_migrated_in_place_and_keeps_its_batches(ledger_url: str) -> None:
+    write_version_1_ledger(ledger_url)
+    store = LedgerStore(ledger_url)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION == 2
+        batches = sorted(store.batches(app_id=APP), key=lambda b: b.batch_id)
+        assert [(b.batch_id, b.state) for b in batches] == [
+            (1, BatchState.ACKED),
+            (2, BatchState.ACKED),
+        ]
+        assert [str(r) for r in batches[1].ranges] == ["pageviews-0[10,25)", "pageviews-1[10,25)"]
+        assert [b.topic_id for b in batches] == [None, None]  # unknown: written before ids
+        assert [f.path for f in store.files(APP, 2)] == ["b2.parquet"]
+        assert store.positions(APP) == {0: 25, 1: 25}
+        assert store.positions(APP).topic_id is None
+        assert store.decisions(app_id=APP) == []
+        # opening it again migrates nothing twice
+        LedgerStore(ledger_url).dispose()
+
+        # the next plan adopts the topic's current id, continues where batch 2 ended, and
+        # records the adoption as a decision that the batch's commit carries
+        source = FakeSource({0: Available(0, 30), 1: Available(0, 30)}, current_id="T-current")
+        stager, publisher = wired()
+        tpc = TwoPhaseCommit(
+            store,
+            pipeline="pv",
+            app_id=APP,
+            source=source,
+            stager=stager,
+            publisher=publisher,
+            max_records_per_partition=100,
+        )
+        report = tpc.run_batch()
+        assert report is not None
+        assert [str(r) for r in report.batch.ranges] == ["pageviews-0[25,30)", "pageviews-1[25,30)"]
+        assert report.batch.topic_id == "T-current"
+        (adopted,) = store.decisions(app_id=APP)
+        assert adopted.kind == "adopt-topic-id" and adopted.topic_id == "T-current"
+        assert adopted.previous_topic_id is None
+        assert [d.id for d in report.batch.decisions] == [adopted.id]
+        assert publisher.commits[-1]["decisions"] == [adopted.as_dict()]
+        # from here the id is known: a different one is refused
+        assert store.positions(APP).topic_id == "T-current"
+        source.current_id = "T-other"
+        source.offsets = {0: Available(0, 40), 1: Available(0, 40)}
+        with pytest.raises(TopicChangedError, match="T-current"):
+            tpc.begin()
+    finally:
+        store.dispose()
