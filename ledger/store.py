@@ -565,6 +565,7 @@ class LedgerStore:
         created_at: datetime | db_now,
         params: Mapping[str, Any] | None,
         decisions: Iterable[Decision] = (),
+        metrics: Mapping[str, Any] | None = None,
         **columns: Any,
     ) -> None:
         """A new batch row at attempt 1 with a fresh token, stamped by the database's clock."""
@@ -580,7 +581,7 @@ class LedgerStore:
                 created_at=created_at,
                 updated_at=now,
                 params=dict(params or {}),
-                metrics={},
+                metrics=dict(metrics or {}),
                 schemas={},
                 decisions=[d.as_dict() for d in decisions],
                 **columns,
@@ -838,37 +839,25 @@ class LedgerStore:
     ) -> bool:
         """Re-create a COMMITTED batch found in the Delta log (invariant 7). Idempotent.
 
-        Under the pipeline's planning lock, like every other insert of a batch, so a
-        backfill's check never decides between two of its statements.
-
         `committed_at` defaults to the database's time of the rebuild (invariant 17). With
         its topic id and the decisions its commit carried (recorded again by
         `insert_decision`).
         """
         stamp = committed_at if committed_at is not None else db_now()
-        try:
-            with self._tx() as conn:
-                self._lock_pipeline(conn, pipeline)
-                if self._get(conn, app_id, batch_id) is not None:
-                    return False
-                self._insert_batch(
-                    conn,
-                    app_id=app_id,
-                    batch_id=batch_id,
-                    pipeline=pipeline,
-                    kind=kind,
-                    state=BatchState.COMMITTED,
-                    owner=this_owner(),
-                    created_at=stamp,
-                    params={**dict(params or {}), "rebuilt_from_delta_log": True},
-                    decisions=decisions,
-                    committed_at=stamp,
-                    table_version=table_version,
-                )
-                self._insert_ranges(conn, app_id, batch_id, ranges, topic_id)
-        except IntegrityError:
-            return False  # a concurrent rebuild inserted it first
-        return True
+        return self._insert_rebuilt(
+            pipeline=pipeline,
+            app_id=app_id,
+            kind=kind,
+            batch_id=batch_id,
+            ranges=ranges,
+            params=params,
+            topic_id=topic_id,
+            decisions=decisions,
+            state=BatchState.COMMITTED,
+            created_at=stamp,
+            committed_at=stamp,
+            table_version=table_version,
+        )
 
     def insert_unfinished(
         self,
@@ -889,7 +878,40 @@ class LedgerStore:
         its ranges and finished (metrics must carry RESTAGE). Idempotent."""
         if RESTAGE not in metrics:
             raise ValueError(f"an unfinished batch {app_id}/{batch_id} must carry {RESTAGE!r}")
-        now = db_now()
+        return self._insert_rebuilt(
+            pipeline=pipeline,
+            app_id=app_id,
+            kind=kind,
+            batch_id=batch_id,
+            ranges=ranges,
+            params=params,
+            topic_id=topic_id,
+            decisions=decisions,
+            state=BatchState.PLANNED,
+            created_at=db_now(),
+            error=reason,
+            metrics=metrics,
+        )
+
+    def _insert_rebuilt(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: BatchKind,
+        batch_id: int,
+        ranges: Iterable[OffsetRange],
+        params: Mapping[str, Any] | None,
+        topic_id: str | None,
+        decisions: Iterable[Decision],
+        state: BatchState,
+        created_at: datetime | db_now,
+        **columns: Any,
+    ) -> bool:
+        """Insert a batch re-created from the Delta logs unless the ledger has it; False if
+        it has (idempotent: a concurrent rebuild may be first). Under the pipeline's
+        planning lock, like every other insert of a batch, so a backfill's check never
+        decides between two of its statements."""
         try:
             with self._tx() as conn:
                 self._lock_pipeline(conn, pipeline)
@@ -901,17 +923,12 @@ class LedgerStore:
                     batch_id=batch_id,
                     pipeline=pipeline,
                     kind=kind,
-                    state=BatchState.PLANNED,
+                    state=state,
                     owner=this_owner(),
-                    created_at=now,
+                    created_at=created_at,
                     params={**dict(params or {}), "rebuilt_from_delta_log": True},
-                    error=reason,
                     decisions=decisions,
-                )
-                conn.execute(
-                    batches_table.update()
-                    .where(batches_table.c.app_id == app_id, batches_table.c.batch_id == batch_id)
-                    .values(metrics=dict(metrics))
+                    **columns,
                 )
                 self._insert_ranges(conn, app_id, batch_id, ranges, topic_id)
         except IntegrityError:
