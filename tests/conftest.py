@@ -14,6 +14,7 @@ import pytest
 
 pytest_plugins = [
     "tests.fixtures.kafka",
+    "tests.fixtures.ledger",
     "tests.fixtures.postgres",
     "tests.fixtures.pipeline",
     "tests.fixtures.webhook",

@@ -34,11 +34,6 @@ TOPIC = "pageviews"
 TRANSFORM = "tests.transforms:pageviews_v2"
 
 
-@pytest.fixture(autouse=True)
-def _no_crash_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EXACTLY_CRASH_AT", raising=False)
-
-
 @pytest.fixture
 def store(ledger_url: str) -> Iterator[LedgerStore]:
     ledger = LedgerStore(ledger_url)

@@ -5,7 +5,6 @@ in-memory Kafka and Delta fakes and a real SQLite ledger (tests/test_two_phase.p
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,20 +39,6 @@ from tests.fixtures.fakes import TOPIC, FakePublisher, FakeSource, FakeStager
 from tests.test_two_phase import APP, coordinator
 
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
-
-
-@pytest.fixture(autouse=True)
-def _no_crash_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EXACTLY_CRASH_AT", raising=False)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LedgerStore]:
-    ledger = LedgerStore(f"sqlite:///{tmp_path}/ledger.db")
-    try:
-        yield ledger
-    finally:
-        ledger.dispose()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -41,20 +41,6 @@ class RefusingSource(FakeSource):
         if self.refusing:
             raise ExactlyError("Kafka at k:9092: committing offsets of group 'g' failed: busy")
         super().ack(ranges)
-
-
-@pytest.fixture(autouse=True)
-def _no_crash_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EXACTLY_CRASH_AT", raising=False)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LedgerStore]:
-    ledger = LedgerStore(f"sqlite:///{tmp_path}/ledger.db")
-    try:
-        yield ledger
-    finally:
-        ledger.dispose()
 
 
 @pytest.fixture

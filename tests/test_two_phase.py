@@ -7,7 +7,6 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,6 @@ APP = "pageviews"
 
 
 # -- fixtures and helpers -----------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _no_crash_points(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("EXACTLY_CRASH_AT", raising=False)
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[LedgerStore]:
-    ledger = LedgerStore(f"sqlite:///{tmp_path}/ledger.db")
-    try:
-        yield ledger
-    finally:
-        ledger.dispose()
 
 
 @pytest.fixture
