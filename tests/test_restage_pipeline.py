@@ -5,7 +5,6 @@ of it, and the file counts reach `exactly ledger`."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from exactly_cli.pipeline_cmd import cmd_ledger
+from exactly_cli import main
 from jobs.examples.sample_data import pageviews
 from jobs.pipeline import Pipeline
 from jobs.stage import QUARANTINE, TABLE
@@ -91,12 +90,12 @@ def test_a_vote_that_lost_a_staged_file_is_restaged_and_committed_once(
     assert webhook.posts[0]["details"]["missing"] == [f"table/{lost}"]
 
     # `exactly ledger` shows the counts, as text and as JSON
-    args = argparse.Namespace(config=str(config_path(config)), json=False, limit=10)
-    cmd_ledger(args)
+    ledger = ["ledger", "-c", str(config_path(config))]
+    assert main(ledger) == 0
     text = capsys.readouterr().out
     staged = done.metrics["files_staged"]
     assert "files s/c/a/m" in text and f"{staged}/{staged}/0/1" in text
-    cmd_ledger(argparse.Namespace(**{**vars(args), "json": True}))
+    assert main([*ledger, "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["metrics"]["files_missing"] == 1 and row["attempt"] == 3
 
