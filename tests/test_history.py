@@ -2,7 +2,8 @@
 real Dagster instance.
 
 * a batch committed by the CLI path appears as a partition with a materialization after one
-  history-sensor evaluation, and a second evaluation adds nothing;
+  history-sensor evaluation, and a second evaluation adds nothing; a backfill batch is
+  materialized without a partition; a batch whose run is still running is left to it;
 * every job that commits (micro-batch, next-batch, re-drive, backfill) materializes the
   table asset with the same metadata: measures as numbers, identifiers as text;
 * the Launchpad's next-batch job plans and materializes a new partition;
@@ -21,11 +22,13 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
+from jobs.pipeline import build, build_backfill
+from ledger.backfill import BackfillMode, plan_backfill
 from ledger.batch import Batch, BatchKind
 from ledger.protocol import BatchState, OffsetRange, Owner
 from orchestration.metadata import batch_metadata
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from tests.fixtures.pipeline import assert_exactly_once, config_path, coordinates, crash_run
 
 NUMBERS = (dg.IntMetadataValue, dg.FloatMetadataValue)
@@ -242,4 +245,42 @@ def test_the_backfill_and_redrive_jobs_materialize_the_table(
     assert meta["row_count"].value == assert_exactly_once(config, kafka_client)[0]
 
     evaluate_history(jobs, instance, None)
+    assert len(materializations(jobs, instance)) == 2
+
+
+def test_the_history_sensor_waits_for_a_running_run_and_records_backfills_unpartitioned(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200))
+    jobs = pipeline_definitions(config_path(config))
+    # a run of batch 1 that Dagster still shows running may yet log the batch's commit
+    run = instance.create_run_for_job(
+        jobs.micro_batch,
+        tags={PIPELINE_TAG: config.pipeline, BATCH_TAG: "1"},
+        status=dg.DagsterRunStatus.STARTED,
+    )
+    assert build(config, spark_factory=lambda: spark).run_batch() is not None
+    tpc = build_backfill(config, spark_factory=lambda: spark)
+    filled, planned = plan_backfill(
+        tpc,
+        live_app_id=config.app_id,
+        mode=BackfillMode.REPLACE,
+        ranges=[OffsetRange(config.kafka.topic, 1, 0, 30)],
+        transform=config.transform,
+    )
+    assert planned and tpc.finish(filled).batch.state is BatchState.ACKED
+
+    _, cursor = evaluate_history(jobs, instance, None)
+    (backfill,) = materializations(jobs, instance)
+    assert backfill.partition is None
+    assert backfill.metadata["batch"] == dg.MetadataValue.text(f"{tpc.app_id}/{filled.batch_id}")
+    assert instance.has_dynamic_partition(
+        jobs.batches.name, "1"
+    )  # the partition, not yet its commit
+
+    instance.report_run_failed(run)
+    _, cursor = evaluate_history(jobs, instance, cursor)
+    assert [m.partition for m in materializations(jobs, instance)] == [None, "1"]
+    evaluate_history(jobs, instance, cursor)
     assert len(materializations(jobs, instance)) == 2
