@@ -148,9 +148,10 @@ class DeltaPublisher:
             reach[partition] = max(end, reach.get(partition, end))
         return reach
 
-    def table_stats(self, app_id: str) -> TableStats | None:
-        """The data table's version, row count and `app_id`'s last batch, for operators."""
-        return self.table.stats(app_id)
+    def table_stats(self, app_id: str, version: int | None = None) -> TableStats | None:
+        """The data table's version, row count and `app_id`'s last batch, for operators, as
+        of `version` (default: the latest)."""
+        return self.table.stats(app_id, version)
 
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
         """Quarantine first, then the data table.

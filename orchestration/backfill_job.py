@@ -4,7 +4,10 @@ once, while the live pipeline keeps running.
 The op finishes voted backfill batches first, then plans the request through
 ledger/backfill.py (which decides whether the ranges may be filled or replaced) and runs the
 batch through the pipeline's backfill coordinator. Without ranges it only recovers, which is
-how the re-drive sensor finishes a backfill batch whose run died.
+how the re-drive sensor finishes a backfill batch whose run died. Its commit materializes the
+table asset without a partition (a backfill batch is no live batch; orchestration/metadata.py),
+so the table's version and row-count history has no holes; batches it finishes by recovery
+are materialized by the history sensor (orchestration/history_sensor.py).
 """
 
 from collections.abc import Iterator
@@ -16,7 +19,7 @@ from pydantic import Field
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.batch import Batch
 from ledger.protocol import OffsetRange
-from orchestration.metadata import batch_metadata
+from orchestration.metadata import batch_label, batch_metadata, log_commit
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config import PipelineConfig
@@ -43,7 +46,7 @@ class BackfillRequest(dg.Config):
     again: bool = Field(default=False, description="repeat an identical finished backfill")
 
 
-def build_backfill_job(config: PipelineConfig) -> dg.JobDefinition:
+def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefinition:
     name = config.pipeline
 
     @dg.op(
@@ -78,10 +81,9 @@ def build_backfill_job(config: PipelineConfig) -> dg.JobDefinition:
         if not planned:
             context.log.info(f"already done as {batch.label} ({batch.state}); nothing to do")
             return
-        context.instance.add_run_tags(
-            context.run_id, {BATCH_TAG: f"{batch.app_id}/{batch.batch_id}"}
-        )
+        context.instance.add_run_tags(context.run_id, {BATCH_TAG: batch_label(batch)})
         report = tpc.finish(batch)
+        log_commit(context, table.key, pipeline, report.batch)
         yield dg.Output(report.batch, metadata=batch_metadata(report.batch))
 
     @dg.job(

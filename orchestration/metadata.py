@@ -1,9 +1,19 @@
 """What the UI shows of a batch and of the table, as Dagster metadata.
 
-Every run carries its batch's ranges, counts and phase times, so the job's partition view is
-the checkpoint history; every commit materializes the table asset's partition with the
-table's version, rows and last batch id and the consumer group's lag, all read through the
-pipeline's edges (jobs/delta_publisher.py, jobs/offset_source.py).
+Every run's outputs carry their batch's ranges, counts and phase times; every committed batch
+materializes the table asset with the same metadata (`commit_materialization`), whichever
+path committed it: a micro-batch, next-batch or re-drive run, a backfill run, or the history
+sensor for batches committed where Dagster did not see it (the CLI, recovery, a run that
+died before logging). Measures are numbers, so the asset's plots draw them; identifiers
+(batch, application id, attempt) are text, so they are labels and never plotted. The table's
+version and row count are read as of the version the batch committed, so the history shows
+each commit's table rather than today's.
+
+Live batches materialize their own partition (the batch id). Backfill batches are not live
+batches and have no partition of their own: they materialize the asset without a partition
+(labelled `<pipeline>.backfill/<id>`), so the partitions view holds exactly the live batches
+while the version and row-count plots over time hold every commit. A reprocess launched on a
+live batch's partition materializes that partition, `reprocessed_by` the backfill batch.
 """
 
 from __future__ import annotations
@@ -15,55 +25,118 @@ import dagster as dg
 from jobs.pipeline import Pipeline
 from ledger.batch import Batch, BatchKind
 
+_COUNTS = (
+    "records_read",
+    "table_records",
+    "quarantine_records",
+    "files",
+    "files_staged",
+    "files_committed",
+    "files_already_committed",
+    "files_missing",
+)
 
-def batch_metadata(batch: Batch) -> dict[str, Any]:
-    """Run metadata of a batch: what the UI's partition view shows per checkpoint."""
-    meta: dict[str, Any] = {
-        "batch_id": batch.batch_id,
-        "state": str(batch.state),
-        "attempt": batch.attempt,
-        "ranges": [str(r) for r in batch.ranges],
-        "offsets_spanned": batch.span,
+
+def batch_label(batch: Batch) -> str:
+    """The unambiguous name of a batch: backfill batch 1 is not live batch 1."""
+    return f"{batch.app_id}/{batch.batch_id}"
+
+
+def batch_metadata(batch: Batch) -> dict[str, dg.MetadataValue]:
+    """A batch as the ledger records it: identifiers as text, measures as numbers, and its
+    original timings (creation, commit, seconds per phase)."""
+    meta: dict[str, dg.MetadataValue] = {
+        "batch": dg.MetadataValue.text(batch_label(batch)),
+        "app_id": dg.MetadataValue.text(batch.app_id),
+        "batch_id": dg.MetadataValue.text(str(batch.batch_id)),
+        "attempt": dg.MetadataValue.text(str(batch.attempt)),
+        "kind": dg.MetadataValue.text(str(batch.kind)),
+        "state": dg.MetadataValue.text(str(batch.state)),
+        "ranges": dg.MetadataValue.text(" ".join(str(r) for r in batch.ranges) or "(empty)"),
+        "offsets_spanned": dg.MetadataValue.int(batch.span),
+        "created_at": dg.MetadataValue.timestamp(batch.created_at),
     }
-    counts = ("files_staged", "files_committed", "files_already_committed", "files_missing")
-    for key in ("records_read", "table_records", "quarantine_records", "files", *counts):
+    if batch.committed_at is not None:
+        meta["committed_at"] = dg.MetadataValue.timestamp(batch.committed_at)
+    if batch.table_version is not None:
+        meta["table_version"] = dg.MetadataValue.int(batch.table_version)
+    for key in _COUNTS:
         if key in batch.metrics:
-            meta[key] = batch.metrics[key]
+            meta[key] = dg.MetadataValue.int(int(batch.metrics[key]))
     if "restage" in batch.metrics:  # staged again after its vote lost files (invariant 11)
-        meta["restages"] = batch.metrics["restage"].get("count", 0)
-    for phase, seconds in batch.metrics.get("phase_s", {}).items():
-        meta[f"{phase}_seconds"] = round(seconds, 3)
+        meta["restages"] = dg.MetadataValue.int(int(batch.metrics["restage"].get("count", 0)))
+    phases: dict[str, float] = batch.metrics.get("phase_s", {})
+    for phase, seconds in phases.items():
+        meta[f"{phase}_seconds"] = dg.MetadataValue.float(round(float(seconds), 3))
+    total = sum(phases.values())
+    if "records_read" in batch.metrics and "stage" in phases and total > 0:  # read here
+        rate = batch.metrics["records_read"] / total
+        meta["records_per_second"] = dg.MetadataValue.float(round(rate, 1))
     return meta
 
 
-def table_metadata(pipeline: Pipeline) -> dict[str, Any]:
-    """Table version, row count, last batch id and consumer lag per partition.
+def table_metadata(pipeline: Pipeline, batch: Batch) -> dict[str, dg.MetadataValue]:
+    """The table as the batch's commit left it: its version, row count and the live
+    pipeline's last batch then. A version no longer readable (its log was cleaned) is said,
+    not guessed."""
+    config = pipeline.config
+    meta: dict[str, dg.MetadataValue] = {"table_uri": dg.MetadataValue.path(config.delta.table_uri)}
+    try:
+        stats = pipeline.publisher.table_stats(config.app_id, batch.table_version)
+    except Exception as exc:
+        meta["table_stats_error"] = dg.MetadataValue.text(str(exc))
+        return meta
+    if stats is not None:
+        meta["table_version"] = dg.MetadataValue.int(stats.version)
+        meta["row_count"] = dg.MetadataValue.int(stats.row_count)
+        meta["last_batch_id"] = dg.MetadataValue.text(str(stats.app_version or 0))
+    return meta
+
+
+def lag_metadata(pipeline: Pipeline) -> dict[str, dg.MetadataValue]:
+    """The consumer group's lag now, in total and per partition, as separate numbers.
 
     The lag is advisory (so is the group it is read from): when Kafka cannot say, the
     metadata says why instead of failing the commit that is being recorded.
     """
-    config = pipeline.config
-    meta: dict[str, Any] = {"table_uri": dg.MetadataValue.path(config.delta.table_uri)}
-    stats = pipeline.publisher.table_stats(config.app_id)
-    if stats is not None:
-        meta["table_version"] = stats.version
-        meta["row_count"] = stats.row_count
-        meta["last_batch_id"] = stats.app_version or 0
     try:
         lag = pipeline.source.consumer_lag()
-        meta["consumer_lag"] = {str(p): offsets for p, offsets in lag.items()}
     except Exception as exc:
-        meta["consumer_lag_error"] = str(exc)
+        return {"consumer_lag_error": dg.MetadataValue.text(str(exc))}
+    meta = {"consumer_lag_total": dg.MetadataValue.int(sum(lag.values()))}
+    for partition, offsets in sorted(lag.items()):
+        meta[f"consumer_lag_p{partition}"] = dg.MetadataValue.int(offsets)
     return meta
+
+
+def commit_materialization(
+    table: dg.AssetKey,
+    pipeline: Pipeline,
+    batch: Batch,
+    *,
+    partition: str | None = None,
+    with_lag: bool = True,
+) -> dg.AssetMaterialization:
+    """The table asset's materialization of a committed batch, on `partition` (default: the
+    batch's own for a live batch, none for a backfill batch).
+
+    `with_lag` is for commits recorded as they happen: the group's lag is a value of now,
+    so a batch reported later (by the history sensor) does not claim it.
+    """
+    if partition is None and batch.kind == BatchKind.LIVE:
+        partition = str(batch.batch_id)
+    meta: dict[str, Any] = {**batch_metadata(batch), **table_metadata(pipeline, batch)}
+    if with_lag:
+        meta.update(lag_metadata(pipeline))
+    if batch.kind == BatchKind.BACKFILL and partition is not None:
+        meta["reprocessed_by"] = dg.MetadataValue.text(batch_label(batch))
+    return dg.AssetMaterialization(asset_key=table, partition=partition, metadata=meta)
 
 
 def log_commit(
     context: dg.OpExecutionContext, table: dg.AssetKey, pipeline: Pipeline, batch: Batch
 ) -> None:
-    """Materialize the table asset's partition of a committed batch (the run's partition, or
-    the batch id), with the batch's and the table's metadata."""
-    partition = context.partition_key if context.has_partition_key else str(batch.batch_id)
-    meta = {**batch_metadata(batch), **table_metadata(pipeline)}
-    if batch.kind == BatchKind.BACKFILL:
-        meta["reprocessed_by"] = f"{batch.app_id}/{batch.batch_id}"
-    context.log_event(dg.AssetMaterialization(asset_key=table, partition=partition, metadata=meta))
+    """Materialize the table asset for a batch the run committed (on the run's partition,
+    when it has one)."""
+    partition = context.partition_key if context.has_partition_key else None
+    context.log_event(commit_materialization(table, pipeline, batch, partition=partition))

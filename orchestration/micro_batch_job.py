@@ -4,7 +4,13 @@ Each op is a thin call into the pipeline's coordinators (jobs/pipeline.py over
 ledger/two_phase.py); all the exactly-once reasoning lives there, none here. Runs are
 partitioned by batch id (a dynamic partition per batch), so the job's partition view in the
 UI is the checkpoint history. A run executes in one process, so its ops share the process's
-Pipeline (orchestration/resources.py) and pass the stage output in memory.
+Pipeline (orchestration/resources.py) and pass the stage output in memory. The same graph,
+without a partition, is the Launchpad's "next batch" (orchestration/next_batch_job.py).
+
+A run for a batch that is already committed does not pass for a success that repaints the
+history: it fails with the one sentence that says how to reprocess the batch, unless its run
+config confirms the reprocess (`reprocess: true`), which then replaces the batch's offsets
+(a replace backfill) in one Delta commit.
 """
 
 import time
@@ -12,15 +18,29 @@ from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
+from pydantic import Field
 
 from ledger.batch import Batch
-from ledger.protocol import BatchState
+from ledger.protocol import PUBLISHED
 from ledger.two_phase import StageOutput, TwoPhaseCommit
 from orchestration.liveness import warn_if_not_acked
-from orchestration.metadata import batch_metadata, log_commit
+from orchestration.metadata import batch_label, batch_metadata, log_commit
 from orchestration.resources import pipeline_in, pipeline_key
-from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REPROCESS_TAGS
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config import PipelineConfig
+
+
+class PlanRequest(dg.Config):
+    """The plan op's Launchpad config: only a reprocess needs any."""
+
+    reprocess: bool = Field(
+        default=False,
+        description=(
+            "Confirm that a run on an already committed batch's partition replaces that "
+            "batch's committed rows with its offsets read again through the current "
+            "transform (a replace backfill). Without it such a run fails and changes nothing."
+        ),
+    )
 
 
 def _timed(coordinator: TwoPhaseCommit, batch: Batch, phase: str, started: float) -> Batch:
@@ -29,18 +49,32 @@ def _timed(coordinator: TwoPhaseCommit, batch: Batch, phase: str, started: float
     return coordinator.store.record_metrics(batch, {"phase_s": phases})
 
 
-def build_micro_batch_job(
+def committed_sentence(pipeline: str, batch: Batch) -> str:
+    """Why a run on a committed batch's partition did nothing, and how to reprocess it."""
+    ranges = " ".join(str(r) for r in batch.ranges if r.span) or "no offsets"
+    return (
+        f"Batch {batch.batch_id} is already committed ({batch.state}, table version "
+        f"{batch.table_version}), so this run changed nothing; to reprocess its offsets "
+        f"({ranges}) and replace its committed rows, run this partition again with "
+        f"`ops: {pipeline}_plan: config: reprocess: true`, or run {pipeline}_backfill in "
+        "replace mode over those ranges."
+    )
+
+
+def build_micro_batch_graph(
     config: PipelineConfig, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
-) -> dg.JobDefinition:
+) -> dg.GraphDefinition:
+    """The four ops of one batch, for the partitioned job and the next-batch job."""
     name = config.pipeline
     needs = {pipeline_key(name)}
 
     @dg.op(name=f"{name}_plan", out=dg.Out(Batch, is_required=False), required_resource_keys=needs)
-    def plan(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
-        """Recover first (finish voted batches), then plan the run's batch.
+    def plan(context: dg.OpExecutionContext, config: PlanRequest) -> Iterator[dg.Output[Batch]]:
+        """Recover first (finish voted batches), then plan the run's batch: the partition's,
+        or the next one (adding its partition) when the run has none.
 
-        A run for an existing batch's partition plans nothing, unless an operator asked for
-        it to be reprocessed (REPROCESS_TAGS) and it is committed.
+        A run for an existing batch's partition plans nothing; on a committed batch it fails
+        with the way to reprocess it, unless its config confirms the reprocess.
         """
         started = time.perf_counter()
         pipeline = pipeline_in(context, name)
@@ -49,12 +83,14 @@ def build_micro_batch_job(
             context.log.info(f"recovered batch {done.batch_id}: {done.state}")
         wanted = int(context.partition_key) if context.has_partition_key else None
         if wanted is not None and (existing := tpc.store.get(tpc.app_id, wanted)):
-            asked = REPROCESS_TAGS & set(context.run.tags)
-            if asked and existing.state in (BatchState.COMMITTED, BatchState.ACKED):
+            if existing.state in PUBLISHED:
+                if not config.reprocess:
+                    raise dg.Failure(description=committed_sentence(name, existing))
                 replacement = pipeline.reprocess(existing)
                 if replacement is None:
                     context.log.info(f"batch {wanted} read nothing; nothing to reprocess")
                     return
+                context.instance.add_run_tags(context.run_id, {BATCH_TAG: batch_label(replacement)})
                 context.log.info(f"reprocessing batch {wanted} as {replacement.label}")
                 yield dg.Output(replacement, metadata=batch_metadata(replacement))
                 return
@@ -102,15 +138,22 @@ def build_micro_batch_job(
         log_commit(context, table.key, pipeline, acked)
         return dg.Output(acked, metadata=batch_metadata(acked))
 
-    @dg.job(
+    @dg.graph(name=f"{name}_batch")
+    def one_batch() -> None:
+        batch, staged_files = stage(plan())
+        commit(prepare(batch, staged_files))
+
+    return one_batch
+
+
+def build_micro_batch_job(
+    config: PipelineConfig, graph: dg.GraphDefinition, batches: dg.DynamicPartitionsDefinition
+) -> dg.JobDefinition:
+    name = config.pipeline
+    return graph.to_job(
         name=f"{name}_micro_batch",
         description=f"One exactly-once micro-batch of pipeline {name!r}; partition = batch id.",
         executor_def=dg.in_process_executor,
         partitions_def=batches,
         tags={PIPELINE_TAG: name},
     )
-    def micro_batch() -> None:
-        batch, staged_files = stage(plan())
-        commit(prepare(batch, staged_files))
-
-    return micro_batch

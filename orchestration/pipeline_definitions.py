@@ -1,5 +1,5 @@
 """Everything Dagster knows of one pipeline config, assembled in one place: its resources,
-its batch partitions and table asset, its four jobs, its two schedules and its three sensors.
+its batch partitions and table asset, its five jobs, its two schedules and its four sensors.
 
 Each piece is built by the module named for it; this module only wires them together and
 declares the resources once, in the pipeline's `Definitions`, which the code location
@@ -19,7 +19,9 @@ import dagster as dg
 from orchestration.backfill_job import build_backfill_job
 from orchestration.clean_job import build_clean_job
 from orchestration.clean_schedule import build_clean_schedule
-from orchestration.micro_batch_job import build_micro_batch_job
+from orchestration.history_sensor import build_history_sensor
+from orchestration.micro_batch_job import build_micro_batch_graph, build_micro_batch_job
+from orchestration.next_batch_job import build_next_batch_job
 from orchestration.next_batch_schedule import build_next_batch_schedule
 from orchestration.redrive_job import build_redrive_job
 from orchestration.redrive_sensor import build_redrive_sensor
@@ -40,6 +42,7 @@ class PipelineDefinitions:
     batches: dg.DynamicPartitionsDefinition
     table: dg.AssetSpec
     micro_batch: dg.JobDefinition
+    next_batch: dg.JobDefinition
     redrive: dg.JobDefinition
     backfill: dg.JobDefinition
     clean: dg.JobDefinition
@@ -63,20 +66,23 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         group_name="exactly",
         kinds={"delta"},
     )
-    micro_batch = build_micro_batch_job(config, batches, table)
+    one_batch = build_micro_batch_graph(config, batches, table)
+    micro_batch = build_micro_batch_job(config, one_batch, batches)
+    next_batch = build_next_batch_job(config, one_batch)
     redrive = build_redrive_job(config, batches, table)
-    backfill = build_backfill_job(config)
+    backfill = build_backfill_job(config, table)
     clean = build_clean_job(config)
     schedule = build_next_batch_schedule(config, micro_batch, batches)
     clean_schedule = build_clean_schedule(config, clean)
     sensors = [
         build_redrive_sensor(config, batches, redrive, backfill),
         build_stuck_sensor(config),
-        build_run_failure_sensor(config, [micro_batch, redrive, backfill, clean]),
+        build_run_failure_sensor(config, [micro_batch, next_batch, redrive, backfill, clean]),
+        build_history_sensor(config, batches, table),
     ]
     definitions = dg.Definitions(
         assets=[table],
-        jobs=[micro_batch, redrive, backfill, clean],
+        jobs=[micro_batch, next_batch, redrive, backfill, clean],
         schedules=[schedule, clean_schedule],
         sensors=sensors,
         resources=resources,
@@ -88,6 +94,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         batches=batches,
         table=table,
         micro_batch=definitions.resolve_job_def(micro_batch.name),
+        next_batch=definitions.resolve_job_def(next_batch.name),
         redrive=definitions.resolve_job_def(redrive.name),
         backfill=definitions.resolve_job_def(backfill.name),
         clean=definitions.resolve_job_def(clean.name),

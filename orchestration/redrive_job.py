@@ -6,6 +6,7 @@ under a new attempt and publishes exactly the files it voted, through the coordi
 launches it; it can be launched by hand for a batch's partition too.
 """
 
+import time
 from collections.abc import Iterator
 
 import dagster as dg
@@ -30,6 +31,7 @@ def build_redrive_job(
     )
     def redrive_commit(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
         """Finish the partition's batch if it is PREPARED or COMMITTED; else do nothing."""
+        started = time.perf_counter()
         pipeline = pipeline_in(context, name)
         acked = pipeline.live.redrive(int(context.partition_key))
         if acked is None:
@@ -37,6 +39,10 @@ def build_redrive_job(
                 f"batch {context.partition_key} is not PREPARED or COMMITTED: nothing to re-drive"
             )
             return
+        # the re-drive's seconds (a commit, or a re-stage and its commit), beside the phases
+        # of the run that died
+        phases = {**acked.metrics.get("phase_s", {}), "redrive": time.perf_counter() - started}
+        acked = pipeline.live.store.record_metrics(acked, {"phase_s": phases})
         context.log.info(f"re-drove batch {acked.label} to {acked.state}")
         warn_if_not_acked(context.log.warning, acked)
         log_commit(context, table.key, pipeline, acked)

@@ -6,6 +6,3 @@ sensors find a batch's live runs by `exactly/batch`, so these names never change
 
 PIPELINE_TAG = "exactly/pipeline"
 BATCH_TAG = "exactly/batch"
-#: A run for an existing batch's partition reprocesses it (a replace backfill) only when an
-#: operator asked: a partition backfill launched from the UI, or this tag set by hand.
-REPROCESS_TAGS = frozenset({"dagster/backfill", "exactly/reprocess"})

@@ -273,12 +273,16 @@ class DeltaTarget:
         table = self.load()
         return None if table is None else table.transaction_version(app_id)
 
-    def stats(self, app_id: str) -> TableStats | None:
+    def stats(self, app_id: str, version: int | None = None) -> TableStats | None:
         """The table's version, its row count (from the files' statistics) and `app_id`'s
-        last batch; None while the table does not exist."""
+        last batch, as of `version` (default: the latest), so a batch's history shows the
+        table it committed, not the table as it is now; None while the table does not exist.
+        """
         table = self.load()
         if table is None:
             return None
+        if version is not None:
+            table.load_as_version(version)
         actions = table.get_add_actions(flatten=True)
         return TableStats(
             version=table.version(),

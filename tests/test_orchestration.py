@@ -74,6 +74,7 @@ def test_definitions_load_for_the_demo_pipeline() -> None:
         "pageviews_redrive_sensor",
         "pageviews_stuck_prepared_sensor",
         "pageviews_run_failure_sensor",
+        "pageviews_history_sensor",
     }
     assert defs.resolve_job_def("pageviews_redrive").partitions_def == job.partitions_def
     assert defs.resolve_assets_def("pageviews_table") is not None
@@ -113,10 +114,10 @@ def test_the_job_takes_a_batch_through_every_state(
     (materialization,) = result.asset_materializations_for_node("pageviews_commit")
     assert materialization.partition == "1"
     meta = {k: v.value for k, v in materialization.metadata.items()}
-    assert meta["row_count"] == 392 and meta["last_batch_id"] == 1
+    assert meta["row_count"] == 392 and meta["last_batch_id"] == "1"
     assert meta["records_read"] == 400 and meta["quarantine_records"] == 8
-    assert meta["consumer_lag"] == {"0": 0, "1": 0}
-    assert len(meta["ranges"]) == 2
+    assert meta["consumer_lag_total"] == meta["consumer_lag_p0"] == meta["consumer_lag_p1"] == 0
+    assert len(meta["ranges"].split()) == 2
     run = instance.get_run_by_id(result.run_id)
     assert run is not None and run.tags[BATCH_TAG] == "1"
 
@@ -330,15 +331,14 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
     upper = sorted(c for c, app in apps().items() if app != app.lower())
     assert upper == [(0, o) for o in range(10, 50)]
 
-    # a plain re-run of an existing batch's partition plans nothing
-    rerun = jobs.micro_batch.execute_in_process(instance=instance, partition_key="1")
-    assert rerun.success
-    assert {e.step_key for e in rerun.all_events if e.event_type_value == "STEP_SKIPPED"} == {
-        "pageviews_stage",
-        "pageviews_prepare",
-        "pageviews_commit",
-    }
-    # a partition backfill from the UI reprocesses the batch with the pipeline's transform
+    # a plain re-run of a committed batch's partition fails and plans nothing
+    rerun = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key="1", raise_on_error=False
+    )
+    assert not rerun.success
+    started = {e.step_key for e in rerun.all_events if e.event_type_value == "STEP_START"}
+    assert started == {"pageviews_plan"}
+    # a confirmed re-run reprocesses the batch with the pipeline's transform
     fixed = pipeline_definitions(
         save_config(
             config.model_copy(update={"transform": "tests.transforms:pageviews_v2"}),
@@ -346,7 +346,9 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
         )
     )
     result = fixed.micro_batch.execute_in_process(
-        instance=instance, partition_key="1", tags={"dagster/backfill": "ui-test"}
+        instance=instance,
+        partition_key="1",
+        run_config={"ops": {"pageviews_plan": {"config": {"reprocess": True}}}},
     )
     assert result.success
     batch = result.output_for_node("pageviews_commit")

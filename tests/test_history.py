@@ -1,0 +1,286 @@
+"""The UI's checkpoint history is the ledger's: against the real broker, Spark, Delta and a
+real Dagster instance.
+
+* a batch committed by the CLI path appears as a partition with a materialization after one
+  history-sensor evaluation, and a second evaluation adds nothing; a backfill batch is
+  materialized without a partition; a batch whose run is still running is left to it;
+* every job that commits (micro-batch, next-batch, re-drive, backfill) materializes the
+  table asset with the same metadata: measures as numbers, identifiers as text;
+* the Launchpad's next-batch job plans and materializes a new partition;
+* re-running a committed batch's partition fails with the sentence that says how to
+  reprocess it and changes nothing, unless its run config confirms the reprocess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+
+from jobs.examples.sample_data import pageviews
+from jobs.pipeline import build, build_backfill
+from ledger.backfill import BackfillMode, plan_backfill
+from ledger.batch import Batch, BatchKind
+from ledger.protocol import BatchState, OffsetRange, Owner
+from orchestration.metadata import batch_metadata
+from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG
+from tests.fixtures.pipeline import assert_exactly_once, config_path, coordinates, crash_run
+
+NUMBERS = (dg.IntMetadataValue, dg.FloatMetadataValue)
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def evaluate_history(
+    jobs: PipelineDefinitions, instance: dg.DagsterInstance, cursor: str | None
+) -> tuple[Any, str | None]:
+    """One evaluation of the history sensor; returns (result, new cursor)."""
+    sensor = next(s for s in jobs.sensors if s.name.endswith("_history_sensor"))
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources=jobs.resources
+    ) as context:
+        return sensor(context), context.cursor
+
+
+def materializations(
+    jobs: PipelineDefinitions, instance: dg.DagsterInstance
+) -> list[dg.AssetMaterialization]:
+    records = instance.fetch_materializations(jobs.table.key, limit=1000, ascending=True).records
+    return [r.asset_materialization for r in records if r.asset_materialization is not None]
+
+
+def assert_plottable(meta: dict[str, dg.MetadataValue], *, staged_here: bool = True) -> None:
+    """Measures are numbers Dagster plots; identifiers are text it does not. A batch staged
+    by the committing path has its records/s too."""
+    for key in ("batch_id", "attempt", "app_id", "batch", "last_batch_id"):
+        assert isinstance(meta[key], dg.TextMetadataValue), (key, meta[key])
+    for key in ("table_version", "row_count", "records_read", "files_committed"):
+        assert isinstance(meta[key], dg.IntMetadataValue), (key, meta[key])
+    seconds = [k for k in meta if k.endswith("_seconds")]
+    assert ("records_per_second" in meta) is staged_here
+    seconds += ["records_per_second"] if staged_here else []
+    assert seconds, "no phase timed"
+    for key in seconds:
+        assert isinstance(meta[key], NUMBERS), (key, meta[key])
+    assert isinstance(meta["committed_at"], dg.TimestampMetadataValue)
+
+
+def test_batch_metadata_types_identifiers_as_text_and_measures_as_numbers() -> None:
+    now = datetime.now(UTC)
+    batch = Batch(
+        app_id="pv.backfill",
+        batch_id=7,
+        pipeline="pv",
+        kind=BatchKind.BACKFILL,
+        state=BatchState.ACKED,
+        attempt=2,
+        token="t",
+        owner=Owner("h", 1),
+        heartbeat_at=now,
+        created_at=now,
+        updated_at=now,
+        prepared_at=now,
+        committed_at=now,
+        table_version=4,
+        error=None,
+        ranges=(OffsetRange("t", 0, 0, 100),),
+        metrics={
+            "records_read": 100,
+            "files_committed": 2,
+            "phase_s": {"stage": 1.5, "commit": 0.5},
+        },
+    )
+    meta = batch_metadata(batch)
+    assert meta["batch"] == dg.MetadataValue.text("pv.backfill/7")
+    assert meta["batch_id"] == dg.MetadataValue.text("7")
+    assert meta["attempt"] == dg.MetadataValue.text("2")
+    assert meta["records_per_second"] == dg.MetadataValue.float(50.0)
+    assert meta["stage_seconds"] == dg.MetadataValue.float(1.5)
+    assert meta["table_version"] == dg.MetadataValue.int(4)
+    assert meta["offsets_spanned"] == dg.MetadataValue.int(100)
+
+
+def test_a_batch_committed_by_the_cli_enters_the_history_once(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200, malformed_every=50))
+    report = build(config, spark_factory=lambda: spark).run_batch()
+    assert report is not None and report.batch.state is BatchState.ACKED
+    jobs = pipeline_definitions(config_path(config))
+    assert not instance.has_dynamic_partition(jobs.batches.name, "1")
+
+    result, cursor = evaluate_history(jobs, instance, None)
+    assert "pageviews/1" in (result.skip_message or "")
+    assert instance.has_dynamic_partition(jobs.batches.name, "1")
+    (materialization,) = materializations(jobs, instance)
+    assert materialization.partition == "1"
+    meta = dict(materialization.metadata)
+    assert_plottable(meta)
+    assert meta["row_count"].value == 196 and meta["quarantine_records"].value == 4
+    assert meta["table_version"].value == report.batch.table_version
+    assert meta["committed_at"].value == report.batch.committed_at.timestamp()  # type: ignore[union-attr]
+    assert "consumer_lag_total" not in meta  # a value of now, not of the batch's commit
+
+    again, cursor = evaluate_history(jobs, instance, cursor)
+    assert len(materializations(jobs, instance)) == 1
+    # a fresh cursor reads the event log again and still adds nothing
+    evaluate_history(jobs, instance, None)
+    assert len(materializations(jobs, instance)) == 1
+    assert "agrees" in (again.skip_message or "")
+
+
+def test_the_next_batch_job_plans_and_materializes_a_new_partition(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(300, malformed_every=50))
+    jobs = pipeline_definitions(config_path(config))
+
+    result = jobs.next_batch.execute_in_process(instance=instance)
+    assert result.success
+    batch = result.output_for_node("pageviews_commit")
+    assert (batch.batch_id, batch.state) == (1, BatchState.ACKED)
+    assert instance.has_dynamic_partition(jobs.batches.name, "1")
+    (materialization,) = result.asset_materializations_for_node("pageviews_commit")
+    assert materialization.partition == "1"
+    meta = dict(materialization.metadata)
+    assert_plottable(meta)
+    assert {"plan_seconds", "stage_seconds", "prepare_seconds", "commit_seconds"} <= set(meta)
+    assert meta["consumer_lag_total"] == dg.MetadataValue.int(0)
+    assert meta["consumer_lag_p0"] == dg.MetadataValue.int(0)
+    assert meta["consumer_lag_p1"] == dg.MetadataValue.int(0)
+    assert assert_exactly_once(config, kafka_client) == (294, 6)
+
+    # what the run materialized is not materialized again by the history sensor
+    evaluate_history(jobs, instance, None)
+    assert len(materializations(jobs, instance)) == 1
+
+
+def test_rerunning_a_committed_partition_fails_with_the_way_to_reprocess_it(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200))
+    jobs = pipeline_definitions(config_path(config))
+    assert jobs.next_batch.execute_in_process(instance=instance).success
+    before = coordinates(config.delta.table_uri)
+    version = DeltaTable(config.delta.table_uri).version()
+
+    rerun = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key="1", raise_on_error=False
+    )
+    assert not rerun.success
+    failure = next(e for e in rerun.all_events if e.event_type_value == "STEP_FAILURE")
+    sentence = failure.step_failure_data.user_failure_data.description  # type: ignore[union-attr]
+    assert sentence.startswith("Batch 1 is already committed (ACKED, table version")
+    assert "reprocess: true" in sentence and "pageviews_backfill in replace mode" in sentence
+    assert DeltaTable(config.delta.table_uri).version() == version
+    assert coordinates(config.delta.table_uri) == before
+    assert len(materializations(jobs, instance)) == 1
+
+    confirmed = jobs.micro_batch.execute_in_process(
+        instance=instance,
+        partition_key="1",
+        run_config={"ops": {"pageviews_plan": {"config": {"reprocess": True}}}},
+    )
+    assert confirmed.success
+    replacement = confirmed.output_for_node("pageviews_commit")
+    assert replacement.kind == BatchKind.BACKFILL and replacement.state is BatchState.ACKED
+    assert DeltaTable(config.delta.table_uri).version() == version + 1
+    assert assert_exactly_once(config, kafka_client) == (200, 0)
+    (materialization,) = confirmed.asset_materializations_for_node("pageviews_commit")
+    assert materialization.partition == "1"
+    assert materialization.metadata["reprocessed_by"] == dg.MetadataValue.text(
+        f"pageviews.backfill/{replacement.batch_id}"
+    )
+    evaluate_history(jobs, instance, None)
+    assert len(materializations(jobs, instance)) == 2
+
+
+def test_the_backfill_and_redrive_jobs_materialize_the_table(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(300, malformed_every=50))
+    crash_run(config, "after_prepare")  # batch 1 voted, its process died
+    jobs = pipeline_definitions(config_path(config))
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+
+    redriven = jobs.redrive.execute_in_process(instance=instance, partition_key="1")
+    assert redriven.success
+    (materialization,) = redriven.asset_materializations_for_node("pageviews_redrive_commit")
+    assert materialization.partition == "1"
+    assert_plottable(dict(materialization.metadata), staged_here=False)
+    assert materialization.metadata["attempt"] == dg.MetadataValue.text("2")
+    assert isinstance(materialization.metadata["redrive_seconds"], dg.FloatMetadataValue)
+
+    run_config = {
+        "ops": {
+            "pageviews_backfill_ranges": {
+                "config": {"mode": "replace", "ranges": [{"partition": 0, "start": 0, "end": 20}]}
+            }
+        }
+    }
+    filled = jobs.backfill.execute_in_process(instance=instance, run_config=run_config)
+    assert filled.success
+    batch = filled.output_for_node("pageviews_backfill_ranges")
+    (materialization,) = filled.asset_materializations_for_node("pageviews_backfill_ranges")
+    # a backfill batch is no live batch: no partition, labelled with its application id
+    assert materialization.partition is None
+    meta = dict(materialization.metadata)
+    assert_plottable(meta)
+    assert meta["batch"] == dg.MetadataValue.text(f"pageviews.backfill/{batch.batch_id}")
+    assert meta["app_id"] == dg.MetadataValue.text("pageviews.backfill")
+    assert meta["table_version"].value == DeltaTable(config.delta.table_uri).version()
+    assert meta["row_count"].value == assert_exactly_once(config, kafka_client)[0]
+
+    evaluate_history(jobs, instance, None)
+    assert len(materializations(jobs, instance)) == 2
+
+
+def test_the_history_sensor_waits_for_a_running_run_and_records_backfills_unpartitioned(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200))
+    jobs = pipeline_definitions(config_path(config))
+    # a run of batch 1 that Dagster still shows running may yet log the batch's commit
+    run = instance.create_run_for_job(
+        jobs.micro_batch,
+        tags={PIPELINE_TAG: config.pipeline, BATCH_TAG: "1"},
+        status=dg.DagsterRunStatus.STARTED,
+    )
+    assert build(config, spark_factory=lambda: spark).run_batch() is not None
+    tpc = build_backfill(config, spark_factory=lambda: spark)
+    filled, planned = plan_backfill(
+        tpc,
+        live_app_id=config.app_id,
+        mode=BackfillMode.REPLACE,
+        ranges=[OffsetRange(config.kafka.topic, 1, 0, 30)],
+        transform=config.transform,
+    )
+    assert planned and tpc.finish(filled).batch.state is BatchState.ACKED
+
+    _, cursor = evaluate_history(jobs, instance, None)
+    (backfill,) = materializations(jobs, instance)
+    assert backfill.partition is None
+    assert backfill.metadata["batch"] == dg.MetadataValue.text(f"{tpc.app_id}/{filled.batch_id}")
+    assert instance.has_dynamic_partition(
+        jobs.batches.name, "1"
+    )  # the partition, not yet its commit
+
+    instance.report_run_failed(run)
+    _, cursor = evaluate_history(jobs, instance, cursor)
+    assert [m.partition for m in materializations(jobs, instance)] == [None, "1"]
+    evaluate_history(jobs, instance, cursor)
+    assert len(materializations(jobs, instance)) == 2
