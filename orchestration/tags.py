@@ -9,3 +9,6 @@ BATCH_TAG = "exactly/batch"
 #: A run for an existing batch's partition reprocesses it (a replace backfill) only when an
 #: operator asked: a partition backfill launched from the UI, or this tag set by hand.
 REPROCESS_TAGS = frozenset({"dagster/backfill", "exactly/reprocess"})
+#: Set on a run whose request a protocol rule refused (orchestration/rejection.py): rejected
+#: input, not a failure of the system, so the run-failure sensor does not alert on it.
+REJECTED_TAG = "exactly/rejected"

@@ -1,0 +1,58 @@
+"""Telling rejected input from a failure of the system, in the UI and in the alerts.
+
+A backfill that a protocol rule refuses (ledger/backfill.py), a request over a batch whose
+attempt may still be running, a topic that is not the one the positions were read from:
+the operator asked for something the pipeline must not do, and nothing was written. Such a
+run still ends as a failure (it did not do what was asked), but as one plain sentence
+instead of a stack trace, marked with REJECTED_TAG so that the run-failure sensor does not
+page anyone over it (orchestration/run_failure_sensor.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+
+from ledger.backfill import BackfillError
+from ledger.errors import BusyError, DataLossError, ExactlyError, TopicChangedError
+from orchestration.tags import REJECTED_TAG
+
+#: Refusals of the operator's request, each with what to do about it. A refusal names what
+#: it refused (the rule, the batch, the offsets); the advice completes the sentence, where
+#: the refusal does not already say what to do.
+REJECTIONS: Mapping[type[ExactlyError], str | None] = {
+    BackfillError: "change the ranges or the mode and launch again",
+    BusyError: None,
+    TopicChangedError: None,
+    DataLossError: "choose ranges that Kafka still holds",
+}
+
+
+def rejection_sentence(exc: ExactlyError) -> str:
+    """The refusal and what to do, as the one sentence the run shows."""
+    advice = next(text for kind, text in REJECTIONS.items() if isinstance(exc, kind))
+    refusal = " ".join(str(exc).split()).rstrip(".")
+    return f"Refused: {refusal}; {advice}." if advice else f"Refused: {refusal}."
+
+
+@contextmanager
+def rejections_end_the_run(
+    context: dg.OpExecutionContext, metadata: Mapping[str, Any]
+) -> Iterator[None]:
+    """Turn a refusal raised inside into a failure of the run that is plainly rejected input.
+
+    Only the refusals in REJECTIONS; any other error stays a failure, stack trace and alert
+    included. `metadata` describes the request, shown beside the sentence.
+    """
+    try:
+        yield
+    except tuple(REJECTIONS) as exc:
+        context.instance.add_run_tags(context.run_id, {REJECTED_TAG: type(exc).__name__})
+        raise dg.Failure(
+            description=rejection_sentence(exc),
+            metadata={**metadata, "refused_by": type(exc).__name__},
+            allow_retries=False,
+        ) from None
