@@ -63,7 +63,41 @@ def log_commit(
     """Materialize the table asset's partition of a committed batch (the run's partition, or
     the batch id), with the batch's and the table's metadata."""
     partition = context.partition_key if context.has_partition_key else str(batch.batch_id)
-    meta = {**batch_metadata(batch), **table_metadata(pipeline)}
+    meta = {
+        **batch_metadata(batch),
+        **table_metadata(pipeline),
+        **maintenance_metadata(pipeline, context.instance),
+    }
     if batch.kind == BatchKind.BACKFILL:
         meta["reprocessed_by"] = f"{batch.app_id}/{batch.batch_id}"
     context.log_event(dg.AssetMaterialization(asset_key=table, partition=partition, metadata=meta))
+
+
+def maintenance_metadata(
+    pipeline: Pipeline, instance: dg.DagsterInstance, **done_now: float
+) -> dict[str, Any]:
+    """Both tables' file count and bytes, and when each maintenance job last succeeded.
+
+    What tells an operator whether compaction and cleaning keep up: the file count grows by
+    a few files per batch until the compact job merges them. The times come from the
+    instance's last successful `<pipeline>_compact` and `<pipeline>_clean` runs;
+    `done_now` (`compacted=...`, `cleaned=...`, epoch seconds) stands for a run that is
+    finishing as this is recorded.
+    """
+    meta: dict[str, Any] = {}
+    for target, layout in pipeline.publisher.layouts().items():
+        if layout is not None:
+            meta[f"{target}_files"] = layout.files
+            meta[f"{target}_bytes"] = layout.bytes
+    name = pipeline.config.pipeline
+    for job, key in ((f"{name}_compact", "compacted"), (f"{name}_clean", "cleaned")):
+        when = done_now.get(key)
+        if when is None:
+            runs = instance.get_run_records(
+                filters=dg.RunsFilter(job_name=job, statuses=[dg.DagsterRunStatus.SUCCESS]),
+                limit=1,
+            )
+            when = runs[0].end_time if runs else None
+        if when is not None:
+            meta[f"last_{key}_at"] = dg.MetadataValue.timestamp(when)
+    return meta
