@@ -20,11 +20,11 @@ from ledger.backfill import BackfillError
 from ledger.errors import BusyError, DataLossError, ExactlyError, TopicChangedError
 from orchestration.tags import REJECTED_TAG
 
-#: Refusals of the operator's request, each with what to do about it. A refusal names what
-#: it refused (the rule, the batch, the offsets); the advice completes the sentence, where
-#: the refusal does not already say what to do.
+#: Refusals of the operator's request. Their messages name what was refused (the rule, the
+#: batch, the offsets) and, for the CLI too, what to do; where one does not say what to do,
+#: the advice here completes the sentence.
 REJECTIONS: Mapping[type[ExactlyError], str | None] = {
-    BackfillError: "change the ranges or the mode and launch again",
+    BackfillError: None,
     BusyError: None,
     TopicChangedError: None,
     DataLossError: "choose ranges that Kafka still holds",
