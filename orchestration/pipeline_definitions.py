@@ -71,7 +71,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     micro_batch = build_micro_batch_job(config, batches, table)
     redrive = build_redrive_job(config, batches, table)
     backfill = build_backfill_job(config)
-    clean = build_clean_job(config)
+    clean = build_clean_job(config, table)
     compact = build_compact_job(config, table)
     schedule = build_next_batch_schedule(config, micro_batch, batches)
     clean_schedule = build_clean_schedule(config, clean)

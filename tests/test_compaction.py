@@ -143,6 +143,8 @@ def test_compaction_beside_live_batches_and_a_replace_keeps_exactly_once(
         run_config={"ops": {"pageviews_clean_staged": {"config": {"older_than": "0s"}}}},
     )
     assert cleaned.success
+    (observed,) = [e for e in cleaned.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    assert "last_cleaned_at" in observed.asset_observation_data.asset_observation.metadata
     for uri in (config.delta.table_uri, config.delta.quarantine_uri):
         assert all(Path(f).exists() for f in data_files(uri))
     assert spark.read.format("delta").load(config.delta.table_uri).count() == table
