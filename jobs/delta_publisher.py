@@ -20,7 +20,7 @@ from ledger.crash import crashpoint
 from ledger.two_phase import PublishResult
 from resources import storage
 from resources.config import PipelineConfig
-from resources.delta import DeltaTarget, TableStats, decode_schema
+from resources.delta import Compaction, DeltaTarget, TableLayout, TableStats, decode_schema
 
 
 def commit_metadata(batch: Batch) -> dict[str, Any]:
@@ -147,6 +147,14 @@ class DeltaPublisher:
         for partition, end in self.quarantine.offset_reach(topic).items():
             reach[partition] = max(end, reach.get(partition, end))
         return reach
+
+    def compact(self) -> dict[str, Compaction | None]:
+        """Compact both tables (resources/delta.py `DeltaTarget.compact`), by target."""
+        return {target: delta.compact() for target, delta in self._outputs()}
+
+    def layouts(self) -> dict[str, TableLayout | None]:
+        """Both tables' file count and bytes, by target."""
+        return {target: delta.layout() for target, delta in self._outputs()}
 
     def table_stats(self, app_id: str, version: int | None = None) -> TableStats | None:
         """The data table's version, row count and `app_id`'s last batch, for operators, as

@@ -136,7 +136,8 @@ def check_fill(
                 overlap = f"[{lo}, {hi}) of {r.topic}-{r.partition}"
                 if c.in_table:
                     raise BackfillError(
-                        f"fill {r} overlaps committed data: batch {c.label} covers {overlap}"
+                        f"fill {r} overlaps committed data: batch {c.label} covers {overlap}; "
+                        "fill only offsets no batch covers, or replace committed ones"
                     )
                 raise BackfillError(
                     f"fill {r} overlaps batch {c.label} ({c.state}, not committed yet), which "
@@ -144,7 +145,8 @@ def check_fill(
                 )
         if r.end > live_positions[key]:
             raise BackfillError(
-                f"fill {r}: offsets from {live_positions[key]} on belong to the live pipeline"
+                f"fill {r}: offsets from {live_positions[key]} on belong to the live pipeline, "
+                "which reads them on its own; fill only offsets before that"
             )
 
 

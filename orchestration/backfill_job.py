@@ -8,6 +8,9 @@ how the re-drive sensor finishes a backfill batch whose run died. Its commit mat
 table asset without a partition (a backfill batch is no live batch; orchestration/metadata.py),
 so the table's version and row-count history has no holes; batches it finishes by recovery
 are materialized by the history sensor (orchestration/history_sensor.py).
+A request the rules refuse ends the run with one sentence and no alert
+(orchestration/rejection.py); the Launchpad's example ranges live in the config's
+descriptions, not in defaults, since the re-drive sensor launches this job without config.
 """
 
 from collections.abc import Iterator
@@ -20,6 +23,7 @@ from ledger.backfill import BackfillMode, plan_backfill
 from ledger.batch import Batch
 from ledger.protocol import OffsetRange
 from orchestration.metadata import batch_label, batch_metadata, log_commit
+from orchestration.rejection import rejections_end_the_run
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config import PipelineConfig
@@ -39,7 +43,13 @@ class BackfillRequest(dg.Config):
         default="fill",
         description="fill: offsets nothing covers yet; replace: reprocess committed offsets",
     )
-    ranges: list[OffsetRangeConfig] = Field(default_factory=list)
+    ranges: list[OffsetRangeConfig] = Field(
+        default_factory=list,
+        description=(
+            "the offsets to fill or replace; none: only finish voted backfill batches. "
+            "Example: [{partition: 0, start: 0, end: 1000}, {partition: 1, start: 500, end: 900}]"
+        ),
+    )
     transform: str | None = Field(
         default=None, description="module:function instead of the pipeline's transform"
     )
@@ -61,23 +71,25 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
         pipeline = pipeline_in(context, name)
         transform = config.transform or pipeline.config.transform
         tpc = pipeline.backfill(transform)
-        for done in tpc.recover_and_commit():
-            context.log.info(f"recovered backfill batch {done.batch_id}: {done.state}")
-        if not config.ranges:
-            context.log.info("no ranges requested: recovery only")
-            return
         ranges = [
             OffsetRange(r.topic or pipeline.config.kafka.topic, r.partition, r.start, r.end)
             for r in config.ranges
         ]
-        batch, planned = plan_backfill(
-            tpc,
-            live_app_id=pipeline.config.app_id,
-            mode=BackfillMode(config.mode),
-            ranges=ranges,
-            transform=transform,
-            again=config.again,
-        )
+        request = {"mode": config.mode, "ranges": [str(r) for r in ranges]}
+        with rejections_end_the_run(context, request):
+            for done in tpc.recover_and_commit():
+                context.log.info(f"recovered backfill batch {done.batch_id}: {done.state}")
+            if not ranges:
+                context.log.info("no ranges requested: recovery only")
+                return
+            batch, planned = plan_backfill(
+                tpc,
+                live_app_id=pipeline.config.app_id,
+                mode=BackfillMode(config.mode),
+                ranges=ranges,
+                transform=transform,
+                again=config.again,
+            )
         if not planned:
             context.log.info(f"already done as {batch.label} ({batch.state}); nothing to do")
             return
@@ -90,7 +102,9 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
         name=f"{name}_backfill",
         description=(
             f"Fill or replace offset ranges of pipeline {name!r}, exactly once, while the live "
-            "pipeline keeps running. Without ranges it only finishes voted backfill batches."
+            "pipeline keeps running. Without ranges it only finishes voted backfill batches. "
+            f"Launchpad example: ops: {{{name}_backfill_ranges: {{config: {{mode: fill, "
+            "ranges: [{partition: 0, start: 0, end: 1000}]}}}}"
         ),
         executor_def=dg.in_process_executor,
         tags={PIPELINE_TAG: f"{name}.backfill"},

@@ -4,9 +4,12 @@ same code as `exactly clean`, on the process's shared ledger and tables.
 Its own concurrency key (`<pipeline>.clean`): a clean never waits behind micro-batches nor
 holds them up, and two cleans of one pipeline never run at once. Running beside batches is
 safe by the cleaner's order of reads and its re-check before each delete (invariant 18).
-The run's output metadata holds the files and bytes deleted and kept.
+The run's output metadata holds the files and bytes deleted and kept; a run that deleted
+(not a dry run) observes the table asset with its files and the time of this cleaning
+(orchestration/metadata.py).
 """
 
+import time
 from collections.abc import Iterator
 
 import dagster as dg
@@ -14,6 +17,7 @@ from pydantic import Field
 
 from jobs.cleaner import clean
 from ledger.cleaning import parse_duration
+from orchestration.metadata import maintenance_metadata
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
 from resources.config import PipelineConfig
@@ -29,7 +33,7 @@ class CleanRequest(dg.Config):
     dry_run: bool = Field(default=False, description="list what would go; delete nothing")
 
 
-def build_clean_job(config: PipelineConfig) -> dg.JobDefinition:
+def build_clean_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefinition:
     name = config.pipeline
 
     @dg.op(name=f"{name}_clean_staged", required_resource_keys={pipeline_key(name)})
@@ -49,6 +53,13 @@ def build_clean_job(config: PipelineConfig) -> dg.JobDefinition:
             publisher=pipeline.publisher,
             log=context.log.info,
         )
+        if not config.dry_run:
+            context.log_event(
+                dg.AssetObservation(
+                    asset_key=table.key,
+                    metadata=maintenance_metadata(pipeline, context.instance, cleaned=time.time()),
+                )
+            )
         yield dg.Output(report.summary(), metadata=report.metadata())
 
     @dg.job(

@@ -18,6 +18,7 @@ live batch's partition materializes that partition, `reprocessed_by` the backfil
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -116,18 +117,21 @@ def commit_materialization(
     *,
     partition: str | None = None,
     with_lag: bool = True,
+    extra: Mapping[str, Any] | None = None,
 ) -> dg.AssetMaterialization:
     """The table asset's materialization of a committed batch, on `partition` (default: the
     batch's own for a live batch, none for a backfill batch).
 
     `with_lag` is for commits recorded as they happen: the group's lag is a value of now,
-    so a batch reported later (by the history sensor) does not claim it.
+    so a batch reported later (by the history sensor) does not claim it. `extra` adds
+    metadata of the moment of the commit (the tables' layout and maintenance times).
     """
     if partition is None and batch.kind == BatchKind.LIVE:
         partition = str(batch.batch_id)
     meta: dict[str, Any] = {**batch_metadata(batch), **table_metadata(pipeline, batch)}
     if with_lag:
         meta.update(lag_metadata(pipeline))
+    meta.update(extra or {})
     if batch.kind == BatchKind.BACKFILL and partition is not None:
         meta["reprocessed_by"] = dg.MetadataValue.text(batch_label(batch))
     return dg.AssetMaterialization(asset_key=table, partition=partition, metadata=meta)
@@ -139,4 +143,37 @@ def log_commit(
     """Materialize the table asset for a batch the run committed (on the run's partition,
     when it has one)."""
     partition = context.partition_key if context.has_partition_key else None
-    context.log_event(commit_materialization(table, pipeline, batch, partition=partition))
+    extra = maintenance_metadata(pipeline, context.instance)
+    context.log_event(
+        commit_materialization(table, pipeline, batch, partition=partition, extra=extra)
+    )
+
+
+def maintenance_metadata(
+    pipeline: Pipeline, instance: dg.DagsterInstance, **done_now: float
+) -> dict[str, Any]:
+    """Both tables' file count and bytes, and when each maintenance job last succeeded.
+
+    What tells an operator whether compaction and cleaning keep up: the file count grows by
+    a few files per batch until the compact job merges them. The times come from the
+    instance's last successful `<pipeline>_compact` and `<pipeline>_clean` runs;
+    `done_now` (`compacted=...`, `cleaned=...`, epoch seconds) stands for a run that is
+    finishing as this is recorded.
+    """
+    meta: dict[str, Any] = {}
+    for target, layout in pipeline.publisher.layouts().items():
+        if layout is not None:
+            meta[f"{target}_files"] = layout.files
+            meta[f"{target}_bytes"] = layout.bytes
+    name = pipeline.config.pipeline
+    for job, key in ((f"{name}_compact", "compacted"), (f"{name}_clean", "cleaned")):
+        when = done_now.get(key)
+        if when is None:
+            runs = instance.get_run_records(
+                filters=dg.RunsFilter(job_name=job, statuses=[dg.DagsterRunStatus.SUCCESS]),
+                limit=1,
+            )
+            when = runs[0].end_time if runs else None
+        if when is not None:
+            meta[f"last_{key}_at"] = dg.MetadataValue.timestamp(when)
+    return meta

@@ -25,6 +25,7 @@ from ledger.protocol import PUBLISHED
 from ledger.two_phase import StageOutput, TwoPhaseCommit
 from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import batch_label, batch_metadata, log_commit
+from orchestration.rejection import rejected, rejections_end_the_run
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config import PipelineConfig
@@ -79,13 +80,16 @@ def build_micro_batch_graph(
         started = time.perf_counter()
         pipeline = pipeline_in(context, name)
         tpc = pipeline.live
-        for done in tpc.recover_and_commit():
-            context.log.info(f"recovered batch {done.batch_id}: {done.state}")
         wanted = int(context.partition_key) if context.has_partition_key else None
+        request = {"partition": str(wanted) if wanted is not None else "the next batch"}
+        with rejections_end_the_run(context, request):
+            for done in tpc.recover_and_commit():
+                context.log.info(f"recovered batch {done.batch_id}: {done.state}")
         if wanted is not None and (existing := tpc.store.get(tpc.app_id, wanted)):
             if existing.state in PUBLISHED:
                 if not config.reprocess:
-                    raise dg.Failure(description=committed_sentence(name, existing))
+                    sentence = committed_sentence(name, existing)
+                    raise rejected(context, sentence, "AlreadyCommitted", request)
                 replacement = pipeline.reprocess(existing)
                 if replacement is None:
                     context.log.info(f"batch {wanted} read nothing; nothing to reprocess")
@@ -96,7 +100,8 @@ def build_micro_batch_graph(
                 return
             context.log.info(f"batch {wanted} already exists ({existing.state}); nothing to plan")
             return
-        batch = tpc.begin(batch_id=wanted)
+        with rejections_end_the_run(context, request):
+            batch = tpc.begin(batch_id=wanted)
         if batch is None:
             context.log.info(f"{name}: caught up, nothing new to read")
             return

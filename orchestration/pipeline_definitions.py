@@ -1,5 +1,5 @@
 """Everything Dagster knows of one pipeline config, assembled in one place: its resources,
-its batch partitions and table asset, its five jobs, its two schedules and its four sensors.
+its batch partitions and table asset, its six jobs, its three schedules and its four sensors.
 
 Each piece is built by the module named for it; this module only wires them together and
 declares the resources once, in the pipeline's `Definitions`, which the code location
@@ -19,6 +19,8 @@ import dagster as dg
 from orchestration.backfill_job import build_backfill_job
 from orchestration.clean_job import build_clean_job
 from orchestration.clean_schedule import build_clean_schedule
+from orchestration.compact_job import build_compact_job
+from orchestration.compact_schedule import build_compact_schedule
 from orchestration.history_sensor import build_history_sensor
 from orchestration.micro_batch_job import build_micro_batch_graph, build_micro_batch_job
 from orchestration.next_batch_job import build_next_batch_job
@@ -46,8 +48,10 @@ class PipelineDefinitions:
     redrive: dg.JobDefinition
     backfill: dg.JobDefinition
     clean: dg.JobDefinition
+    compact: dg.JobDefinition
     schedule: dg.ScheduleDefinition
     clean_schedule: dg.ScheduleDefinition
+    compact_schedule: dg.ScheduleDefinition
     sensors: list[dg.SensorDefinition]
     definitions: dg.Definitions
 
@@ -71,19 +75,23 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     next_batch = build_next_batch_job(config, one_batch)
     redrive = build_redrive_job(config, batches, table)
     backfill = build_backfill_job(config, table)
-    clean = build_clean_job(config)
+    clean = build_clean_job(config, table)
+    compact = build_compact_job(config, table)
     schedule = build_next_batch_schedule(config, micro_batch, batches)
     clean_schedule = build_clean_schedule(config, clean)
+    compact_schedule = build_compact_schedule(config, compact)
     sensors = [
         build_redrive_sensor(config, batches, redrive, backfill),
         build_stuck_sensor(config),
-        build_run_failure_sensor(config, [micro_batch, next_batch, redrive, backfill, clean]),
+        build_run_failure_sensor(
+            config, [micro_batch, next_batch, redrive, backfill, clean, compact]
+        ),
         build_history_sensor(config, batches, table),
     ]
     definitions = dg.Definitions(
         assets=[table],
-        jobs=[micro_batch, next_batch, redrive, backfill, clean],
-        schedules=[schedule, clean_schedule],
+        jobs=[micro_batch, next_batch, redrive, backfill, clean, compact],
+        schedules=[schedule, clean_schedule, compact_schedule],
         sensors=sensors,
         resources=resources,
     )
@@ -98,8 +106,10 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         redrive=definitions.resolve_job_def(redrive.name),
         backfill=definitions.resolve_job_def(backfill.name),
         clean=definitions.resolve_job_def(clean.name),
+        compact=definitions.resolve_job_def(compact.name),
         schedule=schedule,
         clean_schedule=clean_schedule,
+        compact_schedule=compact_schedule,
         sensors=sensors,
         definitions=definitions,
     )

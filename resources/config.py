@@ -109,6 +109,13 @@ class CleanSettings(_Strict):
         return parse_duration(self.older_than, "clean.older_than")
 
 
+class CompactSettings(_Strict):
+    """When the `<pipeline>_compact` job runs: its schedule ships stopped, since rewriting
+    files is an operator's decision (and costs the storage the old files until VACUUM)."""
+
+    cron: str = "0 4 * * 0"
+
+
 class AlertSettings(_Strict):
     """Where alerts go. Secrets never live here: only the names of environment variables
     that hold them, so neither the config, the Dagster UI nor the ledger ever shows one."""
@@ -160,6 +167,7 @@ class PipelineConfig(_Strict):
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     alerts: AlertSettings = Field(default_factory=AlertSettings)
     clean: CleanSettings = Field(default_factory=CleanSettings)
+    compact: CompactSettings = Field(default_factory=CompactSettings)
     transform: str = "jobs.examples.pageviews:transform"
 
     @field_validator("pipeline")

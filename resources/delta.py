@@ -255,6 +255,25 @@ class TableStats:
     app_version: int | None
 
 
+@dataclass(frozen=True)
+class Compaction:
+    """What one compaction of a table did."""
+
+    files_removed: int
+    files_added: int
+    #: the table's version after it (the compaction's commit, when it made one)
+    table_version: int
+    tries: int
+
+
+@dataclass(frozen=True)
+class TableLayout:
+    """How a table is stored now: the data files its snapshot reads, and their bytes."""
+
+    files: int
+    bytes: int
+
+
 class DeltaTarget:
     """One Delta table location and the operations the protocol needs on it."""
 
@@ -288,6 +307,53 @@ class DeltaTarget:
             version=table.version(),
             row_count=int(sum(actions.column("num_records").to_pylist() or [0])),
             app_version=table.transaction_version(app_id),
+        )
+
+    def layout(self) -> TableLayout | None:
+        """The snapshot's file count and bytes, what compaction brings down; None while the
+        table does not exist."""
+        table = self.load()
+        if table is None:
+            return None
+        sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
+        return TableLayout(files=len(sizes), bytes=int(sum(sizes)))
+
+    def compact(self, max_tries: int = 20) -> Compaction | None:
+        """Merge the table's small files (delta-rs OPTIMIZE compact); None without a table.
+
+        Safe beside commits (docs/protocol.md, invariants 1 and 2): the commit changes no
+        row (dataChange false) and no application transaction, so every app's version, and
+        with it the idempotence of a batch's commit, is as before. Its new files are written
+        at the table's root, never under `staged/`, so the cleaner never lists them; the
+        files it removes stay in the log as tombstones, which the cleaner keeps (rule 1 of
+        ledger/cleaning.py). A replace that removed rows from a file this compaction read
+        makes its commit fail (Delta's conflict check: a concurrent delete of data it read),
+        never resurrect them: the compaction is then planned again from the table as it is,
+        here, rather than retried by delta-rs.
+        """
+        last_error: Exception | None = None
+        for tries in range(1, max_tries + 1):
+            table = self.load()
+            if table is None:
+                return None
+            try:
+                done = table.optimize.compact(
+                    commit_properties=CommitProperties(max_commit_retries=0)
+                )
+            except CommitFailedError as exc:
+                last_error = exc
+                time.sleep(min(0.05 * tries, 1.0))
+                continue
+            table.update_incremental()
+            return Compaction(
+                files_removed=int(done.get("numFilesRemoved", 0)),
+                files_added=int(done.get("numFilesAdded", 0)),
+                table_version=table.version(),
+                tries=tries,
+            )
+        raise InconsistencyError(
+            f"{self.uri}: compaction lost {max_tries} commit races in a row; "
+            f"last error: {last_error}"
         )
 
     def check_schema(self, schema: pa.Schema) -> DeltaSchema | None:

@@ -28,7 +28,7 @@ from ledger.batch import Batch, BatchKind
 from ledger.protocol import BatchState, OffsetRange, Owner
 from orchestration.metadata import batch_metadata
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
-from orchestration.tags import BATCH_TAG, PIPELINE_TAG
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REJECTED_TAG
 from tests.fixtures.pipeline import assert_exactly_once, config_path, coordinates, crash_run
 
 NUMBERS = (dg.IntMetadataValue, dg.FloatMetadataValue)
@@ -184,6 +184,9 @@ def test_rerunning_a_committed_partition_fails_with_the_way_to_reprocess_it(
     sentence = failure.step_failure_data.user_failure_data.description  # type: ignore[union-attr]
     assert sentence.startswith("Batch 1 is already committed (ACKED, table version")
     assert "reprocess: true" in sentence and "pageviews_backfill in replace mode" in sentence
+    # rejected input, not a failure of the system: the run-failure sensor leaves it alone
+    run = instance.get_run_by_id(rerun.run_id)
+    assert run is not None and run.tags.get(REJECTED_TAG) == "AlreadyCommitted"
     assert DeltaTable(config.delta.table_uri).version() == version
     assert coordinates(config.delta.table_uri) == before
     assert len(materializations(jobs, instance)) == 1

@@ -251,6 +251,10 @@ def test_failed_runs_alert_through_the_same_sinks(
     sensor(jobs, "_run_failure_sensor")(context)
     assert webhook.kinds() == ["run_failed"]
     assert webhook.posts[0]["details"]["job"] == "pageviews_micro_batch"
+    # the cause, not only the step names: the error line the op raised
+    assert "pageviews_plan: " in webhook.posts[0]["text"]
+    assert "no-such-topic-exists-here" in webhook.posts[0]["text"]
+    assert "Traceback" not in webhook.posts[0]["text"]
 
 
 def _batch(batch_id: int, state: BatchState, prepared_ago_s: float | None) -> Batch:

@@ -1,0 +1,65 @@
+"""Telling rejected input from a failure of the system, in the UI and in the alerts.
+
+A backfill that a protocol rule refuses (ledger/backfill.py), a request over a batch whose
+attempt may still be running, a topic that is not the one the positions were read from:
+the operator asked for something the pipeline must not do, and nothing was written. Such a
+run still ends as a failure (it did not do what was asked), but as one plain sentence
+instead of a stack trace, marked with REJECTED_TAG so that the run-failure sensor does not
+page anyone over it (orchestration/run_failure_sensor.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import dagster as dg
+
+from ledger.backfill import BackfillError
+from ledger.errors import BusyError, DataLossError, ExactlyError, TopicChangedError
+from orchestration.tags import REJECTED_TAG
+
+#: Refusals of the operator's request. Their messages name what was refused (the rule, the
+#: batch, the offsets) and, for the CLI too, what to do; where one does not say what to do,
+#: the advice here completes the sentence.
+REJECTIONS: Mapping[type[ExactlyError], str | None] = {
+    BackfillError: None,
+    BusyError: None,
+    TopicChangedError: None,
+    DataLossError: "choose ranges that Kafka still holds",
+}
+
+
+def rejection_sentence(exc: ExactlyError) -> str:
+    """The refusal and what to do, as the one sentence the run shows."""
+    advice = next(text for kind, text in REJECTIONS.items() if isinstance(exc, kind))
+    refusal = " ".join(str(exc).split()).rstrip(".")
+    return f"Refused: {refusal}; {advice}." if advice else f"Refused: {refusal}."
+
+
+@contextmanager
+def rejections_end_the_run(
+    context: dg.OpExecutionContext, metadata: Mapping[str, Any]
+) -> Iterator[None]:
+    """Turn a refusal raised inside into a failure of the run that is plainly rejected input.
+
+    Only the refusals in REJECTIONS; any other error stays a failure, stack trace and alert
+    included. `metadata` describes the request, shown beside the sentence.
+    """
+    try:
+        yield
+    except tuple(REJECTIONS) as exc:
+        raise rejected(context, rejection_sentence(exc), type(exc).__name__, metadata) from None
+
+
+def rejected(
+    context: dg.OpExecutionContext, sentence: str, refused_by: str, metadata: Mapping[str, Any]
+) -> dg.Failure:
+    """Mark the run as rejected input and return the failure that ends it with `sentence`."""
+    context.instance.add_run_tags(context.run_id, {REJECTED_TAG: refused_by})
+    return dg.Failure(
+        description=sentence,
+        metadata={**metadata, "refused_by": refused_by},
+        allow_retries=False,
+    )
