@@ -14,6 +14,7 @@ import dagster as dg
 
 from jobs.pipeline import Pipeline
 from ledger.batch import Batch, BatchKind
+from orchestration.assets import quarantine_key
 
 
 def batch_metadata(batch: Batch) -> dict[str, Any]:
@@ -61,9 +62,32 @@ def log_commit(
     context: dg.OpExecutionContext, table: dg.AssetKey, pipeline: Pipeline, batch: Batch
 ) -> None:
     """Materialize the table asset's partition of a committed batch (the run's partition, or
-    the batch id), with the batch's and the table's metadata."""
+    the batch id), with the batch's and the table's metadata, and the quarantine asset's."""
     partition = context.partition_key if context.has_partition_key else str(batch.batch_id)
     meta = {**batch_metadata(batch), **table_metadata(pipeline)}
     if batch.kind == BatchKind.BACKFILL:
         meta["reprocessed_by"] = f"{batch.app_id}/{batch.batch_id}"
     context.log_event(dg.AssetMaterialization(asset_key=table, partition=partition, metadata=meta))
+    log_quarantine(context, pipeline, batch, partition)
+
+
+def log_quarantine(
+    context: dg.OpExecutionContext, pipeline: Pipeline, batch: Batch, partition: str
+) -> None:
+    """Materialize the quarantine asset's partition of the same commit: the quarantine is
+    published in the batch's checkpoint too (quarantine first), so its version and rows move
+    with the table's, even when this batch quarantined nothing."""
+    config = pipeline.config
+    meta: dict[str, Any] = {
+        "table_uri": dg.MetadataValue.path(config.delta.quarantine_uri),
+        # an identifier, not a measure: text, so the UI does not plot it
+        "batch": dg.MetadataValue.text(f"{batch.app_id}/{batch.batch_id}"),
+    }
+    if "quarantine_records" in batch.metrics:
+        meta["quarantine_records"] = batch.metrics["quarantine_records"]
+    stats = pipeline.publisher.quarantine_stats(batch.app_id)
+    if stats is not None:
+        meta["table_version"] = stats.version
+        meta["row_count"] = stats.row_count
+    key = quarantine_key(config.pipeline)
+    context.log_event(dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta))
