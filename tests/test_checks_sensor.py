@@ -149,3 +149,21 @@ def test_too_much_quarantine_and_a_deleted_row_fail_their_checks(
     text = webhook.posts[1]["text"]
     assert "149 rows in the table (expected 150)" in text
     assert "50 in the quarantine (expected 50)" in text
+
+    # run from the UI (the asset's Checks tab -> Execute): the same verdicts, and no alert
+    checks_run = jobs.definitions.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance
+    )
+    assert checks_run.success
+    ran = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+        for e in checks_run.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+    assert ran == {
+        NO_STUCK_BATCH: True,
+        CONSUMER_LAG: True,
+        LAST_BATCH_COMPLETE: False,
+        QUARANTINE_RATIO: False,
+    }
+    assert webhook.kinds() == ["check_failed", "check_failed"]
