@@ -479,10 +479,10 @@ class KafkaClient:
         Not through the admin API: librdkafka's ListConsumerGroupOffsets kills the process
         (SIGSEGV) when the coordinator answers NOT_COORDINATOR, as it does while a cluster
         loads its group metadata (librdkafka issue 5040); a consumer's fetch fails with that
-        error instead, and it is retried like every group call's. The read_committed isolation
-        level makes the broker wait for pending transactional offset
-        commits (require_stable, KIP-447), so the answer never reflects a transaction that
-        might still abort.
+        error instead, and it is retried like every group call's. The read_committed
+        isolation level makes the broker wait for pending transactional offset commits
+        (require_stable, KIP-447), so the answer never reflects a transaction that might
+        still abort.
         """
         operation = f"reading offsets of group {group_id!r} on topic {topic!r}"
         wanted = [TopicPartition(topic, p) for p in self.partitions(topic)]
