@@ -161,6 +161,11 @@ class DeltaPublisher:
         of `version` (default: the latest)."""
         return self.table.stats(app_id, version)
 
+    def quarantine_stats(self, app_id: str) -> TableStats | None:
+        """The quarantine table's version, row count and `app_id`'s last batch: the
+        quarantine is an asset of its own in the UI, with its own history."""
+        return self.quarantine.stats(app_id)
+
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
         """Quarantine first, then the data table.
 

@@ -33,7 +33,11 @@ from ledger.backfill import backfill_app_id
 from ledger.batch import Batch, BatchKind
 from ledger.protocol import PUBLISHED, BatchState
 from orchestration.liveness import batch_run_tags, run_alive
-from orchestration.metadata import batch_label, commit_materialization
+from orchestration.metadata import (
+    batch_label,
+    commit_materialization,
+    quarantine_materialization,
+)
 from orchestration.resources import pipeline_in, pipeline_key
 from resources.config import PipelineConfig
 
@@ -149,6 +153,9 @@ def record_history(
                 if label not in events.seen:
                     materialization = commit_materialization(table, pipeline, batch, with_lag=False)
                     instance.report_runless_asset_event(materialization)
+                    instance.report_runless_asset_event(
+                        quarantine_materialization(pipeline, batch, materialization.partition)
+                    )
                     events.seen.add(label)
                     recorded.append(f"batch {label} ({batch.state}) materialized from the ledger")
             final = batch.state is BatchState.ABORTED or label in events.seen

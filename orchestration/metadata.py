@@ -25,6 +25,7 @@ import dagster as dg
 
 from jobs.pipeline import Pipeline
 from ledger.batch import Batch, BatchKind
+from orchestration.assets import quarantine_key
 
 _COUNTS = (
     "records_read",
@@ -141,12 +142,14 @@ def log_commit(
     context: dg.OpExecutionContext, table: dg.AssetKey, pipeline: Pipeline, batch: Batch
 ) -> None:
     """Materialize the table asset for a batch the run committed (on the run's partition,
-    when it has one)."""
+    when it has one), and the quarantine asset's for the same commit."""
     partition = context.partition_key if context.has_partition_key else None
     extra = maintenance_metadata(pipeline, context.instance)
-    context.log_event(
-        commit_materialization(table, pipeline, batch, partition=partition, extra=extra)
+    materialization = commit_materialization(
+        table, pipeline, batch, partition=partition, extra=extra
     )
+    context.log_event(materialization)
+    context.log_event(quarantine_materialization(pipeline, batch, materialization.partition))
 
 
 def maintenance_metadata(
@@ -177,3 +180,26 @@ def maintenance_metadata(
         if when is not None:
             meta[f"last_{key}_at"] = dg.MetadataValue.timestamp(when)
     return meta
+
+
+def quarantine_materialization(
+    pipeline: Pipeline, batch: Batch, partition: str | None
+) -> dg.AssetMaterialization:
+    """The quarantine asset's materialization of the same commit as the table's (on the same
+    partition): the quarantine is published in the batch's checkpoint too (quarantine
+    first), so its version and rows move with the table's, even when this batch quarantined
+    nothing."""
+    config = pipeline.config
+    meta: dict[str, Any] = {
+        "table_uri": dg.MetadataValue.path(config.delta.quarantine_uri),
+        # an identifier, not a measure: text, so the UI does not plot it
+        "batch": dg.MetadataValue.text(batch_label(batch)),
+    }
+    if "quarantine_records" in batch.metrics:
+        meta["quarantine_records"] = batch.metrics["quarantine_records"]
+    stats = pipeline.publisher.quarantine_stats(batch.app_id)
+    if stats is not None:
+        meta["table_version"] = stats.version
+        meta["row_count"] = stats.row_count
+    key = quarantine_key(config.pipeline)
+    return dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta)

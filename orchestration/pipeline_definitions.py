@@ -1,5 +1,6 @@
 """Everything Dagster knows of one pipeline config, assembled in one place: its resources,
-its batch partitions and table asset, its six jobs, its three schedules and its four sensors.
+its batch partitions, its assets (the topic, the table and the quarantine) and the table
+checks, its six jobs, its three schedules and its five sensors.
 
 Each piece is built by the module named for it; this module only wires them together and
 declares the resources once, in the pipeline's `Definitions`, which the code location
@@ -16,7 +17,9 @@ from typing import Any
 
 import dagster as dg
 
+from orchestration.assets import quarantine_spec, topic_spec
 from orchestration.backfill_job import build_backfill_job
+from orchestration.checks_sensor import build_checks_sensor
 from orchestration.clean_job import build_clean_job
 from orchestration.clean_schedule import build_clean_schedule
 from orchestration.compact_job import build_compact_job
@@ -30,6 +33,7 @@ from orchestration.redrive_sensor import build_redrive_sensor
 from orchestration.resources import PipelineResource, alerts_key, alerts_resource, pipeline_key
 from orchestration.run_failure_sensor import build_run_failure_sensor
 from orchestration.stuck_sensor import build_stuck_sensor
+from orchestration.table_checks import build_table_checks
 from resources.config import PipelineConfig
 
 
@@ -63,13 +67,16 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     name = config.pipeline
     resources = {pipeline_key(name): resource, alerts_key(name): alerts_resource(config.alerts)}
     batches = dg.DynamicPartitionsDefinition(name=f"{name}_batches")
+    topic = topic_spec(config)
     table = dg.AssetSpec(
         key=f"{name}_table",
         description=f"Delta table {config.delta.table_uri}, one partition per committed batch",
         partitions_def=batches,
+        deps=[topic.key],
         group_name="exactly",
         kinds={"delta"},
     )
+    quarantine = quarantine_spec(config, batches)
     one_batch = build_micro_batch_graph(config, batches, table)
     micro_batch = build_micro_batch_job(config, one_batch, batches)
     next_batch = build_next_batch_job(config, one_batch)
@@ -87,9 +94,11 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
             config, [micro_batch, next_batch, redrive, backfill, clean, compact]
         ),
         build_history_sensor(config, batches, table),
+        build_checks_sensor(config),
     ]
     definitions = dg.Definitions(
-        assets=[table],
+        assets=[topic, table, quarantine],
+        asset_checks=[build_table_checks(config)],
         jobs=[micro_batch, next_batch, redrive, backfill, clean, compact],
         schedules=[schedule, clean_schedule, compact_schedule],
         sensors=sensors,

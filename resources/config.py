@@ -130,6 +130,12 @@ class AlertSettings(_Strict):
     )
     #: consumer-group acks refused in a row (across batches and retries) before an alert
     ack_failures_before_alert: int = Field(default=3, gt=0)
+    #: the consumer group's total lag (offsets, all partitions) above which the table's
+    #: lag check fails; unset: the check passes and only reports the figure
+    max_consumer_lag: int | None = Field(default=None, ge=0)
+    #: the share of the last committed batch's records that may go to the quarantine
+    #: before the quarantine's ratio check fails; unset: the check passes with the figure
+    max_quarantine_ratio: float | None = Field(default=None, ge=0, le=1)
     webhook_url_env: str | None = None
     slack_token_env: str | None = None
     slack_channel: str | None = None

@@ -24,6 +24,7 @@ from types import TracebackType
 from typing import Any
 
 from confluent_kafka import (
+    Consumer,
     ConsumerGroupTopicPartitions,
     IsolationLevel,
     KafkaError,
@@ -474,25 +475,40 @@ class KafkaClient:
     def group_offsets(self, group_id: str, topic: str) -> dict[int, int]:
         """The group's committed offsets on `topic`; partitions never committed are absent.
 
-        `require_stable` makes the broker wait for pending transactional offset commits, so
-        the answer never reflects a transaction that might still abort.
+        Read by a consumer of the group that never subscribes, so nothing joins the group.
+        Not through the admin API: librdkafka's ListConsumerGroupOffsets kills the process
+        (SIGSEGV) when the coordinator answers NOT_COORDINATOR, as it does while a cluster
+        loads its group metadata (librdkafka issue 5040); a consumer's fetch fails with that
+        error instead, and it is retried like every group call's. The read_committed
+        isolation level makes the broker wait for pending transactional offset commits
+        (require_stable, KIP-447), so the answer never reflects a transaction that might
+        still abort.
         """
         operation = f"reading offsets of group {group_id!r} on topic {topic!r}"
+        wanted = [TopicPartition(topic, p) for p in self.partitions(topic)]
+        consumer = Consumer(
+            self._config(
+                {
+                    "group.id": group_id,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        )
 
         def attempt() -> Any:
-            futures = self._admin_client().list_consumer_group_offsets(
-                [ConsumerGroupTopicPartitions(group_id)],
-                require_stable=True,
-                request_timeout=self.timeout,
-            )
-            return self._wait(futures[group_id], operation, tolerate=_RETRIABLE_GROUP_CODES)
+            try:
+                committed = consumer.committed(wanted, timeout=self.timeout)
+            except KafkaException as exc:
+                return exc.args[0]  # _group_call retries what is retriable, raises the rest
+            failed = [tp.error for tp in committed if tp.error is not None]
+            return failed[0] if failed else committed
 
-        result = self._group_call(operation, attempt)
-        return {
-            tp.partition: tp.offset
-            for tp in result.topic_partitions
-            if tp.topic == topic and tp.offset >= 0
-        }
+        try:
+            committed = self._group_call(operation, attempt)
+        finally:
+            consumer.close()
+        return {tp.partition: tp.offset for tp in committed if tp.offset >= 0}
 
     def _group_call(self, operation: str, attempt: Callable[[], Any]) -> Any:
         """Run `attempt` until it returns something other than a retriable KafkaError.

@@ -240,6 +240,30 @@ def test_group_offsets_round_trip(
     assert kafka_client.group_offsets(group, topic) == {0: 5, 1: 7, 2: 0}
 
 
+@pytest.mark.integration
+def test_reading_an_unseen_group_on_a_fresh_cluster_does_not_kill_the_process(
+    tmp_path: Path,
+) -> None:
+    """The checks sensor reads the consumer lag before the group ever committed, and a
+    fresh cluster answers its first offset fetch with NOT_COORDINATOR while it loads the
+    group metadata: librdkafka's admin offset listing dies of SIGSEGV on that answer. A
+    child process asks, so a crash is this test's failure and not the test run's."""
+    with EmbeddedBroker(tmp_path / "kafka", port=free_port()) as broker:
+        bootstrap = broker.bootstrap
+        with KafkaClient(bootstrap, timeout=60) as client:
+            client.create_topic("fresh", 2)
+        code = (
+            "from resources.kafka import KafkaClient\n"
+            f"with KafkaClient({bootstrap!r}, timeout=60) as client:\n"
+            "    print(client.group_offsets('never-committed', 'fresh'))\n"
+        )
+        child = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+        )
+    assert child.returncode == 0, f"exit {child.returncode}: {child.stderr[-2000:]}"
+    assert child.stdout.strip() == "{}"
+
+
 def test_topics_are_created_once_and_must_exist(
     kafka_broker: str, kafka_client: KafkaClient, topic_factory: Callable[[int], str]
 ) -> None:

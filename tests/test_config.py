@@ -318,3 +318,32 @@ def test_transform_loads_through_config(tmp_path: Path) -> None:
     broken = parse_config(config_with(transform="no_such_module_xyz:f"), "t", tmp_path)
     with pytest.raises(ConfigError, match="'no_such_module_xyz'"):
         broken.load_transform()
+
+
+@pytest.mark.parametrize(
+    ("dotted", "value", "named"),
+    [
+        ("alerts__max_consumer_lag", -1, "greater than or equal to 0"),
+        ("alerts__max_consumer_lag", "lots", "valid integer"),
+        ("alerts__max_quarantine_ratio", 1.5, "less than or equal to 1"),
+        ("alerts__max_quarantine_ratio", -0.1, "greater than or equal to 0"),
+    ],
+)
+def test_bad_check_bounds_are_one_line_naming_the_field(
+    dotted: str, value: Any, named: str
+) -> None:
+    message = config_error(config_with(**{dotted: value}))
+    field = dotted.replace("__", ".")
+    assert f"{field}: " in message and named in message
+    assert "\n" not in message
+
+
+def test_check_bounds_are_optional_and_load(tmp_path: Path) -> None:
+    unset = parse_config(config_with(), "test.yaml", tmp_path)
+    assert (unset.alerts.max_consumer_lag, unset.alerts.max_quarantine_ratio) == (None, None)
+    bounded = parse_config(
+        config_with(alerts__max_consumer_lag=5000, alerts__max_quarantine_ratio=0.01),
+        "test.yaml",
+        tmp_path,
+    )
+    assert (bounded.alerts.max_consumer_lag, bounded.alerts.max_quarantine_ratio) == (5000, 0.01)

@@ -26,6 +26,7 @@ from jobs.pipeline import build, build_backfill
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.batch import Batch, BatchKind
 from ledger.protocol import BatchState, OffsetRange, Owner
+from orchestration.assets import quarantine_key
 from orchestration.metadata import batch_metadata
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REJECTED_TAG
@@ -130,6 +131,10 @@ def test_a_batch_committed_by_the_cli_enters_the_history_once(
     assert meta["table_version"].value == report.batch.table_version
     assert meta["committed_at"].value == report.batch.committed_at.timestamp()  # type: ignore[union-attr]
     assert "consumer_lag_total" not in meta  # a value of now, not of the batch's commit
+    # the quarantine asset records the same commit, on the same partition
+    quarantined = instance.fetch_materializations(quarantine_key(config.pipeline), limit=10)
+    (q,) = [r.asset_materialization for r in quarantined.records]
+    assert q is not None and q.partition == "1" and q.metadata["row_count"].value == 4
 
     again, cursor = evaluate_history(jobs, instance, cursor)
     assert len(materializations(jobs, instance)) == 1

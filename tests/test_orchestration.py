@@ -75,6 +75,7 @@ def test_definitions_load_for_the_demo_pipeline() -> None:
         "pageviews_stuck_prepared_sensor",
         "pageviews_run_failure_sensor",
         "pageviews_history_sensor",
+        "pageviews_checks_sensor",
     }
     assert defs.resolve_job_def("pageviews_redrive").partitions_def == job.partitions_def
     assert defs.resolve_assets_def("pageviews_table") is not None
@@ -111,7 +112,7 @@ def test_the_job_takes_a_batch_through_every_state(
     assert set(batch.metrics["phase_s"]) == {"plan", "stage", "prepare", "commit"}
     assert assert_exactly_once(config, kafka_client) == (392, 8)
 
-    (materialization,) = result.asset_materializations_for_node("pageviews_commit")
+    materialization, _quarantine = result.asset_materializations_for_node("pageviews_commit")
     assert materialization.partition == "1"
     meta = {k: v.value for k, v in materialization.metadata.items()}
     assert meta["row_count"] == 392 and meta["last_batch_id"] == "1"
@@ -179,7 +180,9 @@ def test_redrive_sensor_finishes_a_restaging_batch_whose_run_died(
     batch = result.output_for_node("pageviews_redrive_commit")
     assert (batch.state, batch.attempt) == (BatchState.ACKED, 4)
     assert assert_exactly_once(config, kafka_client) == (392, 8)
-    (materialization,) = result.asset_materializations_for_node("pageviews_redrive_commit")
+    materialization, _quarantine = result.asset_materializations_for_node(
+        "pageviews_redrive_commit"
+    )
     meta = {k: v.value for k, v in materialization.metadata.items()}
     assert meta["files_missing"] == 1 and meta["files_already_committed"] == 0
     assert meta["files_committed"] == meta["files_staged"] > 0
@@ -358,7 +361,7 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
     batch = result.output_for_node("pageviews_commit")
     assert batch.kind == "backfill" and batch.state is BatchState.ACKED
     assert all(app == app.upper() for app in apps().values())
-    (materialization,) = result.asset_materializations_for_node("pageviews_commit")
+    materialization, _quarantine = result.asset_materializations_for_node("pageviews_commit")
     assert materialization.partition == "1"
     assert (
         materialization.metadata["reprocessed_by"].value == f"pageviews.backfill/{batch.batch_id}"

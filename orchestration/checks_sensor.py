@@ -1,0 +1,127 @@
+"""The `<pipeline>_checks_sensor`: evaluates the tables' asset checks
+(orchestration/table_checks.py) on every tick, reports them on the assets, and tells a
+person once when a check fails and once when it passes again.
+
+The evaluations go to Dagster as the sensor's asset events, so a failing check is red on
+the asset and in the lineage view without any run. The alerts follow the stuck sensor's
+way (orchestration/stuck_sensor.py): the checks whose failure was sent are kept in the
+sensor's cursor, and `decide_blocked` decides per check: one alert when it fails, one
+"resolved" when it passes, nothing when it gives no verdict (Kafka unreachable, say). The
+alert's key is the check's name, not its text, whose figures change every tick.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import dagster as dg
+
+from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
+from orchestration.stuck_sensor import decide_blocked
+from orchestration.table_checks import Verdict, check_specs, verdicts
+from resources.alerts import Alert, AlertsResource
+from resources.config import PipelineConfig
+
+
+@dataclass(frozen=True)
+class ChecksDecision:
+    """The checks to alert on now, those to resolve, and the failures open after."""
+
+    failed: list[Verdict]
+    resolved: list[Verdict]
+    open_after: list[str]
+
+
+def decide_checks(
+    open_failures: Sequence[str], checks: Sequence[str], found: Sequence[Verdict]
+) -> ChecksDecision:
+    """Pure: per check, `decide_blocked` with the check's name as the reason it is failing;
+    a check without a verdict keeps its alert as it was."""
+    by_check = {v.check: v for v in found}
+    failed, resolved, still_open = [], [], []
+    for check in checks:
+        verdict = by_check.get(check)
+        decision = decide_blocked(
+            check if check in open_failures else None,
+            None if verdict is None or verdict.passed else check,
+            verdict is not None,
+        )
+        if decision.alert and verdict is not None:
+            failed.append(verdict)
+        if decision.resolve and verdict is not None:
+            resolved.append(verdict)
+        if decision.open_after is not None:
+            still_open.append(check)
+    return ChecksDecision(failed, resolved, still_open)
+
+
+def loads(cursor: str | None) -> list[str]:
+    return list(json.loads(cursor)["failing"]) if cursor else []
+
+
+def dumps(open_failures: Sequence[str]) -> str:
+    return json.dumps({"failing": list(open_failures)})
+
+
+def evaluate_checks(
+    config: PipelineConfig,
+    found: Sequence[Verdict],
+    alerts: AlertsResource,
+    cursor: str | None,
+    log: Callable[[str], None],
+) -> tuple[ChecksDecision, str]:
+    """Send the alerts the verdicts call for; return the decision and the new cursor."""
+    checks = [spec.name for spec in check_specs(config)]
+    decision = decide_checks(loads(cursor), checks, found)
+    for verdict in decision.failed:
+        alerts.send(_alert(config, verdict, "check_failed", "failed"), log)
+    for verdict in decision.resolved:
+        alerts.send(_alert(config, verdict, "resolved", "passes again"), log)
+    return decision, dumps(decision.open_after)
+
+
+def _alert(config: PipelineConfig, verdict: Verdict, kind: str, what: str) -> Alert:
+    figures = {k: v for k, v in verdict.metadata.items() if isinstance(v, int | float)}
+    return Alert(
+        kind=kind,
+        pipeline=config.pipeline,
+        title=f"{config.pipeline}: check {verdict.check} on {verdict.asset.to_user_string()} "
+        f"{what}",
+        text=verdict.text,
+        details={"check": verdict.check, "asset": verdict.asset.to_user_string(), **figures},
+    )
+
+
+def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
+    name = config.pipeline
+
+    @dg.sensor(
+        name=f"{name}_checks_sensor",
+        minimum_interval_seconds=60,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description=(
+            "Evaluates the asset checks of the pipeline's table and quarantine, shows them on "
+            "the assets, and alerts once when a check fails and once when it passes again."
+        ),
+        required_resource_keys={pipeline_key(name), alerts_key(name)},
+    )
+    def checks(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SensorResult:
+        pipeline = pipeline_in(context, name)
+        found = verdicts(pipeline, context.log.warning)
+        decision, cursor = evaluate_checks(
+            pipeline.config, found, alerts_in(context, name), context.cursor, context.log.warning
+        )
+        failing = sorted(v.check for v in found if not v.passed)
+        return dg.SensorResult(
+            asset_events=[v.evaluation() for v in found],
+            cursor=cursor,
+            skip_reason=(
+                f"{len(found) - len(failing)} checks passed, failed: {', '.join(failing) or '-'}; "
+                f"{len(decision.failed)} alerted, {len(decision.resolved)} resolved"
+            ),
+        )
+
+    return checks

@@ -1,0 +1,169 @@
+"""The tables' asset checks under the checks sensor, against the real broker, Spark, Delta and a
+real Dagster instance: a stuck batch turns its check red and back, alerting once and
+resolving once; a batch that quarantines too much fails the ratio check; a row deleted from
+the table behind exactly's back fails the last batch's completeness check."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dagster as dg
+import pytest
+from deltalake import DeltaTable
+
+from jobs.examples.sample_data import pageviews
+from ledger.protocol import BatchState
+from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
+from orchestration.table_checks import (
+    CONSUMER_LAG,
+    LAST_BATCH_COMPLETE,
+    NO_STUCK_BATCH,
+    QUARANTINE_RATIO,
+)
+from tests.fixtures.pipeline import config_path, crash_run
+
+WEBHOOK = "EXACTLY_TEST_WEBHOOK_URL"
+#: a check's latest execution status on the instance, as the asset's page shows it
+PASSED, FAILED = "SUCCEEDED", "FAILED"
+TABLE, QUARANTINE = dg.AssetKey("pageviews_table"), dg.AssetKey("pageviews_quarantine")
+CHECKS = {
+    NO_STUCK_BATCH: dg.AssetCheckKey(TABLE, NO_STUCK_BATCH),
+    CONSUMER_LAG: dg.AssetCheckKey(TABLE, CONSUMER_LAG),
+    LAST_BATCH_COMPLETE: dg.AssetCheckKey(TABLE, LAST_BATCH_COMPLETE),
+    QUARANTINE_RATIO: dg.AssetCheckKey(QUARANTINE, QUARANTINE_RATIO),
+}
+
+
+@pytest.fixture
+def instance() -> Iterator[dg.DagsterInstance]:
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def evaluate(
+    jobs: PipelineDefinitions, instance: dg.DagsterInstance, cursor: str | None
+) -> tuple[dict[str, str], str | None]:
+    """One tick of the checks sensor; its evaluations are recorded on the instance as the
+    sensor daemon records them. Returns each check's latest status there, and the cursor."""
+    sensor = next(s for s in jobs.sensors if s.name == "pageviews_checks_sensor")
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources=jobs.resources
+    ) as context:
+        result = sensor(context)
+    assert isinstance(result, dg.SensorResult), result
+    for event in result.asset_events:
+        instance.report_runless_asset_event(event)
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        list(CHECKS.values())
+    )
+    return {name: latest[key].status.value for name, key in CHECKS.items() if key in latest}, (
+        result.cursor
+    )
+
+
+def test_a_stuck_prepared_batch_turns_the_check_red_and_back_alerting_once(
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    instance: dg.DagsterInstance,
+    webhook: Any,
+) -> None:
+    config = pipeline_factory(2, alerts={"stuck_after_seconds": 1, "webhook_url_env": WEBHOOK})
+    kafka_client.produce(config.kafka.topic, pageviews(300))
+    crash_run(config, "after_prepare")
+    jobs = pipeline_definitions(config_path(config))
+    time.sleep(1.2)
+
+    statuses, cursor = evaluate(jobs, instance, None)
+    assert statuses == {
+        NO_STUCK_BATCH: FAILED,
+        CONSUMER_LAG: PASSED,  # 300 behind, but no bound is set: the figure only
+        LAST_BATCH_COMPLETE: PASSED,  # nothing committed yet
+        QUARANTINE_RATIO: PASSED,
+    }
+    statuses, cursor = evaluate(jobs, instance, cursor)
+    assert statuses[NO_STUCK_BATCH] == FAILED
+    assert webhook.kinds() == ["check_failed"], webhook.posts
+    alert = webhook.posts[0]
+    assert alert["title"] == "pageviews: check no_stuck_batch on pageviews_table failed"
+    assert "pageviews/1 PREPARED" in alert["text"]
+    assert alert["details"]["stuck_batches"] == 1
+
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    assert jobs.redrive.execute_in_process(instance=instance, partition_key="1").success
+    statuses, cursor = evaluate(jobs, instance, cursor)
+    assert statuses == dict.fromkeys(CHECKS, PASSED)
+    statuses, cursor = evaluate(jobs, instance, cursor)
+    assert webhook.kinds() == ["check_failed", "resolved"]
+    assert webhook.posts[1]["title"] == (
+        "pageviews: check no_stuck_batch on pageviews_table passes again"
+    )
+
+
+def test_too_much_quarantine_and_a_deleted_row_fail_their_checks(
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    instance: dg.DagsterInstance,
+    webhook: Any,
+) -> None:
+    config = pipeline_factory(2, alerts={"max_quarantine_ratio": 0.1, "webhook_url_env": WEBHOOK})
+    kafka_client.produce(config.kafka.topic, pageviews(200, malformed_every=4))
+    jobs = pipeline_definitions(config_path(config))
+    with dg.build_schedule_context(instance=instance, resources=jobs.resources) as context:
+        request = jobs.schedule(context)
+    assert isinstance(request, dg.RunRequest), request
+    run = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key=request.partition_key, tags=request.tags
+    )
+    assert run.success
+    batch = run.output_for_node("pageviews_commit")
+    assert batch.state is BatchState.ACKED and batch.metrics["quarantine_records"] == 50
+    quarantined = next(
+        m
+        for m in run.asset_materializations_for_node("pageviews_commit")
+        if m.asset_key == QUARANTINE
+    )
+    assert quarantined.partition == "1"
+    assert quarantined.metadata["row_count"].value == 50
+
+    statuses, cursor = evaluate(jobs, instance, None)
+    assert statuses[QUARANTINE_RATIO] == FAILED
+    assert statuses[LAST_BATCH_COMPLETE] == PASSED
+    assert webhook.kinds() == ["check_failed"]
+    assert "quarantined 50 of 200 records (25.00%)" in webhook.posts[0]["text"]
+    assert webhook.posts[0]["details"]["check"] == QUARANTINE_RATIO
+
+    # one row of batch 1 deleted from the table behind exactly's back, with delta-rs
+    table = DeltaTable(config.delta.table_uri)
+    rows = table.to_pyarrow_table(columns=["_kafka_partition", "_kafka_offset"])
+    partition, offset = rows["_kafka_partition"][0].as_py(), rows["_kafka_offset"][0].as_py()
+    table.delete(f"_kafka_partition = {partition} AND _kafka_offset = {offset}")
+
+    statuses, cursor = evaluate(jobs, instance, cursor)
+    assert statuses[LAST_BATCH_COMPLETE] == FAILED
+    statuses, cursor = evaluate(jobs, instance, cursor)
+    assert webhook.kinds() == ["check_failed", "check_failed"]
+    text = webhook.posts[1]["text"]
+    assert "149 rows in the table (expected 150)" in text
+    assert "50 in the quarantine (expected 50)" in text
+
+    # run from the UI (the asset's Checks tab -> Execute): the same verdicts, and no alert
+    checks_run = jobs.definitions.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance
+    )
+    assert checks_run.success
+    ran = {
+        e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data.passed
+        for e in checks_run.all_events
+        if e.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+    assert ran == {
+        NO_STUCK_BATCH: True,
+        CONSUMER_LAG: True,
+        LAST_BATCH_COMPLETE: False,
+        QUARANTINE_RATIO: False,
+    }
+    assert webhook.kinds() == ["check_failed", "check_failed"]
