@@ -7,7 +7,10 @@ playwright). One `dagster dev` serves the whole module, whose tests walk one his
 2. a batch committed by the CLI, outside Dagster, appears in the asset's Partitions view once
    the history sensor (running by default under the daemon) has ticked;
 3. a fill backfill over those committed offsets, launched from the backfill job's Launchpad,
-   fails with its one-sentence refusal as the error on the run page.
+   fails with its one-sentence refusal as the error on the run page;
+4. the lineage graph shows the Kafka topic upstream of the table and of the quarantine;
+5. a batch left PREPARED by a crashed `exactly run` turns the table's stuck-batch check red
+   once the operator has turned the checks sensor on, and green again after recovery.
 
 A screenshot per step (and the `dagster dev` log) is saved under test-artifacts/ui/; the
 README's pictures of the UI (docs/ui/) are copies of some of them.
@@ -17,8 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -33,6 +39,8 @@ from playwright.sync_api import Error as PlaywrightError
 
 from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build
+from ledger.crash import CRASH_EXIT_CODE
+from ledger.protocol import PUBLISHED
 from ledger.store import LedgerStore
 from orchestration.tags import BATCH_TAG, REJECTED_TAG
 from resources.config import PipelineConfig, load_config
@@ -57,8 +65,14 @@ SENSORS = [
     f"{PIPELINE}_stuck_prepared_sensor",
     f"{PIPELINE}_run_failure_sensor",
     f"{PIPELINE}_history_sensor",
+    f"{PIPELINE}_checks_sensor",
 ]
+TOPIC_ASSET = f"{PIPELINE}_topic"
+QUARANTINE = f"{PIPELINE}_quarantine"
+CHECKS_SENSOR = f"{PIPELINE}_checks_sensor"
+NO_STUCK_BATCH = "no_stuck_batch"
 RECORDS = 300
+STUCK_AFTER_S = 5
 CLI_RECORDS = 120
 VIEWPORT = {"width": 1280, "height": 800}  # the README's pictures are screenshots at this size
 EXPECT_DEFAULT_MS = 5_000  # playwright's own default for expect()
@@ -100,6 +114,8 @@ def pipeline_file(
         "spark": {"master": "local[2]"},
         "batch": {"max_records_per_partition": 100_000},
         "transform": "jobs.examples.pageviews:transform",
+        # short, so that a batch left PREPARED turns its check red within the test
+        "alerts": {"stuck_after_seconds": STUCK_AFTER_S},
     }
     path = folder / f"{PIPELINE}.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -348,3 +364,70 @@ def test_a_refused_fill_shows_its_sentence_on_the_run_page(
     with dg.DagsterInstance.from_config(str(dagster_dev.dagster_home)) as instance:
         run = instance.get_run_by_id(run_id)
     assert run is not None and run.tags[REJECTED_TAG] == "BackfillError"
+
+
+def test_the_lineage_runs_from_the_topic_to_both_tables(
+    dagster_dev: DagsterDev, page: Page
+) -> None:
+    page.goto(f"{dagster_dev.url}/asset-groups")  # the navigation's "Lineage"
+    for asset in (TOPIC_ASSET, TABLE, QUARANTINE):
+        expect(page.get_by_text(asset, exact=True).first).to_be_visible()
+    shot(page, "08-lineage")
+    # Each table's own Lineage tab (its neighbours only) has the topic upstream.
+    for asset in (TABLE, QUARANTINE):
+        page.goto(f"{dagster_dev.url}/assets/{asset}?view=lineage")
+        expect(page.get_by_text(TOPIC_ASSET, exact=True).first).to_be_visible()
+
+
+def stuck_check_shows(page: Page, dev: DagsterDev, result: str, timeout_s: float) -> None:
+    """Reload the table asset's Checks view, the stuck-batch check selected, until its latest
+    evaluation result is `result` ("Failed" or "Passed")."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        page.goto(f"{dev.url}/assets/{TABLE}?view=checks")
+        page.get_by_text(NO_STUCK_BATCH, exact=True).first.click()
+        try:
+            expect(page.get_by_text(result, exact=True).first).to_be_visible(timeout=15_000)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+
+
+def test_a_stuck_batch_turns_the_check_red_then_green(
+    dagster_dev: DagsterDev,
+    page: Page,
+    config: PipelineConfig,
+    pipeline_file: Path,
+    kafka_client: KafkaClient,
+    spark: Any,
+) -> None:
+    assert kafka_client.produce(config.kafka.topic, pageviews(CLI_RECORDS)) == CLI_RECORDS
+    # `exactly run` dies right after its batch voted: the batch stays PREPARED.
+    crashed = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", "run", "-c", str(pipeline_file)],
+        env={**os.environ, "EXACTLY_CRASH_AT": "after_prepare"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stdout + crashed.stderr
+
+    # The operator turns the checks sensor on (it ships stopped).
+    page.goto(f"{dagster_dev.url}/automation")
+    page.get_by_role("link", name=re.compile(rf"\b{CHECKS_SENSOR}\b")).click()
+    expect(page).to_have_url(re.compile(rf"/sensors/{CHECKS_SENSOR}$"))
+    running = page.get_by_role("row").filter(has_text="Running")
+    running.locator("label").first.click()  # the switch drawn over its hidden checkbox
+    expect(running.get_by_role("checkbox")).to_be_checked()
+
+    time.sleep(STUCK_AFTER_S)
+    stuck_check_shows(page, dagster_dev, "Failed", SENSOR_WAIT_S)
+    expect(page.get_by_text(re.compile(r"stuck past")).first).to_be_visible()  # the verdict
+    shot(page, "09-stuck-check-red")
+
+    # Recovery commits the voted batch; the next tick turns the check green again.
+    recovered = build(config, spark_factory=lambda: spark).recover_and_commit()
+    assert [b.state in PUBLISHED for b in recovered] == [True]
+    stuck_check_shows(page, dagster_dev, "Passed", SENSOR_WAIT_S)
+    shot(page, "10-stuck-check-green")
