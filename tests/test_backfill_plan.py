@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,16 +36,6 @@ TRANSFORM = "tests.transforms:pageviews_v2"
 
 @pytest.fixture
 def store(ledger_url: str) -> Iterator[LedgerStore]:
-    ledger = LedgerStore(ledger_url)
-    try:
-        yield ledger
-    finally:
-        ledger.dispose()
-
-
-@pytest.fixture
-def second_store(ledger_url: str, store: LedgerStore) -> Iterator[LedgerStore]:
-    """Another client of the same ledger, as a second process would be."""
     ledger = LedgerStore(ledger_url)
     try:
         yield ledger
@@ -308,6 +298,36 @@ def pinned_live(store: LedgerStore, source: FakeSource, pipeline: str) -> TwoPha
     return tpc
 
 
+def fill_beside_live(
+    store: LedgerStore,
+    second_store: LedgerStore,
+    grown: Mapping[int, Available],
+    fill: OffsetRange,
+) -> Callable[[str], tuple[Callable[[], object], Callable[[], object]]]:
+    """A race scenario: a live pipeline pinned at 100 on partition 0, then Kafka grows to
+    `grown`; the planner fills `fill` on `store` while the live pipeline plans its next
+    batch on `second_store`."""
+
+    def scenario(pipeline: str) -> tuple[Callable[[], object], Callable[[], object]]:
+        source = FakeSource({0: Available(0, 100)})
+        pinned_live(store, source, pipeline)
+        source.offsets.update(grown)
+        live_again = live(
+            second_store,
+            source,
+            pipeline,
+            starting_offsets="latest",
+            max_records_per_partition=1000,
+        )
+        fills = backfiller(store, source, pipeline)
+        return (
+            lambda: request(fills, BackfillMode.FILL, fill, pipeline),
+            live_again.run_batch,
+        )
+
+    return scenario
+
+
 def test_a_fill_and_a_live_plan_never_take_the_same_offsets(
     store: LedgerStore, second_store: LedgerStore
 ) -> None:
@@ -319,24 +339,11 @@ def test_a_fill_and_a_live_plan_never_take_the_same_offsets(
     the live batch it overlaps it.
     """
 
-    def scenario(pipeline: str) -> tuple[Callable[[], object], Callable[[], object]]:
-        source = FakeSource({0: Available(0, 100)})
-        pinned_live(store, source, pipeline)
-        source.offsets[0] = Available(0, 130)
-        live_again = live(
-            second_store,
-            source,
-            pipeline,
-            starting_offsets="latest",
-            max_records_per_partition=1000,
-        )
-        fills = backfiller(store, source, pipeline)
-        return (
-            lambda: request(fills, BackfillMode.FILL, OffsetRange(TOPIC, 0, 50, 130), pipeline),
-            live_again.run_batch,
-        )
-
-    rounds = race_at_every_statement(store, second_store, scenario)
+    grown = {0: Available(0, 130)}
+    fill = OffsetRange(TOPIC, 0, 50, 130)
+    rounds = race_at_every_statement(
+        store, second_store, fill_beside_live(store, second_store, grown, fill)
+    )
     assert len(rounds) > 5
     for at, fill, live_batch in rounds:
         pipeline = f"pv{at}"
@@ -391,24 +398,11 @@ def test_a_fill_racing_the_live_plan_that_pins_a_new_partition(
     partition has no live position (the live pipeline would start there on its own), and
     accepted once it has; either way it never holds what the live pipeline reads."""
 
-    def scenario(pipeline: str) -> tuple[Callable[[], object], Callable[[], object]]:
-        source = FakeSource({0: Available(0, 100)})
-        pinned_live(store, source, pipeline)
-        source.offsets[1] = Available(0, 80)
-        live_again = live(
-            second_store,
-            source,
-            pipeline,
-            starting_offsets="latest",
-            max_records_per_partition=1000,
-        )
-        fills = backfiller(store, source, pipeline)
-        return (
-            lambda: request(fills, BackfillMode.FILL, OffsetRange(TOPIC, 1, 0, 80), pipeline),
-            live_again.run_batch,
-        )
-
-    rounds = race_at_every_statement(store, second_store, scenario)
+    grown = {1: Available(0, 80)}
+    fill = OffsetRange(TOPIC, 1, 0, 80)
+    rounds = race_at_every_statement(
+        store, second_store, fill_beside_live(store, second_store, grown, fill)
+    )
     assert len(rounds) > 5
     for at, fill, live_batch in rounds:
         assert offsets_taken_twice(store, f"pv{at}") == [], (at, fill, live_batch)

@@ -78,16 +78,6 @@ def store(ledger_url: str) -> Iterator[LedgerStore]:
         ledger.dispose()
 
 
-@pytest.fixture
-def second_store(ledger_url: str, store: LedgerStore) -> Iterator[LedgerStore]:
-    """Another client of the same ledger, as a second process would be."""
-    ledger = LedgerStore(ledger_url)
-    try:
-        yield ledger
-    finally:
-        ledger.dispose()
-
-
 # -- schema -------------------------------------------------------------------------------
 
 
