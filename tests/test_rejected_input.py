@@ -70,6 +70,8 @@ def test_a_refused_fill_ends_in_one_sentence_and_alerts_nobody(
         f"[50, 60) of {topic}-0; fill only offsets no batch covers, or replace committed ones."
     )
     assert shown.metadata["refused_by"].value == "BackfillError"
+    assert failed.step_failure_data.error is not None
+    assert failed.step_failure_data.error.stack == []
     run = instance.get_run_by_id(result.run_id)
     assert run is not None and run.tags[REJECTED_TAG] == "BackfillError"
     assert DeltaTable(config.delta.table_uri).version() == version
@@ -104,6 +106,10 @@ def test_only_refusals_of_the_request_become_rejections(instance: dg.DagsterInst
         "Refused: batch pv/2 is PREPARED and its owner h:1 may still be running; try again."
     )
     assert shown.metadata["asked"].value == "something"
+    # the run's event log shows the sentence alone: no stack trace, no exception class
+    error = failed.step_failure_data.error
+    assert error is not None and (error.message, error.stack) == (shown.description, [])
+    assert error.cause is None and error.context is None
     run = instance.get_run_by_id(refused.run_id)
     assert run is not None and run.tags[REJECTED_TAG] == "BusyError"
 
