@@ -2,7 +2,8 @@
 
 - `no_stuck_batch` (table): no batch, live or backfill, sits in a state that is not final
   for longer than `alerts.stuck_after_seconds`: the stuck alert's own rule (`decide_stuck`),
-  by the ledger database's clock (invariant 17);
+  by the ledger database's clock (invariant 17); the stuck sensor alerts on it, not the
+  checks sensor;
 - `consumer_lag_within_bound` (table): the consumer group's total lag is at most
   `alerts.max_consumer_lag`;
 - `last_batch_complete` (table): the tables hold, by coordinates, exactly the last committed
@@ -33,6 +34,7 @@ from jobs.pipeline import Pipeline
 from jobs.stage import QUARANTINE, TABLE
 from ledger.backfill import backfill_app_id
 from ledger.batch import Batch
+from ledger.errors import CONFIG_PLACEHOLDER
 from ledger.protocol import IN_FLIGHT, PUBLISHED
 from orchestration.assets import quarantine_key, table_key
 from orchestration.resources import pipeline_in, pipeline_key
@@ -145,8 +147,9 @@ def judge_stuck(
         NO_STUCK_BATCH,
         table_key(pipeline),
         False,
-        f"{len(stuck)} batch(es) stuck past {threshold_s:g}s: {listed}. The stuck alert says "
-        "who retries; see `exactly ledger -c <config>`.",
+        f"{len(stuck)} batch(es) stuck past {threshold_s:g}s: {listed}. "
+        f"{pipeline}_stuck_prepared_sensor alerts on each and says who retries; see "
+        f"`exactly ledger -c {CONFIG_PLACEHOLDER}`.",
         metadata,
     )
 
