@@ -24,7 +24,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
+from orchestration.resources import alerts_in, alerts_key, pipeline_key, resource_in
 from orchestration.stuck_sensor import decide_blocked
 from orchestration.table_checks import NO_STUCK_BATCH, Verdict, check_specs, verdicts
 from resources.alerts import Alert, AlertsResource
@@ -115,11 +115,10 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
         required_resource_keys={pipeline_key(name), alerts_key(name)},
     )
     def checks(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SensorResult:
-        pipeline = pipeline_in(context, name)
-        found = verdicts(pipeline, context.log.warning)
-        decision, cursor = evaluate_checks(
-            pipeline.config, found, alerts_in(context, name), context.cursor, context.log.warning
-        )
+        log = context.log.warning
+        found = verdicts(resource_in(context, name), log)
+        alerts = alerts_in(context, name)
+        decision, cursor = evaluate_checks(config, found, alerts, context.cursor, log)
         failing = sorted(v.check for v in found if not v.passed)
         return dg.SensorResult(
             asset_events=[v.evaluation() for v in found],

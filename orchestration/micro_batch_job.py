@@ -109,7 +109,7 @@ def build_micro_batch_graph(
         wanted = int(context.partition_key) if context.has_partition_key else None
         request = {"partition": str(wanted) if wanted is not None else "the next batch"}
         before = tpc.store.get(tpc.app_id, wanted) if wanted is not None else None
-        with rejections_end_the_run(context, request):
+        with rejections_end_the_run(context, name, request):
             recovered = {done.batch_id: done for done in tpc.recover_and_commit()}
         for done in recovered.values():
             context.log.info(f"recovered batch {done.batch_id}: {done.state}")
@@ -127,10 +127,11 @@ def build_micro_batch_graph(
             if existing.state not in PUBLISHED:
                 aborted = existing.state is BatchState.ABORTED
                 refused_by = "AbandonedBatch" if aborted else "UnfinishedBatch"
-                raise rejected(context, unfinished_sentence(name, existing), refused_by, request)
+                sentence = unfinished_sentence(name, existing)
+                raise rejected(context, name, sentence, refused_by, request)
             if not config.reprocess:
                 sentence = committed_sentence(name, existing)
-                raise rejected(context, sentence, "AlreadyCommitted", request)
+                raise rejected(context, name, sentence, "AlreadyCommitted", request)
             replacement = pipeline.reprocess(existing)
             if replacement is None:
                 context.log.info(f"batch {wanted} read nothing; nothing to reprocess")
@@ -139,7 +140,7 @@ def build_micro_batch_graph(
             context.log.info(f"reprocessing batch {wanted} as {replacement.label}")
             yield dg.Output(replacement, metadata=batch_metadata(replacement))
             return
-        with rejections_end_the_run(context, request):
+        with rejections_end_the_run(context, name, request):
             batch = tpc.begin(batch_id=wanted)
         if batch is None:
             context.log.info(f"{name}: caught up, nothing new to read")

@@ -32,6 +32,7 @@ from dagster._utils.error import SerializableErrorInfo
 
 from ledger.backfill import BackfillError
 from ledger.errors import BusyError, DataLossError, ExactlyError, TopicChangedError
+from orchestration.resources import resource_in
 from orchestration.tags import REJECTED_TAG
 
 #: Refusals of the operator's request. Their messages name what was refused (the rule, the
@@ -54,7 +55,7 @@ def rejection_sentence(exc: ExactlyError) -> str:
 
 @contextmanager
 def rejections_end_the_run(
-    context: dg.OpExecutionContext, metadata: Mapping[str, Any]
+    context: dg.OpExecutionContext, pipeline: str, metadata: Mapping[str, Any]
 ) -> Iterator[None]:
     """Turn a refusal raised inside into a failure of the run that is plainly rejected input.
 
@@ -64,7 +65,8 @@ def rejections_end_the_run(
     try:
         yield
     except tuple(REJECTIONS) as exc:
-        raise rejected(context, rejection_sentence(exc), type(exc).__name__, metadata) from None
+        sentence = rejection_sentence(exc)
+        raise rejected(context, pipeline, sentence, type(exc).__name__, metadata) from None
 
 
 class Refusal(DagsterUserCodeProcessError, dg.Failure):
@@ -80,8 +82,14 @@ class Refusal(DagsterUserCodeProcessError, dg.Failure):
 
 
 def rejected(
-    context: dg.OpExecutionContext, sentence: str, refused_by: str, metadata: Mapping[str, Any]
+    context: dg.OpExecutionContext,
+    pipeline: str,
+    sentence: str,
+    refused_by: str,
+    metadata: Mapping[str, Any],
 ) -> Refusal:
-    """Mark the run as rejected input and return the failure that ends it with `sentence`."""
+    """Mark the run as rejected input and return the failure that ends it with `sentence`,
+    the commands it names spelled for the pipeline's config file."""
     context.instance.add_run_tags(context.run_id, {REJECTED_TAG: refused_by})
-    return Refusal(sentence, {**metadata, "refused_by": refused_by})
+    shown = resource_in(context, pipeline).spell(sentence)
+    return Refusal(shown, {**metadata, "refused_by": refused_by})

@@ -24,7 +24,7 @@ an operator run them from the UI (same verdicts, no alert).
 """
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +37,7 @@ from ledger.batch import Batch
 from ledger.errors import CONFIG_PLACEHOLDER
 from ledger.protocol import IN_FLIGHT, PUBLISHED
 from orchestration.assets import quarantine_key, table_key
-from orchestration.resources import pipeline_in, pipeline_key
+from orchestration.resources import PipelineResource, pipeline_key, resource_in
 from orchestration.stuck_sensor import batch_key, decide_stuck, in_state_since
 from resources.config import PipelineConfig
 
@@ -279,8 +279,10 @@ def last_committed(pipeline: Pipeline) -> Batch | None:
     return max(newest, key=lambda b: b.committed_at or never, default=None)
 
 
-def verdicts(pipeline: Pipeline, log: Callable[[str], None]) -> list[Verdict]:
-    """Every check's verdict now; a check that cannot tell is left out, and logged."""
+def verdicts(resource: PipelineResource, log: Callable[[str], None]) -> list[Verdict]:
+    """Every check's verdict now, as Dagster shows it (the commands it names spelled for the
+    config file); a check that cannot tell is left out, and logged."""
+    pipeline = resource.pipeline()
     config = pipeline.config
     store = pipeline.store
     name = config.pipeline
@@ -309,7 +311,7 @@ def verdicts(pipeline: Pipeline, log: Callable[[str], None]) -> list[Verdict]:
             log(f"{check}: batch {batch_key(batch)} has no record counts in the ledger")
         elif judged is not None:
             found.append(judged)
-    return found
+    return [replace(v, text=resource.spell(v.text)) for v in found]
 
 
 def build_table_checks(config: PipelineConfig) -> dg.AssetChecksDefinition:
@@ -323,7 +325,7 @@ def build_table_checks(config: PipelineConfig) -> dg.AssetChecksDefinition:
         required_resource_keys={pipeline_key(name)},
     )
     def table_checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        found = verdicts(pipeline_in(context, name), context.log.warning)
+        found = verdicts(resource_in(context, name), context.log.warning)
         yield from (v.result() for v in found)
         missing = sorted({s.name for s in specs} - {v.check for v in found})
         if missing:

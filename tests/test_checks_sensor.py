@@ -106,6 +106,8 @@ def test_a_stuck_batch_turns_the_check_red_and_back_and_alerts_once_across_both_
     alert = webhook.posts[0]
     assert alert["title"] == "pageviews: batch 1 stuck in PREPARED"
     assert "The re-drive sensor retries" in alert["text"]
+    # the commands it names are spelled for this pipeline's config file, ready to copy
+    assert f"`exactly ledger -c {config_path(config)}`" in alert["text"]
     latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
         [CHECKS[NO_STUCK_BATCH]]
     )[CHECKS[NO_STUCK_BATCH]]
@@ -113,6 +115,7 @@ def test_a_stuck_batch_turns_the_check_red_and_back_and_alerts_once_across_both_
     shown = latest.event.dagster_event.asset_check_evaluation_data.description
     assert shown is not None and "pageviews/1 PREPARED" in shown
     assert "pageviews_stuck_prepared_sensor" in shown
+    assert f"`exactly ledger -c {config_path(config)}`" in shown
 
     instance.add_dynamic_partitions(jobs.batches.name, ["1"])
     assert jobs.redrive.execute_in_process(instance=instance, partition_key="1").success
