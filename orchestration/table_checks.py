@@ -8,7 +8,7 @@
   `alerts.max_consumer_lag`;
 - `last_batch_complete` (table): the tables hold, by coordinates, exactly the last committed
   batch's records: what it read minus what it quarantined in the table, what it quarantined
-  in the quarantine (invariants 1 and 9);
+  in the quarantine (invariants 1 and 9), counted in the batch's own topic incarnation;
 - `quarantine_ratio_within_bound` (quarantine): the last committed batch quarantined at most
   `alerts.max_quarantine_ratio` of what it read.
 
@@ -34,6 +34,7 @@ from jobs.pipeline import Pipeline
 from jobs.stage import QUARANTINE, TABLE
 from ledger.backfill import backfill_app_id
 from ledger.batch import Batch
+from ledger.decisions import DecisionKind
 from ledger.errors import CONFIG_PLACEHOLDER
 from ledger.protocol import IN_FLIGHT, PUBLISHED
 from orchestration.assets import quarantine_key, table_key
@@ -267,6 +268,50 @@ def judge_rows(
     )
 
 
+def other_incarnations(batch: Batch, published: Iterable[Batch]) -> frozenset[int]:
+    """Pure: the ids of the committed batches whose rows share coordinates with `batch`'s but
+    were read from another incarnation of the topic (another KIP-516 topic id).
+
+    A re-created topic numbers its offsets from 0 again, and the rows read from the old one
+    stay in the table as history (ledger/decisions.py, new-topic) at the very topic name,
+    partition and offset the new one's rows have. Rows carry no topic id, but they carry the
+    id of the batch that wrote them (`_batch_id`), and each batch its topic id. A batch with
+    no topic id recorded (a ledger older than topic ids) is taken for the same incarnation;
+    `batch`'s own id is never left out, even where a batch of the other application id, of
+    another incarnation, has the same id.
+    """
+    if batch.topic_id is None:
+        return frozenset()
+    mine = [r for r in batch.ranges if r.span]
+    return frozenset(
+        other.batch_id
+        for other in published
+        if other.topic_id not in (None, batch.topic_id)
+        and other.batch_id != batch.batch_id
+        and any(
+            (r.topic, r.partition) == (m.topic, m.partition) and r.start < m.end and m.start < r.end
+            for r in other.ranges
+            for m in mine
+        )
+    )
+
+
+def _other_incarnations(pipeline: Pipeline, batch: Batch) -> frozenset[int]:
+    """`other_incarnations` of `batch` in the ledger; read only if an operator ever accepted
+    a new topic incarnation (a new-topic decision), the one way a second one comes in."""
+    store = pipeline.store
+    config = pipeline.config
+    decisions = store.decisions(pipeline=config.pipeline)
+    if not any(d.kind is DecisionKind.NEW_TOPIC for d in decisions):
+        return frozenset()
+    published = [
+        b
+        for app_id in (config.app_id, backfill_app_id(config.pipeline))
+        for b in store.batches(app_id=app_id, states=PUBLISHED)
+    ]
+    return other_incarnations(batch, published)
+
+
 def last_committed(pipeline: Pipeline) -> Batch | None:
     """The batch, live or backfill, committed most recently (by the database's clock)."""
     config = pipeline.config
@@ -298,11 +343,14 @@ def verdicts(resource: PipelineResource, log: Callable[[str], None]) -> list[Ver
         log(f"{CONSUMER_LAG}: could not read the consumer lag: {exc}")
     batch = last_committed(pipeline)
     publisher = pipeline.publisher
-    rows = (
-        (0, 0)
-        if batch is None
-        else (publisher.rows_held(batch, TABLE), publisher.rows_held(batch, QUARANTINE))
-    )
+    rows = (0, 0)
+    if batch is not None:
+        # counted in the batch's own topic incarnation (see `other_incarnations`)
+        not_by = _other_incarnations(pipeline, batch)
+        rows = (
+            publisher.rows_held(batch, TABLE, not_by),
+            publisher.rows_held(batch, QUARANTINE, not_by),
+        )
     for judged, check in (
         (judge_rows(name, batch, *rows), LAST_BATCH_COMPLETE),
         (judge_ratio(name, batch, config.alerts.max_quarantine_ratio), QUARANTINE_RATIO),

@@ -2,10 +2,13 @@
 real Dagster instance: a stuck batch turns its check red and back, alerting once and
 resolving once across the checks sensor and the stuck sensor; a batch that quarantines too
 much fails the ratio check; a row deleted from the table behind exactly's back fails the
-last batch's completeness check."""
+last batch's completeness check, which after a re-created topic counts the last batch's rows
+in its own topic incarnation, not the old one's left at the same coordinates."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +27,7 @@ from orchestration.table_checks import (
     QUARANTINE_RATIO,
 )
 from tests.fixtures.pipeline import config_path, crash_run
+from tests.fixtures.topic_admin import recreate_topic
 
 WEBHOOK = "EXACTLY_TEST_WEBHOOK_URL"
 #: a check's latest execution status on the instance, as the asset's page shows it
@@ -193,3 +197,41 @@ def test_too_much_quarantine_and_a_deleted_row_fail_their_checks(
         QUARANTINE_RATIO: False,
     }
     assert webhook.kinds() == ["check_failed", "check_failed"]
+
+
+def test_after_a_recreated_topic_the_last_batch_is_counted_in_its_own_incarnation(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    topic, bootstrap = config.kafka.topic, config.kafka.bootstrap_servers
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(100, start=100 * p)) for p in (0, 1)}
+    )
+    jobs = pipeline_definitions(config_path(config))
+    first = jobs.next_batch.execute_in_process(instance=instance)
+    assert first.success
+
+    # the topic is re-created: its offsets start at 0 again, at the coordinates (topic name,
+    # partition, offset) of the old incarnation's rows, which stay in the table as history
+    new_id = recreate_topic(bootstrap, topic, 2)
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(150, start=1000 + 150 * p)) for p in (0, 1)}
+    )
+    accept = ["skip", "new-topic", "-c", str(config_path(config)), "--topic-id", new_id]
+    accepted = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", *accept, "--reason", "re-created"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    second = jobs.next_batch.execute_in_process(instance=instance)
+    assert second.success
+    last = second.output_for_node("pageviews_commit")
+    assert last.topic_id == new_id
+    assert first.output_for_node("pageviews_commit").topic_id != new_id
+    held = DeltaTable(config.delta.table_uri).to_pyarrow_table(columns=["_batch_id"])
+    assert held["_batch_id"].to_pylist().count(1) == 200  # the old incarnation's rows
+
+    statuses, _cursor = evaluate(jobs, instance, None)
+    assert statuses[LAST_BATCH_COMPLETE] == PASSED
