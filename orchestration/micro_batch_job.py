@@ -114,15 +114,16 @@ def build_micro_batch_graph(
         for done in recovered.values():
             context.log.info(f"recovered batch {done.batch_id}: {done.state}")
         if before is not None and (existing := tpc.store.get(tpc.app_id, before.batch_id)):
-            if before.state not in PUBLISHED and existing.state in PUBLISHED:
+            redriven = recovered.get(before.batch_id)
+            if redriven is not None and redriven.state in PUBLISHED:
                 # the partition's batch had voted and its run died: this run's recovery
                 # finished it, as the re-drive job does, so the run reports that commit
                 context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(wanted)})
                 context.log.info(
-                    f"re-drove batch {wanted} from {before.state} to {existing.state}; "
+                    f"re-drove batch {wanted} from {before.state} to {redriven.state}; "
                     "nothing new to plan"
                 )
-                log_commit(context, table.key, pipeline, existing)
+                log_commit(context, table.key, pipeline, redriven)
                 return
             if existing.state not in PUBLISHED:
                 aborted = existing.state is BatchState.ABORTED
