@@ -8,11 +8,10 @@ operators get the problem, not a traceback.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Sequence
 
-from ledger.errors import CONFIG_PLACEHOLDER, ExactlyError
+from ledger.errors import ExactlyError, with_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,11 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def error_line(exc: ExactlyError, args: argparse.Namespace) -> str:
     """The error as one line; a command it tells the operator to run names the config file
     this command was given, so it can be copied as it is."""
-    message = str(exc)
     config = getattr(args, "config", None)
-    if config:
-        message = message.replace(CONFIG_PLACEHOLDER, shlex.quote(str(config)))
-    return message
+    return with_config(str(exc), str(config)) if config else str(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

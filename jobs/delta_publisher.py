@@ -9,7 +9,7 @@ crash between the two commits) is reported unfinished, never forgotten (invarian
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow.compute as pc
@@ -97,8 +97,9 @@ class DeltaPublisher:
             if (v := delta.transaction_version(batch.app_id)) is not None and v >= batch.batch_id
         }
 
-    def rows_held(self, batch: Batch, target: str) -> int:
-        """Rows of the table `target` whose coordinates fall in the batch's ranges.
+    def rows_held(self, batch: Batch, target: str, not_by: Collection[int] = ()) -> int:
+        """Rows of the table `target` whose coordinates fall in the batch's ranges, leaving
+        out rows written by the batches `not_by` (their `_batch_id`).
 
         Files are pruned by partition and offset only. A topic name longer than the
         statistics keep (resources/delta.py) has no min/max, and delta-rs 1.6 then prunes
@@ -120,6 +121,8 @@ class DeltaPublisher:
                         & (pc.field("_kafka_offset") < r.end)
                     )
                     wanted = one if wanted is None else wanted | one
+            if not_by and wanted is not None:
+                wanted = wanted & ~pc.field("_batch_id").isin(sorted(not_by))
             rows = dataset.to_table(columns=["_kafka_topic"], filter=wanted)
             held += pc.sum(pc.equal(rows["_kafka_topic"], topic).cast("int64")).as_py() or 0
         return held

@@ -6,9 +6,17 @@ batch and the state it was found in) so that an operator can act on the message 
 
 from __future__ import annotations
 
+import shlex
+
 #: Stands for the pipeline's config file in a command an error tells the operator to run;
-#: the CLI puts the path it was given in its place (exactly_cli.main).
+#: `with_config` puts the real path in its place wherever the text reaches a person (the
+#: CLI's error line, Dagster's run failures, asset checks and alerts).
 CONFIG_PLACEHOLDER = "<config>"
+
+
+def with_config(text: str, config_path: str) -> str:
+    """`text` with the commands it names spelled for `config_path`, ready to copy."""
+    return text.replace(CONFIG_PLACEHOLDER, shlex.quote(config_path))
 
 
 class ExactlyError(Exception):

@@ -76,7 +76,7 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
             for r in config.ranges
         ]
         request = {"mode": config.mode, "ranges": [str(r) for r in ranges]}
-        with rejections_end_the_run(context, request):
+        with rejections_end_the_run(context, name, request):
             for done in tpc.recover_and_commit():
                 context.log.info(f"recovered backfill batch {done.batch_id}: {done.state}")
             if not ranges:

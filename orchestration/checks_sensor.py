@@ -8,6 +8,11 @@ way (orchestration/stuck_sensor.py): the checks whose failure was sent are kept 
 sensor's cursor, and `decide_blocked` decides per check: one alert when it fails, one
 "resolved" when it passes, nothing when it gives no verdict (Kafka unreachable, say). The
 alert's key is the check's name, not its text, whose figures change every tick.
+
+`no_stuck_batch` is red and green here but alerts nobody from here: it is the stuck
+sensor's rule (orchestration/stuck_sensor.py `decide_stuck`), and that sensor already
+alerts once per stuck batch, with what is at stake and who retries, and resolves once it
+moves on. Alerting on the check as well would tell a person twice about one batch.
 """
 
 from __future__ import annotations
@@ -19,9 +24,9 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
+from orchestration.resources import alerts_in, alerts_key, pipeline_key, resource_in
 from orchestration.stuck_sensor import decide_blocked
-from orchestration.table_checks import Verdict, check_specs, verdicts
+from orchestration.table_checks import NO_STUCK_BATCH, Verdict, check_specs, verdicts
 from resources.alerts import Alert, AlertsResource
 from resources.config import PipelineConfig
 
@@ -74,7 +79,7 @@ def evaluate_checks(
     log: Callable[[str], None],
 ) -> tuple[ChecksDecision, str]:
     """Send the alerts the verdicts call for; return the decision and the new cursor."""
-    checks = [spec.name for spec in check_specs(config)]
+    checks = [spec.name for spec in check_specs(config) if spec.name != NO_STUCK_BATCH]
     decision = decide_checks(loads(cursor), checks, found)
     for verdict in decision.failed:
         alerts.send(_alert(config, verdict, "check_failed", "failed"), log)
@@ -104,16 +109,16 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
             "Evaluates the asset checks of the pipeline's table and quarantine, shows them on "
-            "the assets, and alerts once when a check fails and once when it passes again."
+            "the assets, and alerts once when a check fails and once when it passes again; "
+            f"a stuck batch is alerted by {name}_stuck_prepared_sensor, batch by batch."
         ),
         required_resource_keys={pipeline_key(name), alerts_key(name)},
     )
     def checks(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SensorResult:
-        pipeline = pipeline_in(context, name)
-        found = verdicts(pipeline, context.log.warning)
-        decision, cursor = evaluate_checks(
-            pipeline.config, found, alerts_in(context, name), context.cursor, context.log.warning
-        )
+        log = context.log.warning
+        found = verdicts(resource_in(context, name), log)
+        alerts = alerts_in(context, name)
+        decision, cursor = evaluate_checks(config, found, alerts, context.cursor, log)
         failing = sorted(v.check for v in found if not v.passed)
         return dg.SensorResult(
             asset_events=[v.evaluation() for v in found],

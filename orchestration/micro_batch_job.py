@@ -10,7 +10,11 @@ without a partition, is the Launchpad's "next batch" (orchestration/next_batch_j
 A run for a batch that is already committed does not pass for a success that repaints the
 history: it fails with the one sentence that says how to reprocess the batch, unless its run
 config confirms the reprocess (`reprocess: true`), which then replaces the batch's offsets
-(a replace backfill) in one Delta commit.
+(a replace backfill) in one Delta commit. Nor does a run for a batch that is not committed:
+if the batch had voted, the run's recovery finishes it (as the re-drive job does) and the
+run reports and materializes that commit; if it was abandoned, the run fails with the one
+sentence that says the next batch reads its offsets again. Both failures are rejected input
+(orchestration/rejection.py): the run-failure sensor pages nobody over them.
 """
 
 import time
@@ -21,7 +25,8 @@ import dagster as dg
 from pydantic import Field
 
 from ledger.batch import Batch
-from ledger.protocol import PUBLISHED
+from ledger.errors import CONFIG_PLACEHOLDER
+from ledger.protocol import PUBLISHED, BatchState
 from ledger.two_phase import StageOutput, TwoPhaseCommit
 from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import batch_label, batch_metadata, log_commit
@@ -62,6 +67,26 @@ def committed_sentence(pipeline: str, batch: Batch) -> str:
     )
 
 
+def unfinished_sentence(pipeline: str, batch: Batch) -> str:
+    """Why a run on the partition of a batch that is not committed did nothing, and what
+    finishes it. Recovery, which every run does first, has already finished the batch if it
+    voted and abandoned it if its owner is gone; one still in flight belongs to an attempt
+    that moved it on meanwhile."""
+    if batch.state is BatchState.ABORTED:
+        return (
+            f"Batch {batch.batch_id} was abandoned ({batch.state}: {batch.error}), so this run "
+            "changed nothing: nothing of it was published and it never will be, and the next "
+            f"batch reads its offsets again; launch {pipeline}_next_batch (or turn on "
+            f"{pipeline}_schedule) instead of re-running this partition."
+        )
+    return (
+        f"Batch {batch.batch_id} is {batch.state} and another attempt (owner {batch.owner}) "
+        "is moving it on, so this run changed nothing; once that attempt is gone, "
+        f"{pipeline}_redrive_sensor finishes a batch that voted and {pipeline}_schedule "
+        f"abandons one that did not; see `exactly ledger -c {CONFIG_PLACEHOLDER}`."
+    )
+
+
 def build_micro_batch_graph(
     config: PipelineConfig, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
 ) -> dg.GraphDefinition:
@@ -74,33 +99,49 @@ def build_micro_batch_graph(
         """Recover first (finish voted batches), then plan the run's batch: the partition's,
         or the next one (adding its partition) when the run has none.
 
-        A run for an existing batch's partition plans nothing; on a committed batch it fails
-        with the way to reprocess it, unless its config confirms the reprocess.
+        A run for an existing batch's partition plans nothing: it reports the batch's commit
+        if its own recovery finished it, and otherwise fails with what to do instead (on a
+        committed batch, the way to reprocess it, unless its config confirms the reprocess).
         """
         started = time.perf_counter()
         pipeline = pipeline_in(context, name)
         tpc = pipeline.live
         wanted = int(context.partition_key) if context.has_partition_key else None
         request = {"partition": str(wanted) if wanted is not None else "the next batch"}
-        with rejections_end_the_run(context, request):
-            for done in tpc.recover_and_commit():
-                context.log.info(f"recovered batch {done.batch_id}: {done.state}")
-        if wanted is not None and (existing := tpc.store.get(tpc.app_id, wanted)):
-            if existing.state in PUBLISHED:
-                if not config.reprocess:
-                    sentence = committed_sentence(name, existing)
-                    raise rejected(context, sentence, "AlreadyCommitted", request)
-                replacement = pipeline.reprocess(existing)
-                if replacement is None:
-                    context.log.info(f"batch {wanted} read nothing; nothing to reprocess")
-                    return
-                context.instance.add_run_tags(context.run_id, {BATCH_TAG: batch_label(replacement)})
-                context.log.info(f"reprocessing batch {wanted} as {replacement.label}")
-                yield dg.Output(replacement, metadata=batch_metadata(replacement))
+        before = tpc.store.get(tpc.app_id, wanted) if wanted is not None else None
+        with rejections_end_the_run(context, name, request):
+            recovered = {done.batch_id: done for done in tpc.recover_and_commit()}
+        for done in recovered.values():
+            context.log.info(f"recovered batch {done.batch_id}: {done.state}")
+        if before is not None and (existing := tpc.store.get(tpc.app_id, before.batch_id)):
+            redriven = recovered.get(before.batch_id)
+            if redriven is not None and redriven.state in PUBLISHED:
+                # the partition's batch had voted and its run died: this run's recovery
+                # finished it, as the re-drive job does, so the run reports that commit
+                context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(wanted)})
+                context.log.info(
+                    f"re-drove batch {wanted} from {before.state} to {redriven.state}; "
+                    "nothing new to plan"
+                )
+                log_commit(context, table.key, pipeline, redriven)
                 return
-            context.log.info(f"batch {wanted} already exists ({existing.state}); nothing to plan")
+            if existing.state not in PUBLISHED:
+                aborted = existing.state is BatchState.ABORTED
+                refused_by = "AbandonedBatch" if aborted else "UnfinishedBatch"
+                sentence = unfinished_sentence(name, existing)
+                raise rejected(context, name, sentence, refused_by, request)
+            if not config.reprocess:
+                sentence = committed_sentence(name, existing)
+                raise rejected(context, name, sentence, "AlreadyCommitted", request)
+            replacement = pipeline.reprocess(existing)
+            if replacement is None:
+                context.log.info(f"batch {wanted} read nothing; nothing to reprocess")
+                return
+            context.instance.add_run_tags(context.run_id, {BATCH_TAG: batch_label(replacement)})
+            context.log.info(f"reprocessing batch {wanted} as {replacement.label}")
+            yield dg.Output(replacement, metadata=batch_metadata(replacement))
             return
-        with rejections_end_the_run(context, request):
+        with rejections_end_the_run(context, name, request):
             batch = tpc.begin(batch_id=wanted)
         if batch is None:
             context.log.info(f"{name}: caught up, nothing new to read")

@@ -65,7 +65,10 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     resource = PipelineResource(config_path=str(Path(config_path).resolve()))
     config = resource.config()
     name = config.pipeline
-    resources = {pipeline_key(name): resource, alerts_key(name): alerts_resource(config.alerts)}
+    resources = {
+        pipeline_key(name): resource,
+        alerts_key(name): alerts_resource(config.alerts, resource.config_path),
+    }
     batches = dg.DynamicPartitionsDefinition(name=f"{name}_batches")
     topic = topic_spec(config)
     table = dg.AssetSpec(

@@ -25,6 +25,7 @@ import dagster as dg
 from pydantic import Field
 
 from jobs.pipeline import Pipeline
+from ledger.errors import with_config
 from resources.alerts import AlertsResource
 from resources.config import AlertSettings, PipelineConfig, load_config
 
@@ -60,6 +61,11 @@ class PipelineResource(dg.ConfigurableResource):
                 found = _open[self.config_path] = Pipeline(self.config())
             return found
 
+    def spell(self, text: str) -> str:
+        """`text` as Dagster shows it: the commands it names (ledger.errors.CONFIG_PLACEHOLDER)
+        spelled for this config file, as the CLI spells them for the file it was given."""
+        return with_config(text, self.config_path)
+
     def close(self) -> None:
         """Close the process's Pipeline of this file, if open; the next use opens it again."""
         with _open_lock:
@@ -68,20 +74,27 @@ class PipelineResource(dg.ConfigurableResource):
             found.close()
 
 
-def alerts_resource(settings: AlertSettings) -> AlertsResource:
-    """The sinks a pipeline config names (environment variable names only, never secrets)."""
+def alerts_resource(settings: AlertSettings, config_path: str) -> AlertsResource:
+    """The sinks a pipeline config names (environment variable names only, never secrets),
+    and the config file the commands in its alerts name."""
     return AlertsResource(
         webhook_url_env=settings.webhook_url_env,
         slack_token_env=settings.slack_token_env,
         slack_channel=settings.slack_channel,
         slack_api_url=settings.slack_api_url,
+        config_path=config_path,
     )
+
+
+def resource_in(context: Any, pipeline: str) -> PipelineResource:
+    """The resource of `pipeline`, from an op, schedule or sensor context that requires it."""
+    resource: PipelineResource = getattr(context.resources, pipeline_key(pipeline))
+    return resource
 
 
 def pipeline_in(context: Any, pipeline: str) -> Pipeline:
     """The Pipeline of `pipeline`, from an op, schedule or sensor context that requires it."""
-    resource: PipelineResource = getattr(context.resources, pipeline_key(pipeline))
-    return resource.pipeline()
+    return resource_in(context, pipeline).pipeline()
 
 
 def alerts_in(context: Any, pipeline: str) -> AlertsResource:

@@ -2,12 +2,13 @@
 
 - `no_stuck_batch` (table): no batch, live or backfill, sits in a state that is not final
   for longer than `alerts.stuck_after_seconds`: the stuck alert's own rule (`decide_stuck`),
-  by the ledger database's clock (invariant 17);
+  by the ledger database's clock (invariant 17); the stuck sensor alerts on it, not the
+  checks sensor;
 - `consumer_lag_within_bound` (table): the consumer group's total lag is at most
   `alerts.max_consumer_lag`;
 - `last_batch_complete` (table): the tables hold, by coordinates, exactly the last committed
   batch's records: what it read minus what it quarantined in the table, what it quarantined
-  in the quarantine (invariants 1 and 9);
+  in the quarantine (invariants 1 and 9), counted in the batch's own topic incarnation;
 - `quarantine_ratio_within_bound` (quarantine): the last committed batch quarantined at most
   `alerts.max_quarantine_ratio` of what it read.
 
@@ -23,7 +24,7 @@ an operator run them from the UI (same verdicts, no alert).
 """
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,9 +34,11 @@ from jobs.pipeline import Pipeline
 from jobs.stage import QUARANTINE, TABLE
 from ledger.backfill import backfill_app_id
 from ledger.batch import Batch
+from ledger.decisions import DecisionKind
+from ledger.errors import CONFIG_PLACEHOLDER
 from ledger.protocol import IN_FLIGHT, PUBLISHED
 from orchestration.assets import quarantine_key, table_key
-from orchestration.resources import pipeline_in, pipeline_key
+from orchestration.resources import PipelineResource, pipeline_key, resource_in
 from orchestration.stuck_sensor import batch_key, decide_stuck, in_state_since
 from resources.config import PipelineConfig
 
@@ -145,8 +148,9 @@ def judge_stuck(
         NO_STUCK_BATCH,
         table_key(pipeline),
         False,
-        f"{len(stuck)} batch(es) stuck past {threshold_s:g}s: {listed}. The stuck alert says "
-        "who retries; see `exactly ledger -c <config>`.",
+        f"{len(stuck)} batch(es) stuck past {threshold_s:g}s: {listed}. "
+        f"{pipeline}_stuck_prepared_sensor alerts on each and says who retries; see "
+        f"`exactly ledger -c {CONFIG_PLACEHOLDER}`.",
         metadata,
     )
 
@@ -264,6 +268,50 @@ def judge_rows(
     )
 
 
+def other_incarnations(batch: Batch, published: Iterable[Batch]) -> frozenset[int]:
+    """Pure: the ids of the committed batches whose rows share coordinates with `batch`'s but
+    were read from another incarnation of the topic (another KIP-516 topic id).
+
+    A re-created topic numbers its offsets from 0 again, and the rows read from the old one
+    stay in the table as history (ledger/decisions.py, new-topic) at the very topic name,
+    partition and offset the new one's rows have. Rows carry no topic id, but they carry the
+    id of the batch that wrote them (`_batch_id`), and each batch its topic id. A batch with
+    no topic id recorded (a ledger older than topic ids) is taken for the same incarnation;
+    `batch`'s own id is never left out, even where a batch of the other application id, of
+    another incarnation, has the same id.
+    """
+    if batch.topic_id is None:
+        return frozenset()
+    mine = [r for r in batch.ranges if r.span]
+    return frozenset(
+        other.batch_id
+        for other in published
+        if other.topic_id not in (None, batch.topic_id)
+        and other.batch_id != batch.batch_id
+        and any(
+            (r.topic, r.partition) == (m.topic, m.partition) and r.start < m.end and m.start < r.end
+            for r in other.ranges
+            for m in mine
+        )
+    )
+
+
+def _other_incarnations(pipeline: Pipeline, batch: Batch) -> frozenset[int]:
+    """`other_incarnations` of `batch` in the ledger; read only if an operator ever accepted
+    a new topic incarnation (a new-topic decision), the one way a second one comes in."""
+    store = pipeline.store
+    config = pipeline.config
+    decisions = store.decisions(pipeline=config.pipeline)
+    if not any(d.kind is DecisionKind.NEW_TOPIC for d in decisions):
+        return frozenset()
+    published = [
+        b
+        for app_id in (config.app_id, backfill_app_id(config.pipeline))
+        for b in store.batches(app_id=app_id, states=PUBLISHED)
+    ]
+    return other_incarnations(batch, published)
+
+
 def last_committed(pipeline: Pipeline) -> Batch | None:
     """The batch, live or backfill, committed most recently (by the database's clock)."""
     config = pipeline.config
@@ -276,8 +324,10 @@ def last_committed(pipeline: Pipeline) -> Batch | None:
     return max(newest, key=lambda b: b.committed_at or never, default=None)
 
 
-def verdicts(pipeline: Pipeline, log: Callable[[str], None]) -> list[Verdict]:
-    """Every check's verdict now; a check that cannot tell is left out, and logged."""
+def verdicts(resource: PipelineResource, log: Callable[[str], None]) -> list[Verdict]:
+    """Every check's verdict now, as Dagster shows it (the commands it names spelled for the
+    config file); a check that cannot tell is left out, and logged."""
+    pipeline = resource.pipeline()
     config = pipeline.config
     store = pipeline.store
     name = config.pipeline
@@ -293,11 +343,14 @@ def verdicts(pipeline: Pipeline, log: Callable[[str], None]) -> list[Verdict]:
         log(f"{CONSUMER_LAG}: could not read the consumer lag: {exc}")
     batch = last_committed(pipeline)
     publisher = pipeline.publisher
-    rows = (
-        (0, 0)
-        if batch is None
-        else (publisher.rows_held(batch, TABLE), publisher.rows_held(batch, QUARANTINE))
-    )
+    rows = (0, 0)
+    if batch is not None:
+        # counted in the batch's own topic incarnation (see `other_incarnations`)
+        not_by = _other_incarnations(pipeline, batch)
+        rows = (
+            publisher.rows_held(batch, TABLE, not_by),
+            publisher.rows_held(batch, QUARANTINE, not_by),
+        )
     for judged, check in (
         (judge_rows(name, batch, *rows), LAST_BATCH_COMPLETE),
         (judge_ratio(name, batch, config.alerts.max_quarantine_ratio), QUARANTINE_RATIO),
@@ -306,7 +359,7 @@ def verdicts(pipeline: Pipeline, log: Callable[[str], None]) -> list[Verdict]:
             log(f"{check}: batch {batch_key(batch)} has no record counts in the ledger")
         elif judged is not None:
             found.append(judged)
-    return found
+    return [replace(v, text=resource.spell(v.text)) for v in found]
 
 
 def build_table_checks(config: PipelineConfig) -> dg.AssetChecksDefinition:
@@ -320,7 +373,7 @@ def build_table_checks(config: PipelineConfig) -> dg.AssetChecksDefinition:
         required_resource_keys={pipeline_key(name)},
     )
     def table_checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        found = verdicts(pipeline_in(context, name), context.log.warning)
+        found = verdicts(resource_in(context, name), context.log.warning)
         yield from (v.result() for v in found)
         missing = sorted({s.name for s in specs} - {v.check for v in found})
         if missing:

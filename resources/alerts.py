@@ -14,10 +14,12 @@ import os
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 import dagster as dg
+
+from ledger.errors import with_config
 
 _log = logging.getLogger("exactly.alerts")
 
@@ -115,6 +117,8 @@ class AlertsResource(dg.ConfigurableResource):
     slack_token_env: str | None = None
     slack_channel: str | None = None
     slack_api_url: str | None = None
+    #: the pipeline's config file, for the commands an alert tells a person to run
+    config_path: str | None = None
 
     def sinks(self, log: Callable[[str], None]) -> list[AlertSink]:
         sinks: list[AlertSink] = [LogSink(log)]
@@ -125,7 +129,16 @@ class AlertsResource(dg.ConfigurableResource):
         return sinks
 
     def send(self, alert: Alert, log: Callable[[str], None]) -> list[str]:
-        """Send to every sink; returns the names of sinks that failed (each one logged)."""
+        """Send to every sink; returns the names of sinks that failed (each one logged).
+
+        Every alert passes here, so here the commands it names get the config file's path.
+        """
+        if self.config_path is not None:
+            alert = replace(
+                alert,
+                title=with_config(alert.title, self.config_path),
+                text=with_config(alert.text, self.config_path),
+            )
         failed = []
         for sink in self.sinks(log):
             try:

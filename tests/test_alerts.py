@@ -12,6 +12,7 @@ from urllib.parse import parse_qs
 import pytest
 
 from devtools.jvm_process import free_port
+from ledger.errors import CONFIG_PLACEHOLDER
 from resources.alerts import Alert, AlertsResource
 
 ALERT = Alert(
@@ -101,6 +102,15 @@ def test_a_broken_sink_never_mutes_the_others_nor_leaks_its_secret(
     failure = next(line for line in logged if "webhook failed" in line)
     assert "$EXACTLY_TEST_WEBHOOK_URL" in failure
     assert "secret-token-456" not in " ".join(logged)
+
+
+def test_an_alert_names_the_pipeline_config_file_in_the_commands_it_gives(webhook: Any) -> None:
+    logged: list[str] = []
+    sinks = AlertsResource(webhook_url_env="EXACTLY_TEST_WEBHOOK_URL", config_path="/etc/pv.yaml")
+    told = Alert("blocked", "pv", "pv: blocked", f"run `exactly ledger -c {CONFIG_PLACEHOLDER}`")
+    assert sinks.send(told, logged.append) == []
+    assert logged == ["ALERT [blocked] pv: blocked: run `exactly ledger -c /etc/pv.yaml`"]
+    assert webhook.posts[0]["text"] == "run `exactly ledger -c /etc/pv.yaml`"
 
 
 def test_a_sink_without_its_environment_variable_says_which_one() -> None:

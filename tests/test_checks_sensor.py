@@ -1,10 +1,14 @@
 """The tables' asset checks under the checks sensor, against the real broker, Spark, Delta and a
 real Dagster instance: a stuck batch turns its check red and back, alerting once and
-resolving once; a batch that quarantines too much fails the ratio check; a row deleted from
-the table behind exactly's back fails the last batch's completeness check."""
+resolving once across the checks sensor and the stuck sensor; a batch that quarantines too
+much fails the ratio check; a row deleted from the table behind exactly's back fails the
+last batch's completeness check, which after a re-created topic counts the last batch's rows
+in its own topic incarnation, not the old one's left at the same coordinates."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +27,7 @@ from orchestration.table_checks import (
     QUARANTINE_RATIO,
 )
 from tests.fixtures.pipeline import config_path, crash_run
+from tests.fixtures.topic_admin import recreate_topic
 
 WEBHOOK = "EXACTLY_TEST_WEBHOOK_URL"
 #: a check's latest execution status on the instance, as the asset's page shows it
@@ -63,7 +68,19 @@ def evaluate(
     )
 
 
-def test_a_stuck_prepared_batch_turns_the_check_red_and_back_alerting_once(
+def tick_stuck_sensor(
+    jobs: PipelineDefinitions, instance: dg.DagsterInstance, cursor: str | None
+) -> str | None:
+    """One tick of the stuck sensor on the same instance; returns its cursor."""
+    sensor = next(s for s in jobs.sensors if s.name == "pageviews_stuck_prepared_sensor")
+    with dg.build_sensor_context(
+        instance=instance, cursor=cursor, resources=jobs.resources
+    ) as context:
+        sensor(context)
+        return context.cursor
+
+
+def test_a_stuck_batch_turns_the_check_red_and_back_and_alerts_once_across_both_sensors(
     spark: Any,
     kafka_client: Any,
     pipeline_factory: Any,
@@ -77,6 +94,7 @@ def test_a_stuck_prepared_batch_turns_the_check_red_and_back_alerting_once(
     time.sleep(1.2)
 
     statuses, cursor = evaluate(jobs, instance, None)
+    stuck_cursor = tick_stuck_sensor(jobs, instance, None)
     assert statuses == {
         NO_STUCK_BATCH: FAILED,
         CONSUMER_LAG: PASSED,  # 300 behind, but no bound is set: the figure only
@@ -84,22 +102,34 @@ def test_a_stuck_prepared_batch_turns_the_check_red_and_back_alerting_once(
         QUARANTINE_RATIO: PASSED,
     }
     statuses, cursor = evaluate(jobs, instance, cursor)
+    stuck_cursor = tick_stuck_sensor(jobs, instance, stuck_cursor)
     assert statuses[NO_STUCK_BATCH] == FAILED
-    assert webhook.kinds() == ["check_failed"], webhook.posts
+    # one stuck batch, one alert: the stuck sensor's, which says who retries and where
+    # to look; the red check points to it
+    assert webhook.kinds() == ["stuck_prepared"], webhook.posts
     alert = webhook.posts[0]
-    assert alert["title"] == "pageviews: check no_stuck_batch on pageviews_table failed"
-    assert "pageviews/1 PREPARED" in alert["text"]
-    assert alert["details"]["stuck_batches"] == 1
+    assert alert["title"] == "pageviews: batch 1 stuck in PREPARED"
+    assert "The re-drive sensor retries" in alert["text"]
+    # the commands it names are spelled for this pipeline's config file, ready to copy
+    assert f"`exactly ledger -c {config_path(config)}`" in alert["text"]
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [CHECKS[NO_STUCK_BATCH]]
+    )[CHECKS[NO_STUCK_BATCH]]
+    assert latest.event is not None and latest.event.dagster_event is not None
+    shown = latest.event.dagster_event.asset_check_evaluation_data.description
+    assert shown is not None and "pageviews/1 PREPARED" in shown
+    assert "pageviews_stuck_prepared_sensor" in shown
+    assert f"`exactly ledger -c {config_path(config)}`" in shown
 
     instance.add_dynamic_partitions(jobs.batches.name, ["1"])
     assert jobs.redrive.execute_in_process(instance=instance, partition_key="1").success
     statuses, cursor = evaluate(jobs, instance, cursor)
+    stuck_cursor = tick_stuck_sensor(jobs, instance, stuck_cursor)
     assert statuses == dict.fromkeys(CHECKS, PASSED)
     statuses, cursor = evaluate(jobs, instance, cursor)
-    assert webhook.kinds() == ["check_failed", "resolved"]
-    assert webhook.posts[1]["title"] == (
-        "pageviews: check no_stuck_batch on pageviews_table passes again"
-    )
+    tick_stuck_sensor(jobs, instance, stuck_cursor)
+    assert webhook.kinds() == ["stuck_prepared", "resolved"]
+    assert webhook.posts[1]["title"] == "pageviews: batch 1 committed"
 
 
 def test_too_much_quarantine_and_a_deleted_row_fail_their_checks(
@@ -167,3 +197,41 @@ def test_too_much_quarantine_and_a_deleted_row_fail_their_checks(
         QUARANTINE_RATIO: False,
     }
     assert webhook.kinds() == ["check_failed", "check_failed"]
+
+
+def test_after_a_recreated_topic_the_last_batch_is_counted_in_its_own_incarnation(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    topic, bootstrap = config.kafka.topic, config.kafka.bootstrap_servers
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(100, start=100 * p)) for p in (0, 1)}
+    )
+    jobs = pipeline_definitions(config_path(config))
+    first = jobs.next_batch.execute_in_process(instance=instance)
+    assert first.success
+
+    # the topic is re-created: its offsets start at 0 again, at the coordinates (topic name,
+    # partition, offset) of the old incarnation's rows, which stay in the table as history
+    new_id = recreate_topic(bootstrap, topic, 2)
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(150, start=1000 + 150 * p)) for p in (0, 1)}
+    )
+    accept = ["skip", "new-topic", "-c", str(config_path(config)), "--topic-id", new_id]
+    accepted = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", *accept, "--reason", "re-created"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    second = jobs.next_batch.execute_in_process(instance=instance)
+    assert second.success
+    last = second.output_for_node("pageviews_commit")
+    assert last.topic_id == new_id
+    assert first.output_for_node("pageviews_commit").topic_id != new_id
+    held = DeltaTable(config.delta.table_uri).to_pyarrow_table(columns=["_batch_id"])
+    assert held["_batch_id"].to_pylist().count(1) == 200  # the old incarnation's rows
+
+    statuses, _cursor = evaluate(jobs, instance, None)
+    assert statuses[LAST_BATCH_COMPLETE] == PASSED

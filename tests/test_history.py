@@ -8,7 +8,9 @@ real Dagster instance.
   table asset with the same metadata: measures as numbers, identifiers as text;
 * the Launchpad's next-batch job plans and materializes a new partition;
 * re-running a committed batch's partition fails with the sentence that says how to
-  reprocess it and changes nothing, unless its run config confirms the reprocess.
+  reprocess it and changes nothing, unless its run config confirms the reprocess;
+* re-running the partition of a batch that voted and whose run died finishes and
+  materializes it; of an abandoned batch, fails with the sentence that says what to do.
 """
 
 from __future__ import annotations
@@ -221,6 +223,57 @@ def test_rerunning_a_committed_partition_fails_with_the_way_to_reprocess_it(
     )
     evaluate_history(jobs, instance, None)
     assert len(materializations(jobs, instance)) == 2
+
+
+def test_a_partition_whose_batch_voted_is_redriven_by_its_run(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(300, malformed_every=50))
+    crash_run(config, "after_prepare")  # batch 1 voted, its process died
+    jobs = pipeline_definitions(config_path(config))
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+
+    rerun = jobs.micro_batch.execute_in_process(instance=instance, partition_key="1")
+    assert rerun.success
+    # the run finished the batch: the partition's materialization is that commit's, and the
+    # run says so instead of passing for a run that staged nothing
+    (materialization,) = table_materializations(rerun, "pageviews_plan")
+    assert materialization.partition == "1"
+    assert materialization.metadata["attempt"] == dg.MetadataValue.text("2")
+    logged = [entry.user_message for entry in instance.all_logs(rerun.run_id)]
+    assert any("re-drove batch 1 from PREPARED to ACKED" in line for line in logged)
+    run = instance.get_run_by_id(rerun.run_id)
+    assert run is not None and run.tags.get(BATCH_TAG) == "1" and REJECTED_TAG not in run.tags
+    assert assert_exactly_once(config, kafka_client) == (294, 6)
+    evaluate_history(jobs, instance, None)
+    assert len(materializations(jobs, instance)) == 1
+
+
+def test_a_partition_whose_batch_was_abandoned_is_refused_in_one_sentence(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200))
+    crash_run(config, "after_plan")  # batch 1 planned, its process died before staging
+    jobs = pipeline_definitions(config_path(config))
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+
+    rerun = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key="1", raise_on_error=False
+    )
+    assert not rerun.success
+    failure = next(e for e in rerun.all_events if e.event_type_value == "STEP_FAILURE")
+    sentence = failure.step_failure_data.user_failure_data.description  # type: ignore[union-attr]
+    assert sentence.startswith("Batch 1 was abandoned (ABORTED: abandoned by recovery")
+    assert "launch pageviews_next_batch" in sentence
+    run = instance.get_run_by_id(rerun.run_id)
+    assert run is not None and run.tags.get(REJECTED_TAG) == "AbandonedBatch"
+    assert materializations(jobs, instance) == []
+
+    # as the sentence says: the next batch reads the abandoned batch's offsets
+    assert jobs.next_batch.execute_in_process(instance=instance).success
+    assert assert_exactly_once(config, kafka_client) == (200, 0)
 
 
 def test_the_backfill_and_redrive_jobs_materialize_the_table(

@@ -11,10 +11,18 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from ledger.errors import BusyError, DataLossError, InconsistencyError
+from ledger.errors import (
+    CONFIG_PLACEHOLDER,
+    BusyError,
+    DataLossError,
+    InconsistencyError,
+    TopicChangedError,
+)
+from ledger.protocol import accept_topic_command
 from ledger.store import LedgerStore
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.rejection import rejection_sentence, rejections_end_the_run
+from orchestration.resources import PipelineResource, pipeline_key
 from orchestration.tags import REJECTED_TAG
 from tests.fixtures.pipeline import config_path
 
@@ -70,6 +78,8 @@ def test_a_refused_fill_ends_in_one_sentence_and_alerts_nobody(
         f"[50, 60) of {topic}-0; fill only offsets no batch covers, or replace committed ones."
     )
     assert shown.metadata["refused_by"].value == "BackfillError"
+    assert failed.step_failure_data.error is not None
+    assert failed.step_failure_data.error.stack == []
     run = instance.get_run_by_id(result.run_id)
     assert run is not None and run.tags[REJECTED_TAG] == "BackfillError"
     assert DeltaTable(config.delta.table_uri).version() == version
@@ -79,15 +89,18 @@ def test_a_refused_fill_ends_in_one_sentence_and_alerts_nobody(
     assert webhook.posts == []
 
 
-def run_refusing(instance: dg.DagsterInstance, error: Exception) -> dg.ExecuteInProcessResult:
-    """A one-op job whose op raises `error` inside `rejections_end_the_run`."""
+CONFIG_FILE = "/etc/exactly/pv.yaml"
 
-    @dg.op
+
+def run_refusing(instance: dg.DagsterInstance, error: Exception) -> dg.ExecuteInProcessResult:
+    """A one-op job of pipeline `pv` whose op raises `error` inside `rejections_end_the_run`."""
+
+    @dg.op(required_resource_keys={pipeline_key("pv")})
     def request(context: dg.OpExecutionContext) -> None:
-        with rejections_end_the_run(context, {"asked": "something"}):
+        with rejections_end_the_run(context, "pv", {"asked": "something"}):
             raise error
 
-    @dg.job
+    @dg.job(resource_defs={pipeline_key("pv"): PipelineResource(config_path=CONFIG_FILE)})
     def refusing() -> None:
         request()
 
@@ -104,8 +117,20 @@ def test_only_refusals_of_the_request_become_rejections(instance: dg.DagsterInst
         "Refused: batch pv/2 is PREPARED and its owner h:1 may still be running; try again."
     )
     assert shown.metadata["asked"].value == "something"
+    # the run's event log shows the sentence alone: no stack trace, no exception class
+    error = failed.step_failure_data.error
+    assert error is not None and (error.message, error.stack) == (shown.description, [])
+    assert error.cause is None and error.context is None
     run = instance.get_run_by_id(refused.run_id)
     assert run is not None and run.tags[REJECTED_TAG] == "BusyError"
+
+    # a command the refusal names is spelled for the pipeline's config file, as in the CLI
+    recreated = TopicChangedError(f"topic t was re-created; run `{accept_topic_command('id-2')}`")
+    spelled = run_refusing(instance, recreated)
+    (failed,) = [e for e in spelled.all_events if e.event_type_value == "STEP_FAILURE"]
+    shown = failed.step_failure_data.user_failure_data
+    assert shown is not None and CONFIG_PLACEHOLDER not in (shown.description or "")
+    assert f"exactly skip new-topic -c {CONFIG_FILE} --topic-id id-2" in (shown.description or "")
 
     lost = DataLossError("t-0[0,10): offsets [0, 5) are no longer in Kafka")
     assert rejection_sentence(lost) == (

@@ -4,6 +4,7 @@ they read, and a failing check alerts once and resolves once."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from orchestration.table_checks import (
     judge_ratio,
     judge_rows,
     judge_stuck,
+    other_incarnations,
 )
 
 S = BatchState
@@ -172,3 +174,18 @@ def test_a_failing_check_alerts_once_and_resolves_once() -> None:
     assert healed.failed == [] and [v.check for v in healed.resolved] == [LAST_BATCH_COMPLETE]
     assert healed.open_after == []
     assert decide_checks(healed.open_after, CHECKS, passing).resolved == []
+
+
+def test_rows_of_another_topic_incarnation_at_the_same_coordinates_are_left_out() -> None:
+    """A re-created topic's offsets start again at 0: the old incarnation's rows sit at the
+    coordinates of the new one's, and only the topic id tells them apart."""
+    last = replace(batch(9, S.ACKED, 5), topic_id="new")  # pv-0 [100, 200)
+    old = replace(batch(2, S.ACKED, 500), topic_id="old")  # the same coordinates
+    elsewhere = replace(old, batch_id=3, ranges=(OffsetRange("pv", 0, 200, 300),))
+    other_partition = replace(old, batch_id=4, ranges=(OffsetRange("pv", 1, 100, 200),))
+    same = replace(batch(7, S.ACKED, 50), topic_id="new")
+    unknown = batch(1, S.ACKED, 900)  # recorded before topic ids: not told apart
+    shared_id = replace(old, app_id="pv.backfill", batch_id=9)
+    published = [last, old, elsewhere, other_partition, same, unknown, shared_id]
+    assert other_incarnations(last, published) == {2}
+    assert other_incarnations(replace(last, topic_id=None), published) == frozenset()
