@@ -226,7 +226,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def _print_counts(config: PipelineConfig) -> None:
     from jobs.spark_stager import SharedSpark
 
-    spark = SharedSpark(config.spark.master, config.spark.conf)()
+    spark = SharedSpark.for_config(config)()
     table = spark.read.format("delta").load(config.delta.table_uri)
     _say(f"\npage views per app in {config.delta.table_uri} (read through delta-spark):")
     for row in table.groupBy("app").count().orderBy("app").collect():
