@@ -54,9 +54,7 @@ def test_named_variables_are_read_where_the_clients_are_made(
         "sasl.password": SECRET,
     }
     assert config.delta.resolved_storage_options() == {"AWS_SECRET_ACCESS_KEY": SECRET + "-s3"}
-    assert SharedSpark.for_config(config).conf == {
-        "spark.hadoop.fs.s3a.secret.key": SECRET + "-s3"
-    }
+    assert SharedSpark.for_config(config).conf == {"spark.hadoop.fs.s3a.secret.key": SECRET + "-s3"}
 
 
 def test_the_config_itself_never_holds_the_secret(
