@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
 from ledger.batch import Batch
 from ledger.two_phase import StageOutput
+from resources import storage
 from resources.config import PipelineConfig, load_transform
 from resources.spark import build_session
 
@@ -31,14 +32,12 @@ class SharedSpark:
     @classmethod
     def for_config(cls, config: PipelineConfig) -> SharedSpark:
         """The session a pipeline stages with: with s3a pointed at the object store when
-        either table is on `s3://`, resolved from the standard AWS variables (or profile)
-        like every other part of the batch."""
+        either table is on `s3://`: the process's access, the very one boto3, pyarrow and
+        delta-rs use."""
         uris = (config.delta.table_uri, config.delta.quarantine_uri)
         object_store = None
         if any(uri.startswith("s3://") for uri in uris):
-            from resources.s3 import S3Access
-
-            object_store = S3Access.from_env()
+            object_store = storage.s3_access()
         return cls(config.spark.master, config.spark.resolved_conf(), object_store)
 
     def __call__(self) -> Any:
