@@ -31,8 +31,9 @@ from resources.s3 import S3Access
 from tests.fixtures.pipeline import assert_exactly_once
 
 RUN_TIMEOUT = 600
+NAME = "s3pv"
 DAGSTER_EXECUTE = [str(Path(sys.executable).parent / "dagster"), "job", "execute"]
-JOB = "s3pv_next_batch"
+JOB = f"{NAME}_next_batch"
 
 #: Reads both tables through delta-spark over s3a, in a Spark session made as the pipeline's.
 READ_BACK = """
@@ -52,28 +53,28 @@ print("READ_BACK " + json.dumps(found))
 
 
 def write_config(
-    folder: Path, bucket: str, bootstrap: str, topic: str, name: str = "s3pv"
+    folder: Path, bucket: str, bootstrap: str, topic: str, max_records: int = 150
 ) -> PipelineConfig:
     """A pipeline with both tables in `bucket`, its ledger and Spark event log in `folder`:
     nothing about the store but the s3:// URIs (the AWS variables say where and who)."""
     events = folder / "spark-events"
     events.mkdir(parents=True, exist_ok=True)
     doc = {
-        "pipeline": name,
+        "pipeline": NAME,
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
         "delta": {
-            "table_uri": f"s3://{bucket}/{name}",
-            "quarantine_uri": f"s3://{bucket}/{name}_quarantine",
+            "table_uri": f"s3://{bucket}/{NAME}",
+            "quarantine_uri": f"s3://{bucket}/{NAME}_quarantine",
         },
         "ledger": {"url": f"sqlite:///{folder / 'ledger.db'}"},
         "spark": {
             "master": "local[2]",
             "conf": {"spark.eventLog.enabled": "true", "spark.eventLog.dir": events.as_uri()},
         },
-        "batch": {"max_records_per_partition": 150, "lease_seconds": 30},
+        "batch": {"max_records_per_partition": max_records, "lease_seconds": 30},
         "transform": "jobs.examples.pageviews:transform",
     }
-    path = folder / f"{name}.yaml"
+    path = folder / f"{NAME}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return load_config(path)
 
@@ -161,7 +162,8 @@ def test_a_dagster_micro_batch_run_on_s3_keeps_the_secret_out_of_the_instance(
 ) -> None:
     secret = s3_env["AWS_SECRET_ACCESS_KEY"].encode()
     folder = tmp_path / "pipelines"
-    config = write_config(folder, s3_bucket, kafka_broker, topic_factory(2))
+    # one run is one batch: all the records in it
+    config = write_config(folder, s3_bucket, kafka_broker, topic_factory(2), max_records=1000)
     kafka_client.produce(config.kafka.topic, pageviews(300, malformed_every=50))
     home = tmp_path / "dagster_home"
     home.mkdir()
