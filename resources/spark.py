@@ -90,6 +90,10 @@ _CONF_SESSION_CREDENTIALS = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsPro
 _DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
 
 
+#: A setting every session started for object storage has (see `s3a_settings`).
+_S3A_MARK = "spark.hadoop.fs.s3.impl"
+
+
 def s3a_settings(access: S3Access, env: Mapping[str, str] = os.environ) -> dict[str, str]:
     """Hadoop s3a settings that reach the store `access` describes, as boto3 and delta-rs do.
 
@@ -101,7 +105,7 @@ def s3a_settings(access: S3Access, env: Mapping[str, str] = os.environ) -> dict[
     for an `http://` endpoint.
     """
     settings = {
-        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        _S3A_MARK: "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "spark.hadoop.fs.s3a.endpoint.region": access.region,
     }
     if access.endpoint_url is not None:
@@ -198,6 +202,14 @@ def build_session(
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    if object_store is not None and session.sparkContext.getConf().get(_S3A_MARK) is None:
+        # getOrCreate handed back a session started earlier in this process without s3a: its
+        # classpath is fixed, so every s3a:// write would fail once Spark has done the work
+        raise ConfigError(
+            "a Spark session without the s3a filesystem is already running in this process; "
+            "a pipeline with s3:// tables needs a process (or a code location) whose first "
+            "Spark session was started for object storage"
+        )
     return session
 
 

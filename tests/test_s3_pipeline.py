@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import pytest
 import yaml
 
 from devtools.s3_server import S3Server
@@ -189,3 +190,15 @@ def test_a_dagster_micro_batch_run_on_s3_keeps_the_secret_out_of_the_instance(
     assert assert_exactly_once(config, kafka_client) == (294, 6)
     assert files_holding(home, secret) == []  # run storage, event logs, compute logs
     assert files_holding(folder, secret) == []  # ledger, Spark's event log
+
+
+def test_a_session_started_without_s3a_is_refused_for_s3_tables(
+    spark: Any, s3_env: dict[str, str]
+) -> None:
+    """getOrCreate would hand back the process's running session, whose classpath has no
+    s3a: refused at once, not after Spark has staged a batch."""
+    from ledger.errors import ConfigError
+    from resources.spark import build_session
+
+    with pytest.raises(ConfigError, match="without the s3a filesystem is already running"):
+        build_session("local[2]", object_store=S3Access.from_env())
