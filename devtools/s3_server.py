@@ -151,6 +151,7 @@ def start_s3_server(
     folder: Path | str | None = None,
     port: int | None = None,
     *,
+    authorization: str = "aws-v2-or-v4",
     timeout: float = S3_START_TIMEOUT,
 ) -> S3Server:
     """Start s3proxy on 127.0.0.1:`port` (a free one if None), its objects and log in
@@ -173,7 +174,7 @@ def start_s3_server(
     properties.write_text(
         "# Written by exactly on every S3 server start; edits are overwritten.\n"
         f"s3proxy.endpoint=http://{HOST}:{port}\n"
-        "s3proxy.authorization=aws-v2-or-v4\n"
+        f"s3proxy.authorization={authorization}\n"
         f"s3proxy.identity={S3_ACCESS_KEY_ID}\n"
         f"s3proxy.credential={secret}\n"
         "jclouds.provider=filesystem-nio2\n"

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Field as DeltaField
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import ArrayType, MapType, StructType
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -35,6 +35,10 @@ from ledger.batch import StagedFile
 from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError
 from ledger.protocol import OffsetRange
 from resources import storage
+
+#: Commits in a row whose outcome is unknown (below) before the error is raised: a store
+#: that keeps failing that way has a problem a retry will not fix.
+MAX_UNKNOWN_OUTCOMES = 5
 
 #: Longer strings are left out of min/max: a truncated max would be smaller than the real
 #: value and make data skipping drop rows that match.
@@ -567,9 +571,17 @@ class DeltaTarget:
         between, the commit fails and the next try re-reads and decides again, so a
         concurrent commit of the same batch ends here as `published=False`, never a second
         copy (invariant 2).
+
+        Any other delta-rs error leaves the outcome unknown: on S3 the log entry may have
+        been written and only reading the snapshot after it failed (delta-rs lists the log
+        right after its own write, and the loopback S3 server's listing can lag that write).
+        The next try re-reads and decides as always; the batch is then `published` if the
+        table holds the very files this call added.
         """
         started = time.perf_counter()
         last_error: Exception | None = None
+        unknown = 0
+        ours: set[str] = set()
         for tries in range(1, max_tries + 1):
             table = self.load()
             if table is None:
@@ -577,20 +589,32 @@ class DeltaTarget:
                 continue
             version = table.transaction_version(app_id)
             if version is not None and version >= batch_id:
-                return CommitOutcome(False, table.version(), tries, time.perf_counter() - started)
+                published = bool(ours) and ours <= _paths(table)
+                return CommitOutcome(
+                    published, table.version(), tries, time.perf_counter() - started
+                )
             properties = CommitProperties(
                 app_transactions=[Transaction(app_id, batch_id)],
                 custom_metadata={METADATA_KEY: dict(metadata)},
                 max_commit_retries=0,
             )
+            actions = actions_for(table, tries)
             try:
-                if not self._write(table, actions_for(table, tries), schema, properties):
+                if not self._write(table, actions, schema, properties):
                     continue
+                table.update_incremental()
             except CommitFailedError as exc:
                 last_error = exc
                 time.sleep(min(0.05 * tries, 1.0))
                 continue
-            table.update_incremental()
+            except DeltaError as exc:
+                unknown += 1
+                if unknown > MAX_UNKNOWN_OUTCOMES:
+                    raise
+                last_error = exc
+                ours = {a.path for a in actions if isinstance(a, AddAction)}
+                time.sleep(min(0.05 * tries, 1.0))
+                continue
             return CommitOutcome(True, table.version(), tries, time.perf_counter() - started)
         raise InconsistencyError(
             f"{self.uri}: batch {app_id}/{batch_id} lost {max_tries} commit races in a row; "
@@ -699,6 +723,11 @@ class DeltaTarget:
                 found.append({**meta, "table_version": entry.get("version")})
         found.sort(key=lambda m: m["batch_id"])
         return found
+
+
+def _paths(table: DeltaTable) -> set[str]:
+    """The data files of the table's snapshot, as its add actions name them."""
+    return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
 def _adds(files: Iterable[StagedFile]) -> list[AddAction]:

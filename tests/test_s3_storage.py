@@ -5,11 +5,8 @@ nothing but the standard AWS variables set."""
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
@@ -18,44 +15,17 @@ from ledger.batch import StagedFile
 from ledger.protocol import OffsetRange
 from resources import storage
 from resources.delta import DeltaTarget
+from tests.fixtures.race_publisher import SCHEMA, parquet_of
+from tests.fixtures.s3 import put_object
 
 TOPIC = "pageviews"
 APP = "pageviews"
-SCHEMA = pa.schema(
-    [
-        ("_kafka_topic", pa.string()),
-        ("_kafka_partition", pa.int32()),
-        ("_kafka_offset", pa.int64()),
-        ("value", pa.string()),
-    ]
-)
-
-
-def parquet_bytes(rng: OffsetRange, value: str) -> bytes:
-    offsets = list(range(rng.start, rng.end))
-    table = pa.table(
-        {
-            "_kafka_topic": [rng.topic] * len(offsets),
-            "_kafka_partition": [rng.partition] * len(offsets),
-            "_kafka_offset": offsets,
-            "value": [value] * len(offsets),
-        },
-        schema=SCHEMA,
-    )
-    sink = io.BytesIO()
-    pq.write_table(table, sink)
-    return sink.getvalue()
-
-
-def put(uri: str, body: bytes) -> None:
-    bucket, key = storage.split_s3(uri)
-    storage.s3_access().boto3_client().put_object(Bucket=bucket, Key=key, Body=body)
 
 
 def stage(root: str, batch_id: int, attempt: int, rng: OffsetRange) -> list[StagedFile]:
     """One attempt's staged file of `rng` on S3, described as the vote describes it."""
     folder = storage.join(root, "staged", APP, f"batch-{batch_id}-attempt-{attempt}")
-    put(storage.join(folder, "part-0.parquet"), parquet_bytes(rng, f"{batch_id}/{attempt}"))
+    put_object(storage.join(folder, "part-0.parquet"), parquet_of(rng, f"{batch_id}/{attempt}"))
     return describe(folder, root, "table")
 
 
@@ -74,12 +44,12 @@ def rows(root: str) -> Counter[tuple[int, int, str]]:
 
 def test_listing_finds_data_files_not_markers(s3_env: dict[str, str], s3_bucket: str) -> None:
     folder = f"s3://{s3_bucket}/t/staged/app/batch-1"
-    data = parquet_bytes(OffsetRange(TOPIC, 0, 0, 5), "x")
+    data = parquet_of(OffsetRange(TOPIC, 0, 0, 5), "x")
     for name in ("part-0.parquet", "sub/part-1.parquet", "_temporary/0/part-9.parquet"):
-        put(storage.join(folder, name), data)
-    put(storage.join(folder, "_SUCCESS"), b"")
-    put(storage.join(folder, ".part-0.parquet.crc"), b"crc")
-    put(f"s3://{s3_bucket}/t/staged/app/batch-10/part-0.parquet", data)  # a sibling prefix
+        put_object(storage.join(folder, name), data)
+    put_object(storage.join(folder, "_SUCCESS"), b"")
+    put_object(storage.join(folder, ".part-0.parquet.crc"), b"crc")
+    put_object(f"s3://{s3_bucket}/t/staged/app/batch-10/part-0.parquet", data)  # a sibling prefix
 
     found = storage.list_data_files(folder)
 
@@ -101,7 +71,7 @@ def test_listing_finds_data_files_not_markers(s3_env: dict[str, str], s3_bucket:
 
 def test_sizes_existence_and_deletes(s3_env: dict[str, str], s3_bucket: str) -> None:
     uri = f"s3://{s3_bucket}/t/staged/app/batch-1/part-0.parquet"
-    put(uri, b"12345")
+    put_object(uri, b"12345")
 
     assert storage.exists(uri)
     assert storage.file_size(uri) == 5
@@ -142,7 +112,7 @@ def test_batches_commit_and_replace_on_s3(s3_env: dict[str, str], s3_bucket: str
     backfill = f"{APP}.backfill"
     rng = OffsetRange(TOPIC, 0, 10, 20)
     folder = storage.join(root, "staged", backfill, "batch-1-attempt-1")
-    put(storage.join(folder, "part-0.parquet"), parquet_bytes(rng, "replaced"))
+    put_object(storage.join(folder, "part-0.parquet"), parquet_of(rng, "replaced"))
     outcome = target.replace(
         app_id=backfill,
         batch_id=1,
