@@ -24,13 +24,16 @@ from typing import Any
 
 from bench import commits, limits, peer, product, spark_profile
 from bench.data import produce, split
-from bench.report import batch_label, summarize
+from bench.report import S3_PLAN, batch_label, summarize
 from devtools.broker import EmbeddedBroker
 from devtools.jvm_process import free_port, java_executable
+from devtools.s3_server import S3Server, start_s3_server
 from jobs.pipeline import build
 from resources.kafka import KafkaClient
 
 TOPIC = "bench-pageviews"
+#: The loopback S3 server's bucket, which the S3 contender's tables are in.
+BUCKET = "bench"
 BROKER_START_TIMEOUT = 180.0
 
 
@@ -174,16 +177,22 @@ class SparkHolder:
     to lose the rest of the run: the next contender gets a fresh session.
     """
 
-    def __init__(self, master: str, conf: dict[str, str], warm_up: Callable[[Any], float]) -> None:
+    def __init__(
+        self,
+        master: str,
+        conf: dict[str, str],
+        warm_up: Callable[[Any], float],
+        object_store: Any = None,
+    ) -> None:
         from resources.spark import build_session
 
         self.master = master
         self.conf = conf
-        self.build = build_session
+        self.build = functools.partial(build_session, object_store=object_store)
         self.warm_up = warm_up
         self.broker_pid: int | None = None
         started = time.perf_counter()
-        self.session = build_session(master, conf)
+        self.session = self.build(master, conf)
         self.start_seconds = time.perf_counter() - started
         self.jvm_pid = self._jvm_pid()
         self.warm_up_seconds = [warm_up(self.session)]
@@ -278,30 +287,35 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
             f"to {settings.partitions} partitions in {data.produce_seconds:.1f} s"
         )
         conf = spark_profile.event_log_conf(settings.profile_dir) if settings.profile_dir else {}
-        spark = SparkHolder(
-            settings.spark_master,
-            conf,
-            functools.partial(
-                warm_up,
-                root=root,
-                bootstrap=bootstrap,
-                records=data.records,
-                partitions=settings.partitions,
-            ),
-        )
-        spark.broker_pid = broker.status().pid
-        result["spark_session_start_s"] = spark.start_seconds
-        try:
-            result["repetitions"] = [
-                _repetition(spark, root / f"rep-{i + 1}", bootstrap, data.records, settings, i, log)
-                for i in range(settings.repeat)
-            ]
-            log(f"bench: delta-rs history of {settings.history} commits")
-            result["history"] = commits.commit_vs_history(root / "history", settings.history)
-            result["spark_restarts"] = spark.restarts
-            result["warm_up_s"] = spark.warm_up_seconds
-        finally:
-            spark.stop()
+        with _s3_server(root / "s3") as s3:
+            # one session for every contender, with s3a loaded for the S3 one
+            spark = SparkHolder(
+                settings.spark_master,
+                conf,
+                functools.partial(
+                    warm_up,
+                    root=root,
+                    bootstrap=bootstrap,
+                    records=data.records,
+                    partitions=settings.partitions,
+                ),
+                object_store=s3.access(),
+            )
+            spark.broker_pid = broker.status().pid
+            result["spark_session_start_s"] = spark.start_seconds
+            try:
+                result["repetitions"] = [
+                    _repetition(
+                        spark, root / f"rep-{i + 1}", bootstrap, data.records, settings, i, log
+                    )
+                    for i in range(settings.repeat)
+                ]
+                log(f"bench: delta-rs history of {settings.history} commits")
+                result["history"] = commits.commit_vs_history(root / "history", settings.history)
+                result["spark_restarts"] = spark.restarts
+                result["warm_up_s"] = spark.warm_up_seconds
+            finally:
+                spark.stop()
     finally:
         broker.stop()
         if not settings.keep:
@@ -335,6 +349,25 @@ def _contenders(rep: dict[str, Any]) -> Iterator[tuple[str, Any]]:
     for name, figures in rep["limits"].items():
         yield f"limit {name}", figures
     yield "delta commit by files", rep["commits"]["files"]
+
+
+@contextlib.contextmanager
+def _s3_server(root: Path) -> Iterator[S3Server]:
+    """The loopback S3 server of the S3 contender, with this process's AWS variables
+    pointing at it (delta-rs and boto3 read them; Spark is handed the same access) while it
+    runs, and restored after."""
+    with start_s3_server(root) as server:
+        saved = {name: os.environ.get(name) for name in server.env()}
+        os.environ.update(server.env())
+        try:
+            server.create_bucket(BUCKET)
+            yield server
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -429,6 +462,20 @@ def _repetition(
             out["product"][plan][label] = _contend(
                 spark, tag, f"exactly {plan} {label}", cli_path, log
             )
+            shutil.rmtree(root / name, ignore_errors=True)
+        if position == 0:
+            # the same pipeline with its tables on the loopback S3 server, right after the
+            # local-disk runs, so both see the same load
+            name = f"bench_s3_{label}"
+            config = product.pipeline_config(
+                root / name, name, bootstrap, TOPIC, per_partition, f"s3://{BUCKET}/{name}"
+            )
+            s3_path = functools.partial(
+                product.run_cli_path, config=config, expected_records=records
+            )
+            out["product"][S3_PLAN] = {
+                label: _contend(spark, tag, f"exactly {S3_PLAN} {label}", s3_path, log)
+            }
             shutil.rmtree(root / name, ignore_errors=True)
         peer_root = root / f"peer-{label}"
         streaming = functools.partial(

@@ -35,9 +35,15 @@ def config_file(root: Path) -> Path:
 
 
 def pipeline_config(
-    root: Path, name: str, bootstrap: str, topic: str, max_records_per_partition: int
+    root: Path,
+    name: str,
+    bootstrap: str,
+    topic: str,
+    max_records_per_partition: int,
+    tables: str | None = None,
 ) -> PipelineConfig:
-    """A pipeline of its own under `root` on the shared topic, with the product's defaults.
+    """A pipeline of its own under `root` on the shared topic, with the product's defaults;
+    its tables under `tables` (an `s3://` URI) when given, else under `root`.
 
     Written to `config_file(root)` and read back, as a user's config is (the Dagster code
     location reads pipelines from their files). Spark settings are left at the defaults on
@@ -45,10 +51,11 @@ def pipeline_config(
     """
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
+    where = tables or str(root)
     doc = {
         "pipeline": name,
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
-        "delta": {"table_uri": str(root / "table"), "quarantine_uri": str(root / "quarantine")},
+        "delta": {"table_uri": f"{where}/table", "quarantine_uri": f"{where}/quarantine"},
         "ledger": {"url": f"sqlite:///{root / 'ledger.db'}"},
         "batch": {"max_records_per_partition": max_records_per_partition},
     }

@@ -14,6 +14,9 @@ from typing import Any
 from bench.product import PHASES
 
 MIB = float(1 << 20)
+#: The single-pass plan with both tables on the loopback S3 server (s3proxy): the same
+#: pipeline as "single-pass" on local disk, in the same repetitions.
+S3_PLAN = "single-pass on S3"
 
 
 def median(values: Iterable[float | None]) -> float | None:
@@ -159,6 +162,11 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         for plan in ("single-pass", "two-pass"):
             runs = [product(r, plan, label) for r in reps]
             throughput.append(_product_row(runs, plan, label, mean_bytes))
+        on_s3 = [
+            r["product"][S3_PLAN][label] for r in reps if label in r["product"].get(S3_PLAN, {})
+        ]
+        if on_s3:
+            throughput.append(_product_row(on_s3, S3_PLAN, label, mean_bytes))
         throughput.append(_peer_row([r["peer"][label] for r in reps], label, mean_bytes))
     dagster_label = batch_label(result["settings"]["dagster_batch_records"])
     dagster = _dagster(reps, labels, dagster_label, mean_bytes)
@@ -219,6 +227,13 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     def per_rep_ratio(num: Any, den: Any) -> float | None:
         return median(_ratio(num(r), den(r)) for r in reps)
 
+    def s3_rate(label: str) -> Any:
+        def of(r: dict[str, Any]) -> float | None:
+            run = r["product"].get(S3_PLAN, {}).get(label)
+            return rate(run, mean_bytes)["records_per_s"] if run is not None else None
+
+        return of
+
     def product_cpu(plan: str, label: str) -> Any:
         return lambda r: cpu_per_m(product(r, plan, label))
 
@@ -241,6 +256,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                     peer_rate(label), consume_limit
                 ),
                 "single_pass_over_two_pass": per_rep_ratio(after, before),
+                "s3_over_local_disk": per_rep_ratio(s3_rate(label), after),
                 "two_pass_over_structured_streaming": per_rep_ratio(before, peer_rate(label)),
                 # CPU spent per record, the other way round (above 1: exactly spends less)
                 "cpu_two_pass_over_single_pass": per_rep_ratio(
@@ -443,6 +459,10 @@ def render(result: dict[str, Any]) -> str:
         ],
         rows,
     )
+    on_s3 = [r for r in s["ratios"] if r.get("s3_over_local_disk") is not None]
+    if on_s3:
+        shown = ", ".join(f"{r['batch']}: {_x(r['s3_over_local_disk'])}" for r in on_s3)
+        out += [f"tables on the loopback S3 server (s3proxy) over local disk, records/s: {shown}"]
     out += ["", "CPU seconds per record, the other way round (above 1: exactly spends less)"]
     out += _table(["batch", "SSS/exactly", "improvement (before/after)"], cpu_rows)
 

@@ -17,6 +17,7 @@ from resources.config import PipelineConfig, load_config
 #: States whose batches published what they were planned on.
 COMMITTED_STATES = (BatchState.COMMITTED, BatchState.ACKED)
 _DEMO_CONFIG = Path(__file__).resolve().parent.parent / "pipelines" / "pageviews.yaml"
+_DEMO_S3_CONFIG = Path(__file__).resolve().parent.parent / "pipelines" / "s3" / "pageviews.yaml"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -59,6 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     demo = sub.add_parser("demo", help="the main job on embedded defaults")
     demo.add_argument("--events", type=int, default=20_000)
+    demo.add_argument(
+        "--s3",
+        action="store_true",
+        help="tables in a bucket of an S3-compatible server started on loopback (s3proxy)",
+    )
     demo.set_defaults(func=cmd_demo)
 
 
@@ -189,8 +195,6 @@ def _print_decisions(decisions: list[Any], store: LedgerStore, pipeline: str) ->
 def cmd_demo(args: argparse.Namespace) -> int:
     """Embedded broker -> sample page views -> exactly-once batches -> Delta -> per-app counts."""
     from devtools.broker import AlreadyRunningError, EmbeddedBroker
-    from jobs.examples.sample_data import pageviews
-    from resources.kafka import KafkaClient
 
     # everything the demo writes lives under ./data, as pipelines/pageviews.yaml says
     broker = EmbeddedBroker(Path("data") / "kafka", 9092)
@@ -203,7 +207,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except AlreadyRunningError as exc:
         bootstrap = exc.status.bootstrap
         _say(f"embedded Kafka broker already running at {bootstrap}")
-    config = load_config(_DEMO_CONFIG)
+    if not args.s3:
+        _demo(load_config(_DEMO_CONFIG), bootstrap, args.events)
+    else:
+        _demo_on_s3(bootstrap, args.events)
+    _say("the broker keeps running for the Dagster UI; stop it with: exactly kafka stop")
+    return 0
+
+
+def _demo_on_s3(bootstrap: str, events: int) -> None:
+    """The demo with its tables on a loopback S3 server, which runs while the demo does.
+
+    The server is reached the way any store is: the standard AWS variables, set here for
+    this process (Spark, delta-rs and boto3 read them); the config names only s3:// URIs.
+    """
+    import os
+
+    from devtools.s3_server import start_s3_server
+    from resources import storage
+
+    config = load_config(_DEMO_S3_CONFIG)
+    started = time.perf_counter()
+    with start_s3_server(Path("data") / "s3") as server:
+        _say(
+            f"S3 server (s3proxy) started at {server.endpoint_url} in "
+            f"{time.perf_counter() - started:.1f}s, objects in {server.data_dir}"
+        )
+        os.environ.update(server.env())
+        bucket, _key = storage.split_s3(config.delta.table_uri)
+        listed = server.access().boto3_client().list_buckets()["Buckets"]
+        if bucket not in {b["Name"] for b in listed}:
+            server.create_bucket(bucket)
+        _demo(config, bootstrap, events)
+    _say("the S3 server stopped; `exactly demo --s3` starts it again on the same objects")
+
+
+def _demo(config: PipelineConfig, bootstrap: str, events: int) -> None:
+    from jobs.examples.sample_data import pageviews
+    from resources.kafka import KafkaClient
+
     client = KafkaClient(bootstrap)
     client.create_topic(config.kafka.topic, partitions=3)
     before = sum(
@@ -211,7 +253,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         for o in client.offsets(config.kafka.topic, client.partitions(config.kafka.topic)).values()
     )
     produced = client.produce(
-        config.kafka.topic, pageviews(args.events, start=before, malformed_every=1000)
+        config.kafka.topic, pageviews(events, start=before, malformed_every=1000)
     )
     _say(
         f"produced {produced} page-view events to {config.kafka.topic} "
@@ -219,14 +261,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     run_pipeline(config, batches=None)
     _print_counts(config)
-    _say("the broker keeps running for the Dagster UI; stop it with: exactly kafka stop")
-    return 0
 
 
 def _print_counts(config: PipelineConfig) -> None:
     from jobs.spark_stager import SharedSpark
 
-    spark = SharedSpark(config.spark.master, config.spark.conf)()
+    spark = SharedSpark.for_config(config)()
     table = spark.read.format("delta").load(config.delta.table_uri)
     _say(f"\npage views per app in {config.delta.table_uri} (read through delta-spark):")
     for row in table.groupBy("app").count().orderBy("app").collect():

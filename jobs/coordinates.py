@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from ledger.errors import RefusedBatchError
 from ledger.protocol import OffsetRange
+from resources import storage
 
 KEY = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
 FINGERPRINT = "coordinates_fingerprint"
@@ -121,7 +121,7 @@ def _read_staged(uris: Sequence[str]) -> pa.Table | None:
     """The coordinate columns of every staged file, table and quarantine together."""
     if not uris:
         return None
-    parts = [pq.read_table(uri, columns=list(KEY)).replace_schema_metadata() for uri in uris]
+    parts = [storage.read_parquet(uri, KEY).replace_schema_metadata() for uri in uris]
     return pa.concat_tables(parts, promote_options="permissive")
 
 

@@ -50,7 +50,7 @@ class DeltaPublisher:
     @classmethod
     def for_config(cls, config: PipelineConfig) -> DeltaPublisher:
         """The pipeline's two tables, both opened with its storage options."""
-        options = config.delta.storage_options
+        options = config.delta.resolved_storage_options()
         return cls(
             DeltaTarget(config.delta.table_uri, options),
             DeltaTarget(config.delta.quarantine_uri, options),

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 
-import pyarrow.parquet as pq
-
 from ledger.batch import StagedFile
 from resources import storage
 from resources.delta import delta_stats
@@ -19,7 +17,7 @@ def describe(folder: str, table_root: str, target: str) -> list[StagedFile]:
     """The Parquet files in one attempt's own staging folder, as the vote records them."""
     files = []
     for info in storage.list_data_files(folder):
-        meta = pq.read_metadata(info.uri)
+        meta = storage.read_parquet_metadata(info.uri)
         files.append(
             StagedFile(
                 target=target,

@@ -43,10 +43,10 @@ class Pipeline:
         self.config = config
         self.log = log
         self.store = LedgerStore(config.ledger.url)
-        self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.options)
+        self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
         self.source = KafkaOffsetSource(self.kafka, config.kafka.topic, config.group_id)
         self.publisher = DeltaPublisher.for_config(config)
-        self.spark = spark_factory or SharedSpark(config.spark.master, config.spark.conf)
+        self.spark = spark_factory or SharedSpark.for_config(config)
         self._backfills: dict[str, TwoPhaseCommit] = {}
         self._lock = threading.Lock()
 

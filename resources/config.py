@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -31,10 +31,47 @@ from ledger.errors import ConfigError
 from resources import storage
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvValue(_Strict):
+    """An option whose value is read from an environment variable when it is used
+    (`sasl.password: {env: KAFKA_PASSWORD}`): the config then holds only the variable's
+    name, so neither the file, the Dagster UI and run config, the logs nor the ledger (all
+    of which show the config) ever hold the secret."""
+
+    env: str
+
+    @field_validator("env")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _ENV_NAME.fullmatch(value):
+            raise ValueError("must be the NAME of an environment variable, not its value")
+        return value
+
+
+#: A client option: its value, or the environment variable that holds it.
+OptionValue = str | EnvValue
+
+
+def resolve_options(
+    options: Mapping[str, OptionValue], where: str, env: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """The options with every `{env: NAME}` replaced by the variable's value, read now; an
+    unset variable is a config error naming the option and the variable (never a value)."""
+    resolved = {}
+    for key, value in options.items():
+        if isinstance(value, EnvValue):
+            if value.env not in env:
+                raise ConfigError(f"{where}.{key}: environment variable {value.env} is not set")
+            resolved[key] = env[value.env]
+        else:
+            resolved[key] = value
+    return resolved
 
 
 class KafkaSettings(_Strict):
@@ -44,8 +81,12 @@ class KafkaSettings(_Strict):
     #: where a partition without a committed position starts: its earliest offset, or its
     #: last stable offset (older records can then be ingested by a fill backfill)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
-    #: passed to every Kafka client (security settings etc.); never logged
-    options: dict[str, str] = Field(default_factory=dict)
+    #: passed to every Kafka client (security settings etc.); never logged; a value may be
+    #: `{env: NAME}`, read from that variable when the client is made
+    options: dict[str, OptionValue] = Field(default_factory=dict)
+
+    def resolved_options(self) -> dict[str, str]:
+        return resolve_options(self.options, "kafka.options")
 
     @field_validator("bootstrap_servers")
     @classmethod
@@ -61,8 +102,12 @@ class DeltaSettings(_Strict):
     table_uri: str = Field(min_length=1)
     quarantine_uri: str = Field(min_length=1)
     #: object-store credentials and endpoints, passed to delta-rs only (reading and committing
-    #: the tables); Spark, which writes the staged files, takes its own from `spark.conf`
-    storage_options: dict[str, str] = Field(default_factory=dict)
+    #: the tables); Spark, which writes the staged files, takes its own from `spark.conf`; a
+    #: value may be `{env: NAME}`
+    storage_options: dict[str, OptionValue] = Field(default_factory=dict)
+
+    def resolved_storage_options(self) -> dict[str, str]:
+        return resolve_options(self.storage_options, "delta.storage_options")
 
 
 class LedgerSettings(_Strict):
@@ -71,7 +116,12 @@ class LedgerSettings(_Strict):
 
 class SparkSettings(_Strict):
     master: str = "local[2]"
-    conf: dict[str, str] = Field(default_factory=dict)
+    #: Spark settings; a value may be `{env: NAME}` (Spark also hides settings whose names
+    #: match its `spark.redaction.regex` from its UI and event logs)
+    conf: dict[str, OptionValue] = Field(default_factory=dict)
+
+    def resolved_conf(self) -> dict[str, str]:
+        return resolve_options(self.conf, "spark.conf")
 
 
 class BatchSettings(_Strict):

@@ -13,6 +13,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -26,14 +27,18 @@ import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake import Field as DeltaField
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import CommitFailedError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import ArrayType, MapType, StructType
 from deltalake.transaction import AddAction, RemoveAction
 
 from ledger.batch import StagedFile
-from ledger.errors import InconsistencyError, RefusedBatchError
+from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError
 from ledger.protocol import OffsetRange
 from resources import storage
+
+#: Commits in a row whose outcome is unknown (below) before the error is raised: a store
+#: that keeps failing that way has a problem a retry will not fix.
+MAX_UNKNOWN_OUTCOMES = 5
 
 #: Longer strings are left out of min/max: a truncated max would be smaller than the real
 #: value and make data skipping drop rows that match.
@@ -235,6 +240,70 @@ def _no_file_filter(table: DeltaTable) -> list[tuple[str, str, list[str]]]:
     raise InconsistencyError(f"{table.table_uri}: no primitive column to filter files by")
 
 
+# -- commits on S3 ----------------------------------------------------------------------------
+
+#: How delta-rs 1.6 makes a commit on S3 atomic: it writes the log entry `N.json` with
+#: `If-None-Match: *`, so of two writers of version N exactly one succeeds and the other
+#: fails with CommitFailedError (then `_commit` re-reads and decides again). Set explicitly,
+#: so a delta-rs default that changes can never silently make commits unconditional.
+CONDITIONAL_PUT = ("aws_conditional_put", "etag")
+#: delta-rs settings that make a commit something other than one conditional write: an
+#: unconditional rename (two writers both "win" a version and one batch is lost), a lock
+#: service we neither run nor test, or copy-if-not-exists in place of conditional put.
+_UNSAFE_S3_SETTINGS = {
+    "aws_s3_allow_unsafe_rename": "makes two writers of one log entry both succeed",
+    "aws_s3_locking_provider": "exactly commits by conditional put and runs no lock service",
+    "aws_copy_if_not_exists": "exactly commits by conditional put, not copy-if-not-exists",
+    "copy_if_not_exists": "exactly commits by conditional put, not copy-if-not-exists",
+}
+_CONDITIONAL_PUT_NAMES = {"aws_conditional_put", "conditional_put"}
+_FALSE = {"", "0", "false", "no", "off"}
+
+
+def _unsafe(name: str, value: str, where: str) -> str | None:
+    """Why setting `name` to `value` would make commits unsafe, or None."""
+    key = name.lower()
+    if key == "aws_s3_allow_unsafe_rename" and value.strip().lower() in _FALSE:
+        return None
+    if key in _UNSAFE_S3_SETTINGS and value.strip():
+        return f"{where}{name}={value} is refused: it {_UNSAFE_S3_SETTINGS[key]}"
+    if key in _CONDITIONAL_PUT_NAMES and value.strip().lower() != CONDITIONAL_PUT[1]:
+        return (
+            f"{where}{name}={value} is refused: commits on S3 need conditional put "
+            f"({CONDITIONAL_PUT[1]}, If-None-Match), the only way exactly commits there"
+        )
+    return None
+
+
+def storage_options_for(
+    uri: str, configured: Mapping[str, str], env: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """delta-rs's options for the table at `uri`: for S3, the process's access (endpoint,
+    region, keys: the same as boto3's and pyarrow's) under the config's own options, and
+    conditional-put commits; elsewhere the config's options as they are.
+
+    Raises ConfigError, one line, for any setting (in the config or the environment, which
+    delta-rs also reads) that would let two writers both commit one table version.
+    """
+    if not storage.is_remote(uri):
+        return dict(configured)
+    storage.split_s3(uri)
+    problems = [
+        p
+        for name, value in env.items()
+        if name.startswith("AWS_") and (p := _unsafe(name, value, "environment variable "))
+    ]
+    problems += [
+        p
+        for name, value in configured.items()
+        if (p := _unsafe(name, value, "delta.storage_options."))
+    ]
+    if problems:
+        raise ConfigError(f"{uri}: {problems[0]}")
+    name, value = CONDITIONAL_PUT
+    return {**storage.s3_access().delta_storage_options(), **configured, name: value}
+
+
 @dataclass(frozen=True)
 class CommitOutcome:
     """What one publish did. `published` is False when the table already had the batch."""
@@ -279,7 +348,7 @@ class DeltaTarget:
 
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
-        self.storage_options = dict(storage_options or {})
+        self.storage_options = storage_options_for(uri, storage_options or {})
 
     def load(self) -> DeltaTable | None:
         try:
@@ -460,7 +529,7 @@ class DeltaTarget:
         now_ms = int(time.time() * 1000)
         for entry in _files_touching(table, ranges):
             path = entry["path"]
-            data = pq.read_table(storage.join(self.uri, path))
+            data = storage.read_parquet(storage.join(self.uri, path))
             hit = _in_ranges(data, ranges)
             removed = pc.sum(hit.cast(pa.int64())).as_py() or 0
             if removed == 0:
@@ -471,9 +540,8 @@ class DeltaTarget:
                 continue
             digest = hashlib.sha1(path.encode()).hexdigest()[:16]
             target = storage.join(rewrite_dir, f"rewrite-{attempt}-{digest}.parquet")
-            storage.ensure_parent(target)
-            pq.write_table(kept, target)
-            meta = pq.read_metadata(target)
+            storage.write_parquet(kept, target)
+            meta = storage.read_parquet_metadata(target)
             info = storage.file_info(target)
             actions.append(
                 AddAction(
@@ -503,9 +571,17 @@ class DeltaTarget:
         between, the commit fails and the next try re-reads and decides again, so a
         concurrent commit of the same batch ends here as `published=False`, never a second
         copy (invariant 2).
+
+        Any other delta-rs error leaves the outcome unknown: on S3 the log entry may have
+        been written and only reading the snapshot after it failed (delta-rs lists the log
+        right after its own write, and the loopback S3 server's listing can lag that write).
+        The next try re-reads and decides as always; the batch is then `published` if the
+        table holds the very files this call added.
         """
         started = time.perf_counter()
         last_error: Exception | None = None
+        unknown = 0
+        ours: set[str] = set()
         for tries in range(1, max_tries + 1):
             table = self.load()
             if table is None:
@@ -513,20 +589,32 @@ class DeltaTarget:
                 continue
             version = table.transaction_version(app_id)
             if version is not None and version >= batch_id:
-                return CommitOutcome(False, table.version(), tries, time.perf_counter() - started)
+                published = bool(ours) and ours <= _paths(table)
+                return CommitOutcome(
+                    published, table.version(), tries, time.perf_counter() - started
+                )
             properties = CommitProperties(
                 app_transactions=[Transaction(app_id, batch_id)],
                 custom_metadata={METADATA_KEY: dict(metadata)},
                 max_commit_retries=0,
             )
+            actions = actions_for(table, tries)
             try:
-                if not self._write(table, actions_for(table, tries), schema, properties):
+                if not self._write(table, actions, schema, properties):
                     continue
+                table.update_incremental()
             except CommitFailedError as exc:
                 last_error = exc
                 time.sleep(min(0.05 * tries, 1.0))
                 continue
-            table.update_incremental()
+            except DeltaError as exc:
+                unknown += 1
+                if unknown > MAX_UNKNOWN_OUTCOMES:
+                    raise
+                last_error = exc
+                ours = {a.path for a in actions if isinstance(a, AddAction)}
+                time.sleep(min(0.05 * tries, 1.0))
+                continue
             return CommitOutcome(True, table.version(), tries, time.perf_counter() - started)
         raise InconsistencyError(
             f"{self.uri}: batch {app_id}/{batch_id} lost {max_tries} commit races in a row; "
@@ -604,7 +692,7 @@ class DeltaTarget:
             if t_lo == t_hi == topic and p_lo is not None and p_lo == p_hi and o_hi is not None:
                 reach[p_lo] = max(reach.get(p_lo, 0), o_hi + 1)
                 continue
-            data = pq.read_table(
+            data = storage.read_parquet(
                 storage.join(self.uri, row["path"]),
                 columns=["_kafka_topic", "_kafka_partition", "_kafka_offset"],
             )
@@ -635,6 +723,11 @@ class DeltaTarget:
                 found.append({**meta, "table_version": entry.get("version")})
         found.sort(key=lambda m: m["batch_id"])
         return found
+
+
+def _paths(table: DeltaTable) -> set[str]:
+    """The data files of the table's snapshot, as its add actions name them."""
+    return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
 def _adds(files: Iterable[StagedFile]) -> list[AddAction]:

@@ -16,7 +16,8 @@ _VERSIONED = re.compile(r"^(?P<name>.+?)-\d[\w.\-]*\.jar$")
 
 
 def jars_dir() -> Path:
-    """The folder holding `spark/` and `kafka/`; EXACTLY_JARS_DIR overrides the repo's `.jars`."""
+    """The folder holding `spark/`, `s3a/`, `kafka/` and `s3proxy/`; EXACTLY_JARS_DIR overrides
+    the repo's `.jars`."""
     return Path(os.environ.get("EXACTLY_JARS_DIR", _REPO_ROOT / ".jars")).resolve()
 
 
@@ -37,17 +38,35 @@ def artifact_name(jar: Path) -> str:
     return match.group("name") if match else jar.stem
 
 
-def spark_jars() -> list[Path]:
-    """Jars for Spark's classpath: Kafka source and Delta, minus what pyspark already ships.
+def pyspark_jars() -> list[Path]:
+    """The jars pyspark ships: Spark and the Hadoop client it was built with."""
+    import pyspark
+
+    return sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+
+
+def spark_jars(object_store: bool = False) -> list[Path]:
+    """Jars for Spark's classpath: Kafka source and Delta, minus what pyspark already ships;
+    with `object_store`, also Hadoop's s3a filesystem and the AWS SDK it calls.
 
     Transitive dependencies such as Hadoop, Jackson, Parquet or Scala are in pyspark's own
     `jars/` folder at the versions Spark was built with; loading a second copy would make the
-    class that wins depend on classpath order.
+    class that wins depend on classpath order. The s3a jars (the SDK bundle is ~690 MB) are
+    loaded only by sessions whose tables are in object storage.
     """
-    import pyspark
+    shipped = {artifact_name(j) for j in pyspark_jars()}
+    kinds = ["spark", "s3a"] if object_store else ["spark"]
+    return [j for kind in kinds for j in _jar_files(kind) if artifact_name(j) not in shipped]
 
-    shipped = {artifact_name(j) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    return [j for j in _jar_files("spark") if artifact_name(j) not in shipped]
+
+def pyspark_hadoop_version() -> str:
+    """The Hadoop version pyspark was built with, read from its hadoop-client-api jar: the
+    only hadoop-aws version whose classes match the Hadoop classes Spark loads."""
+    for jar in pyspark_jars():
+        match = re.fullmatch(r"hadoop-client-api-(?P<version>\d[\w.\-]*)\.jar", jar.name)
+        if match:
+            return match.group("version")
+    raise ConfigError("pyspark ships no hadoop-client-api jar: cannot tell its Hadoop version")
 
 
 def kafka_classpath() -> str:

@@ -4,6 +4,12 @@
 config. Parquet timestamps are written as TIMESTAMP_MICROS because delta-rs cannot read
 Spark's default INT96.
 
+Tables in object storage (`s3://`) are written through Hadoop's s3a filesystem: a session
+given an `S3Access` (resources/s3.py, the same endpoint and credentials boto3, pyarrow and
+delta-rs use) loads the s3a jars and points s3a at that endpoint; `s3://` is mapped to s3a as
+well, so Spark reads the URIs the config holds. Credentials the JVM can read from its own
+environment (the standard AWS variables it inherits) stay out of Spark's settings.
+
 A Spark Connect server with the project's jars is started, for tests and development, by
 `devtools.connect_server.start_connect_server`, which builds on this module's settings.
 
@@ -30,6 +36,8 @@ from resources.jars import spark_jars
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from resources.s3 import S3Access
 
 #: Modest defaults for a 2-core, 24 GiB machine shared with a broker and Dagster.
 DEFAULT_CONF: Mapping[str, str] = {
@@ -60,15 +68,71 @@ _remote_sessions: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
 _connect_mode_is_ours = False
 
 
-def jar_settings() -> dict[str, str]:
-    """Load the project's jars on the driver's (and, beyond local mode, executors') classpath."""
-    jars = [str(j) for j in spark_jars()]
+def jar_settings(object_store: bool = False) -> dict[str, str]:
+    """Load the project's jars on the driver's (and, beyond local mode, executors') classpath;
+    with `object_store`, the s3a filesystem's too."""
+    jars = [str(j) for j in spark_jars(object_store)]
     classpath = os.pathsep.join(jars)
     return {
         "spark.jars": ",".join(jars),
         "spark.driver.extraClassPath": classpath,
         "spark.executor.extraClassPath": classpath,
     }
+
+
+#: The AWS SDK's provider of the standard variables (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+#: AWS_SESSION_TOKEN) from the JVM's own environment: the secret never enters Spark's settings.
+_ENV_CREDENTIALS = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
+#: Hadoop's providers of keys set in its configuration (with and without a session token).
+_CONF_CREDENTIALS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+_CONF_SESSION_CREDENTIALS = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+#: No keys resolved: the SDK's own chain (instance or container role, web identity, SSO).
+_DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+
+
+#: A setting every session started for object storage has (see `s3a_settings`).
+_S3A_MARK = "spark.hadoop.fs.s3.impl"
+
+
+def s3a_settings(access: S3Access, env: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """Hadoop s3a settings that reach the store `access` describes, as boto3 and delta-rs do.
+
+    Keys that the JVM inherits as the standard variables (`env`, the environment the JVM is
+    started with) are read there by the SDK's environment provider. Keys resolved otherwise
+    (a named profile's) must be handed to Spark: Hadoop's key settings, which Spark's default
+    `spark.redaction.regex` hides from its UI, event logs and `EXPLAIN`. A custom endpoint is
+    an S3-compatible store: path-style addressing, which every such store accepts, and no TLS
+    for an `http://` endpoint.
+    """
+    settings = {
+        _S3A_MARK: "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.s3a.endpoint.region": access.region,
+    }
+    if access.endpoint_url is not None:
+        settings["spark.hadoop.fs.s3a.endpoint"] = access.endpoint_url
+        settings["spark.hadoop.fs.s3a.path.style.access"] = "true"
+        settings["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(
+            not access.endpoint_url.startswith("http://")
+        ).lower()
+    inherited = (
+        access.access_key_id is not None
+        and env.get("AWS_ACCESS_KEY_ID") == access.access_key_id
+        and env.get("AWS_SECRET_ACCESS_KEY") == access.secret_access_key
+        and (env.get("AWS_SESSION_TOKEN") or None) == access.session_token
+    )
+    if inherited:
+        provider = _ENV_CREDENTIALS
+    elif access.access_key_id is not None and access.secret_access_key is not None:
+        settings["spark.hadoop.fs.s3a.access.key"] = access.access_key_id
+        settings["spark.hadoop.fs.s3a.secret.key"] = access.secret_access_key
+        provider = _CONF_CREDENTIALS
+        if access.session_token:
+            settings["spark.hadoop.fs.s3a.session.token"] = access.session_token
+            provider = _CONF_SESSION_CREDENTIALS
+    else:
+        provider = _DEFAULT_CREDENTIALS
+    settings["spark.hadoop.fs.s3a.aws.credentials.provider"] = provider
+    return settings
 
 
 def loopback_settings() -> dict[str, str]:
@@ -96,18 +160,25 @@ def _live_remote_sessions() -> list[Any]:
 
 
 def build_session(
-    master: str = "local[*]", conf: Mapping[str, str] | None = None, app_name: str = "exactly"
+    master: str = "local[*]",
+    conf: Mapping[str, str] | None = None,
+    app_name: str = "exactly",
+    object_store: S3Access | None = None,
 ) -> SparkSession:
     """Create (or return the running) Spark session with the project's jars and settings.
 
+    With `object_store`, the session reads and writes `s3://`/`s3a://` locations there; the
+    config's own `conf` wins over the derived s3a settings, as an operator's override.
     `sc://` URLs give a Spark Connect session; the server must have the project's jars and
-    Delta's extensions (a server from `devtools.connect_server` has). Repeated calls with the
-    same URL and settings return the same open remote session.
+    Delta's extensions (a server from `devtools.connect_server` has), and its own s3a
+    settings. Repeated calls with the same URL and settings return the same open remote
+    session.
     """
     # the Python workers must run the interpreter that has our packages
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    settings = {**DEFAULT_CONF, **(conf or {})}
+    s3 = s3a_settings(object_store) if object_store is not None else {}
+    settings = {**DEFAULT_CONF, **s3, **(conf or {})}
     if master.startswith("sc://"):
         return _remote_session(master, _remote_sql_settings(settings))
     with _remote_lock:
@@ -125,12 +196,20 @@ def build_session(
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
         for key, value in loopback_settings().items():
             settings.setdefault(key, value)
-    settings.update(jar_settings())
+    settings.update(jar_settings(object_store is not None))
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
+    if object_store is not None and session.sparkContext.getConf().get(_S3A_MARK) is None:
+        # getOrCreate handed back a session started earlier in this process without s3a: its
+        # classpath is fixed, so every s3a:// write would fail once Spark has done the work
+        raise ConfigError(
+            "a Spark session without the s3a filesystem is already running in this process; "
+            "a pipeline with s3:// tables needs a process (or a code location) whose first "
+            "Spark session was started for object storage"
+        )
     return session
 
 

@@ -1,19 +1,47 @@
 """Locations as URIs. Every local-path assumption of the product lives in this module.
 
 A location is either an absolute local path (a config's relative path is made absolute
-once, at load time) or an object-store URI (`s3://bucket/key`). Callers join, list and
-translate locations only through these functions.
+once, at load time) or an object-store URI (`s3://bucket/key`). Callers join, list, read
+and translate locations only through these functions: local ones through the file system,
+S3 ones through boto3 (listing, sizes, deletes) and pyarrow's S3 file system (Parquet), both
+with the one `S3Access` the process's AWS variables describe (resources/s3.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+import pyarrow.parquet as pq
+
+from ledger.errors import ConfigError, UnreachableError
+from resources.s3 import S3Access
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyarrow.fs import S3FileSystem
+
 _REMOTE_SCHEMES = {"s3", "s3a", "gs", "az", "abfs", "abfss"}
+_S3_SCHEMES = {"s3", "s3a"}
+#: The variables S3Access reads: a change to any of them (a test pointing at another
+#: server) yields a new access, clients included.
+_AWS_VARIABLES = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ALLOW_HTTP",
+    "AWS_PROFILE",
+)
 
 
 def is_remote(uri: str) -> bool:
@@ -60,6 +88,125 @@ def spark_uri(uri: str) -> str:
     return Path(uri).as_uri()
 
 
+# -- object storage ----------------------------------------------------------------------------
+
+
+def s3_access() -> S3Access:
+    """The process's object-store access, resolved once per distinct AWS environment."""
+    return _access_for(tuple((name, os.environ.get(name)) for name in _AWS_VARIABLES))
+
+
+@functools.cache
+def _access_for(variables: tuple[tuple[str, str | None], ...]) -> S3Access:
+    return S3Access.from_env({name: value for name, value in variables if value is not None})
+
+
+@functools.cache
+def _client(access: S3Access) -> Any:
+    return access.boto3_client()
+
+
+@functools.cache
+def _filesystem(access: S3Access) -> S3FileSystem:
+    return access.arrow_filesystem()
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """`s3://bucket/a/b` -> (`bucket`, `a/b`); other object stores are not supported."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in _S3_SCHEMES:
+        raise ConfigError(f"{uri}: only s3:// object storage is supported")
+    if not parsed.netloc:
+        raise ConfigError(f"{uri}: no bucket name")
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def _s3_uri(bucket: str, key: str) -> str:
+    return f"s3://{bucket}/{key}"
+
+
+def _is_missing(exc: Exception) -> bool:
+    from botocore.exceptions import ClientError
+
+    return isinstance(exc, ClientError) and exc.response.get("Error", {}).get("Code") in (
+        "404",
+        "NoSuchKey",
+        "NotFound",
+    )
+
+
+def _head(uri: str) -> dict[str, Any] | None:
+    """The object's HEAD response, None if there is no such object."""
+    bucket, key = split_s3(uri)
+    try:
+        return dict(_client(s3_access()).head_object(Bucket=bucket, Key=key))
+    except Exception as exc:
+        if _is_missing(exc):
+            return None
+        raise _unreachable(uri, exc) from exc
+
+
+def _unreachable(uri: str, exc: Exception) -> Exception:
+    """An S3 failure as one line naming the object; our own errors pass through."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return UnreachableError(f"{uri}: S3 said {error.get('Code')}: {error.get('Message')}")
+    if isinstance(exc, BotoCoreError):
+        return UnreachableError(f"{uri}: {exc}")
+    return exc
+
+
+def _s3_objects(folder: str) -> Iterator[FileInfo]:
+    """Every object below `folder`/, sorted by key (S3 lists in key order)."""
+    bucket, prefix = split_s3(folder)
+    prefix = prefix.rstrip("/") + "/" if prefix else ""
+    pages = _client(s3_access()).get_paginator("list_objects_v2")
+    try:
+        for page in pages.paginate(Bucket=bucket, Prefix=prefix):
+            for entry in page.get("Contents", ()):
+                modified_ms = int(entry["LastModified"].timestamp() * 1000)
+                yield FileInfo(_s3_uri(bucket, entry["Key"]), int(entry["Size"]), modified_ms)
+    except Exception as exc:
+        raise _unreachable(folder, exc) from exc
+
+
+def _arrow_path(uri: str) -> tuple[str, S3FileSystem | None]:
+    """What pyarrow opens for `uri`: `bucket/key` on the S3 file system, or the local path."""
+    if not is_remote(uri):
+        return uri, None
+    bucket, key = split_s3(uri)
+    return f"{bucket}/{key}", _filesystem(s3_access())
+
+
+def read_parquet_metadata(uri: str) -> pq.FileMetaData:
+    """One Parquet file's footer, reading only its tail."""
+    path, filesystem = _arrow_path(uri)
+    if filesystem is None:
+        return pq.read_metadata(path)
+    with filesystem.open_input_file(path) as source:
+        return pq.read_metadata(source)
+
+
+def read_parquet(uri: str, columns: Sequence[str] | None = None) -> pa.Table:
+    path, filesystem = _arrow_path(uri)
+    return pq.read_table(
+        path, columns=list(columns) if columns is not None else None, filesystem=filesystem
+    )
+
+
+def write_parquet(table: pa.Table, uri: str) -> None:
+    """Write `table` as one Parquet file at `uri` (local folders are created first)."""
+    path, filesystem = _arrow_path(uri)
+    if filesystem is None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, filesystem=filesystem)
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class FileInfo:
     uri: str
@@ -75,7 +222,14 @@ def list_data_files(folder: str, suffix: str = ".parquet") -> list[FileInfo]:
     hidden `.crc` files) are not data.
     """
     if is_remote(folder):
-        raise NotImplementedError("object storage listing arrives with the object-store issue")
+        return [
+            info
+            for info in _s3_objects(folder)
+            if info.uri.endswith(suffix)
+            and not any(
+                part.startswith(("_", ".")) for part in relative(info.uri, folder).split("/")
+            )
+        ]
     root = Path(folder)
     if not root.is_dir():
         return []
@@ -90,7 +244,11 @@ def list_data_files(folder: str, suffix: str = ".parquet") -> list[FileInfo]:
 
 def file_info(uri: str) -> FileInfo:
     if is_remote(uri):
-        raise NotImplementedError("object storage arrives with the object-store issue")
+        head = _head(uri)
+        if head is None:
+            raise FileNotFoundError(uri)
+        modified_ms = int(head["LastModified"].timestamp() * 1000)
+        return FileInfo(uri, int(head["ContentLength"]), modified_ms)
     stat = Path(uri).stat()
     return FileInfo(uri, stat.st_size, int(stat.st_mtime * 1000))
 
@@ -99,22 +257,18 @@ def file_size(uri: str) -> int | None:
     """The size of the file at `uri` now, or None when there is none: how the commit checks
     that a voted file is still there as voted (invariant 11)."""
     if is_remote(uri):
-        raise NotImplementedError("object storage arrives with the object-store issue")
+        head = _head(uri)
+        return None if head is None else int(head["ContentLength"])
     try:
         return Path(uri).stat().st_size
     except FileNotFoundError:
         return None
 
 
-def ensure_parent(uri: str) -> None:
-    """Local folders must exist before a file is written into them; object stores have none."""
-    if not is_remote(uri):
-        Path(uri).parent.mkdir(parents=True, exist_ok=True)
-
-
 def exists(uri: str) -> bool:
+    """Whether a file (or, locally, a folder) is at `uri`."""
     if is_remote(uri):
-        raise NotImplementedError("object storage arrives with the object-store issue")
+        return _head(uri) is not None
     return Path(uri).exists()
 
 
@@ -127,7 +281,7 @@ def list_files(folder: str) -> list[FileInfo]:
     what to commit is never decided by listing (invariant 4).
     """
     if is_remote(folder):
-        raise NotImplementedError("object storage listing arrives with the object-store issue")
+        return list(_s3_objects(folder))
     found = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=False):
         dirnames.sort()
@@ -142,9 +296,20 @@ def list_files(folder: str) -> list[FileInfo]:
 
 
 def delete_file(uri: str) -> bool:
-    """Delete one file; False if it was already gone (another cleaner, or a VACUUM)."""
+    """Delete one file; False if it was already gone (another cleaner, or a VACUUM).
+
+    S3's DELETE succeeds whether or not the object exists, so a HEAD first tells which; an
+    object deleted by someone else between the two is reported deleted, which is harmless.
+    """
     if is_remote(uri):
-        raise NotImplementedError("object storage arrives with the object-store issue")
+        if _head(uri) is None:
+            return False
+        bucket, key = split_s3(uri)
+        try:
+            _client(s3_access()).delete_object(Bucket=bucket, Key=key)
+        except Exception as exc:
+            raise _unreachable(uri, exc) from exc
+        return True
     try:
         Path(uri).unlink()
     except FileNotFoundError:

@@ -2,9 +2,9 @@
 
 Every test is marked `unit` or `integration` automatically, so nobody has to remember to:
 a test is `integration` when it asks for a fixture that starts a real server or JVM (the
-Kafka broker, Spark, PostgreSQL; directly or through another fixture), takes the PostgreSQL
-variant of `ledger_url`, or is marked `integration` by hand (tests that start their own
-broker, Connect server or Dagster webserver). Everything else is `unit`, and
+Kafka broker, Spark, PostgreSQL, the S3 server; directly or through another fixture), takes
+the PostgreSQL variant of `ledger_url`, or is marked `integration` by hand (tests that start
+their own broker, Connect server or Dagster webserver). Everything else is `unit`, and
 `pytest -m unit` runs it all in seconds with no JVM and no server.
 """
 
@@ -16,13 +16,14 @@ pytest_plugins = [
     "tests.fixtures.kafka",
     "tests.fixtures.ledger",
     "tests.fixtures.postgres",
+    "tests.fixtures.s3",
     "tests.fixtures.pipeline",
     "tests.fixtures.webhook",
 ]
 
 #: Fixtures that start a JVM or a server. `item.fixturenames` is the closure of what a test
 #: requests, so a fixture built on one of these (e.g. `pipeline_factory`) counts too.
-SERVER_FIXTURES = frozenset({"kafka_broker", "spark", "postgres_url"})
+SERVER_FIXTURES = frozenset({"kafka_broker", "spark", "postgres_url", "s3_server"})
 
 
 def _starts_a_server(item: pytest.Item) -> bool:

@@ -63,6 +63,10 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
         assert ("exactly", "single-pass", batch) in systems
         assert ("exactly", "two-pass", batch) in systems
         assert ("structured-streaming", "delta sink", batch) in systems
+        # the same pipeline with its tables on the loopback S3 server, in the same run
+        assert ("exactly", "single-pass on S3", batch) in systems
+    assert all(r["s3_over_local_disk"] > 0 for r in summary["ratios"])
+    assert "loopback S3 server (s3proxy) over local disk" in result.stdout
     for t in summary["throughput"]:
         assert t["records_per_s"] > 0 and t["mib_per_s"] > 0 and t["batches"] >= 1
     for t in summary["throughput"]:
