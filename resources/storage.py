@@ -178,10 +178,13 @@ def check_buckets(uris: Sequence[str]) -> None:
     an endpoint that does not answer). Local locations need no check."""
     from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
+    buckets = sorted({split_s3(uri)[0] for uri in uris if is_remote(uri)})
+    if not buckets:
+        return  # resolving AWS credentials (a profile, an instance role) costs a local run
     access = s3_access()
     where = access.endpoint_url or f"AWS S3 ({access.region})"
     who = access.access_key_id or f"of profile {access.profile}"
-    for bucket in sorted({split_s3(uri)[0] for uri in uris if is_remote(uri)}):
+    for bucket in buckets:
         try:
             _client(access).head_bucket(Bucket=bucket)
         except NoCredentialsError as exc:
