@@ -104,9 +104,6 @@ class Daemon:
         self.log_path = log_path
         self.log_offset = log_offset
 
-    def running(self) -> bool:
-        return self.process.poll() is None
-
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last log lines of this start, without stack frames, joined for one message."""
         kept = log_lines_since(self.log_path, self.log_offset)
@@ -326,7 +323,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with cluster:
         print(
             f"Spark cluster at {cluster.url} ({args.workers} workers, {args.cores} core(s) "
-            f"and {args.memory} each), logs in {cluster.work_dir}; Ctrl-C stops it",
+            f"and {args.memory} each), ready in {cluster.start_seconds:.0f} s, logs in "
+            f"{cluster.work_dir}; Ctrl-C stops it",
             flush=True,
         )
         with contextlib.suppress(KeyboardInterrupt):

@@ -5,10 +5,13 @@ catches up, and the table plus the quarantine must hold every record Kafka holds
 once (invariant 1), with nothing else.
 
 The kill takes the child's whole process group (the Python driver and its Spark JVM at once,
-as when a machine or container dies), at a moment drawn from a seeded generator: a kill can
-land while Spark starts, while a batch stages, votes or commits, or between batches. The
-seed is in every assertion message; `EXACTLY_KILL_SEED=<seed>` replays the same moments
-(the machine's timing still varies).
+as when a machine or container dies), at a moment drawn from a seeded generator: the first
+kill counts from the run's first batch (it lands in a later batch staging, voting,
+committing, or between two batches), the others from the start (while Spark starts, the
+first batch PLANNED). Three kills: the cluster's runs pay 15-20 s each for the session and
+its executors, and the test must stay within its CI budget. The seed is in every assertion
+message; `EXACTLY_KILL_SEED=<seed>` replays the same moments (the machine's timing still
+varies).
 
 Two set-ups: local Spark with a SQLite ledger, and the loopback standalone cluster (two
 workers, the stage job's tasks in executors) with a PostgreSQL ledger.
@@ -37,14 +40,19 @@ from tests.test_cli import EXACTLY, REPO
 
 pytestmark = pytest.mark.integration
 
-KILLS = 4
+KILLS = 3
 #: Runs that may end on their own (caught up between two rounds) before KILLS were killed.
 MAX_RUNS = 3 * KILLS
-#: Seconds after a start at which a kill may land: from Python's imports, through the
-#: Spark session's start (about 10 s here, more on the cluster), into the batches.
-KILL_AFTER = (2.0, 24.0)
+#: The first kill, and every other one after it, lands this many seconds after the run's
+#: first batch was committed: in a later batch's stage, vote or commit, or between two...
+KILL_AFTER_FIRST_BATCH = (0.0, 4.0)
+#: ...and the others this many seconds after the start: from Python's imports through the
+#: Spark session's start (about 10 s here, more on the cluster; the run's first batch is
+#: planned before it, so such a kill finds it PLANNED).
+KILL_AFTER_START = (2.0, 12.0)
+FIRST_BATCH_TIMEOUT = 300.0
 #: The producer: this many records per round, a round every PRODUCE_EVERY seconds.
-RECORDS_PER_ROUND = 40
+RECORDS_PER_ROUND = 20
 PRODUCE_EVERY = 0.25
 MALFORMED_EVERY = 25
 #: Small batches, so that a run goes through many of them and a kill often lands inside one.
@@ -96,8 +104,22 @@ def kill_seed() -> int:
     return int(configured) if configured else random.SystemRandom().randrange(1_000_000)
 
 
-def run_and_kill(config: PipelineConfig, delay: float, log: Path) -> str | None:
-    """Start `exactly run --until-caught-up`, SIGKILL its process group after `delay` s.
+def first_batch_done(child: subprocess.Popen[bytes], log: Path) -> float:
+    """When the run printed its first batch line (or ended): the clock for a later kill."""
+    deadline = time.monotonic() + FIRST_BATCH_TIMEOUT
+    while child.poll() is None:
+        if any(line.startswith("batch ") for line in log.read_text(errors="replace").splitlines()):
+            break
+        assert time.monotonic() < deadline, "no batch in time: " + log.read_text(errors="replace")
+        time.sleep(0.1)
+    return time.monotonic()
+
+
+def run_and_kill(
+    config: PipelineConfig, delay: float, log: Path, *, after_first_batch: bool
+) -> str | None:
+    """Start `exactly run --until-caught-up`, SIGKILL its process group `delay` s after the
+    start, or after its first batch.
 
     Returns the run's last output line (where the kill found it), or None if the run ended
     on its own before: caught up because its plan came between two of the producer's
@@ -111,8 +133,9 @@ def run_and_kill(config: PipelineConfig, delay: float, log: Path) -> str | None:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: the kill takes its Spark JVM too
         )
+        clock = first_batch_done(child, log) if after_first_batch else time.monotonic()
         try:
-            child.wait(timeout=delay)
+            child.wait(timeout=max(clock + delay - time.monotonic(), 0.0))
         except subprocess.TimeoutExpired:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()  # reaped: recovery must see the owner's pid gone, not a zombie
@@ -123,7 +146,7 @@ def run_and_kill(config: PipelineConfig, delay: float, log: Path) -> str | None:
             )
             return None
     lines = log.read_text(errors="replace").strip().splitlines()
-    return lines[-1] if lines else "(no output yet)"
+    return lines[-1][:160] if lines else "(no output yet)"
 
 
 @pytest.mark.parametrize(
@@ -156,12 +179,12 @@ def test_every_record_once_after_random_kills_while_producing(
     try:
         assert producer.writing.wait(timeout=120), "the producer wrote nothing"
         for n in range(MAX_RUNS):
-            delay = rng.uniform(*KILL_AFTER)
-            last = run_and_kill(config, delay, tmp_path / f"run-{n}.log")
+            late = sum(1 for k in kills if " killed " in k) % 2 == 0
+            delay = rng.uniform(*(KILL_AFTER_FIRST_BATCH if late else KILL_AFTER_START))
+            when = f"{delay:.1f} s after its {'first batch' if late else 'start'}"
+            last = run_and_kill(config, delay, tmp_path / f"run-{n}.log", after_first_batch=late)
             kills.append(
-                f"run {n} ended on its own"
-                if last is None
-                else f"run {n} killed at {delay:.1f} s, after: {last}"
+                f"run {n} ended on its own" if last is None else f"run {n} killed {when}: {last}"
             )
             if sum(1 for k in kills if " killed " in k) == KILLS:
                 break
@@ -170,6 +193,7 @@ def test_every_record_once_after_random_kills_while_producing(
     history = f"seed {seed} (EXACTLY_KILL_SEED={seed} replays it); " + "; ".join(kills)
     assert sum(1 for k in kills if " killed " in k) == KILLS, history
 
+    final_started = time.monotonic()
     final = subprocess.run(
         [*EXACTLY, "run", "-c", str(config_path(config)), "--until-caught-up"],
         cwd=REPO,
@@ -178,6 +202,7 @@ def test_every_record_once_after_random_kills_while_producing(
         timeout=FINAL_RUN_TIMEOUT,
     )
     assert final.returncode == 0, f"{history}\n{final.stdout}{final.stderr}"
+    final_seconds = time.monotonic() - final_started
 
     try:
         table_rows, quarantined = assert_exactly_once(config, kafka_client)
@@ -194,5 +219,6 @@ def test_every_record_once_after_random_kills_while_producing(
     cut_short = [b.batch_id for b in batches if b.state is S.ABORTED or b.attempt > 1]
     print(
         f"\n{where}: {produced} records, {len(batches)} batches (cut short by a kill: "
-        f"{sorted(cut_short)}), {time.monotonic() - started:.0f} s; {history}"
+        f"{sorted(cut_short)}), {time.monotonic() - started:.0f} s of which the last run "
+        f"{final_seconds:.0f} s; {history}"
     )
