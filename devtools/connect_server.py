@@ -146,9 +146,12 @@ def start_connect_server(
     It runs pyspark's own Spark (its bin/spark-submit and jars/, which hold the Connect
     server), never a $SPARK_HOME install whose version might not match pyspark or our jars,
     with the project's jars and DEFAULT_CONF (Delta's extensions and catalog,
-    TIMESTAMP_MICROS, 2 GiB driver), and `conf` on top. Nothing is downloaded. The log is
-    `work_dir/connect-server.log` (a new temporary folder if `work_dir` is None), and the
-    server's working directory, so a warehouse or metastore it creates stays there too.
+    TIMESTAMP_MICROS, 2 GiB driver), and `conf` on top. Its `master` is where the queries'
+    tasks run: local threads by default, or a cluster's executors (`SparkCluster.url` from
+    `devtools.spark_cluster`; a loopback cluster reaches the server's driver on 127.0.0.1).
+    Nothing is downloaded. The log is `work_dir/connect-server.log` (a new temporary folder
+    if `work_dir` is None), and the server's working directory, so a warehouse or metastore
+    it creates stays there too.
 
     Raises UnreachableError, quoting the log, if the JVM exits or does not listen within
     `timeout` seconds; the JVM is stopped then, so a failed start leaves nothing behind.

@@ -140,6 +140,31 @@ def loopback_settings() -> dict[str, str]:
     return {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK}
 
 
+def _on_this_machine(master: str) -> bool:
+    """True for local mode and for a standalone cluster whose every master is on loopback.
+
+    Such a cluster's executors run on this machine too (a worker registers from where its
+    master can reach it), so they reach the driver on 127.0.0.1. Any other cluster manager,
+    or a master elsewhere, may start executors on other machines.
+    """
+    if master.startswith("local"):
+        return True
+    if not master.startswith("spark://"):
+        return False
+    hosts = [urlparse(f"spark://{hp}").hostname for hp in master[len("spark://") :].split(",")]
+    return all(h in ("localhost", "::1") or (h or "").startswith("127.") for h in hosts)
+
+
+def driver_settings(master: str) -> dict[str, str]:
+    """Where the driver listens: loopback when everything that talks to it is local.
+
+    Left to itself Spark binds the driver (its RPC endpoint and the file server that hands
+    the project's jars to executors) to the machine's first non-loopback address; for
+    executors elsewhere that is right, for a loopback cluster it only exposes the driver.
+    """
+    return loopback_settings() if _on_this_machine(master) else {}
+
+
 def _remote_sql_settings(settings: Mapping[str, str]) -> dict[str, str]:
     """What a client may set on a Connect server's session: runtime SQL settings only.
 
@@ -192,10 +217,10 @@ def build_session(
         _leave_connect_mode_if_unused()  # remote sessions stopped without stop_session
     from pyspark.sql import SparkSession
 
-    if master.startswith("local"):
+    if _on_this_machine(master):
         os.environ.setdefault("SPARK_LOCAL_IP", LOOPBACK)
-        for key, value in loopback_settings().items():
-            settings.setdefault(key, value)
+    for key, value in driver_settings(master).items():
+        settings.setdefault(key, value)
     settings.update(jar_settings(object_store is not None))
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():

@@ -1,0 +1,129 @@
+"""A Spark standalone cluster on loopback (`devtools.spark_cluster`): it starts with its
+workers on 127.0.0.1, says why when it cannot, and runs the product's batches with the
+stage job's tasks in executors, through a classic driver (`exactly run` with
+`spark.master: spark://...`) and through a Spark Connect server whose master is the cluster.
+
+Real cluster, broker and tables; no mocks. Classic sessions on the cluster run in `exactly`
+child processes: this process already holds the suite's local session, and pyspark allows
+one SparkContext per process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devtools.connect_server import start_connect_server
+from devtools.jvm_process import free_port
+from devtools.spark_cluster import SparkCluster, start_spark_cluster
+from jobs.examples.sample_data import pageviews
+from jobs.pipeline import build
+from ledger.errors import ExactlyError, UnreachableError
+from resources.kafka import KafkaClient
+from resources.spark import build_session, driver_settings, stop_session
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.test_cli import exactly
+
+# Generous: the 2 cores are shared with the broker, the cluster and other engineers.
+CONNECT_START_TIMEOUT = 600.0
+
+
+@pytest.mark.parametrize(
+    "master",
+    ["local[2]", "local[*]", "spark://127.0.0.1:7077", "spark://localhost:7077"],
+)
+def test_a_driver_on_this_machine_listens_on_loopback_only(master: str) -> None:
+    # executors of a loopback cluster are on this machine too: they reach the driver there
+    assert driver_settings(master) == {
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+    }
+
+
+@pytest.mark.parametrize(
+    "master", ["spark://10.0.0.5:7077", "spark://127.0.0.1:7077,10.0.0.6:7077", "yarn"]
+)
+def test_a_driver_of_a_remote_cluster_keeps_spark_s_own_address(master: str) -> None:
+    # a driver bound to 127.0.0.1 would be unreachable from executors on other machines
+    assert driver_settings(master) == {}
+
+
+@pytest.mark.integration
+def test_the_cluster_runs_its_workers_on_loopback(spark_cluster: SparkCluster) -> None:
+    state = spark_cluster.state()
+    assert state["status"] == "ALIVE"
+    assert state["url"] == spark_cluster.url
+    assert spark_cluster.url.startswith("spark://127.0.0.1:")
+    workers = spark_cluster.alive_workers()
+    assert [(w["host"], w["cores"], w["memory"]) for w in workers] == [("127.0.0.1", 1, 1024)] * 2
+
+
+@pytest.mark.integration
+def test_start_refuses_a_port_in_use(spark_cluster: SparkCluster, tmp_path: Path) -> None:
+    with pytest.raises(ExactlyError, match="already in use"):
+        start_spark_cluster(port=spark_cluster.port, work_dir=tmp_path)
+
+
+@pytest.mark.integration
+def test_a_worker_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
+    with pytest.raises(UnreachableError, match="worker-1 exited") as failure:
+        start_spark_cluster(1, memory="lots", work_dir=tmp_path)
+    message = str(failure.value)
+    assert "\n" not in message
+    assert str(tmp_path / "worker-1.log") in message
+    # the master that did start was stopped with it
+    assert "RECEIVED SIGNAL TERM" in (tmp_path / "master.log").read_text()
+
+
+@pytest.mark.integration
+def test_exactly_run_commits_on_the_cluster_with_its_driver_on_loopback(
+    spark_cluster: SparkCluster, kafka_client: KafkaClient, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(2, master=spark_cluster.url)
+    kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
+    before = set(spark_cluster.executor_logs())
+
+    result = exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert assert_exactly_once(config, kafka_client) == (392, 8)
+    # the Kafka reads and Parquet writes ran in the workers' executors, which got the
+    # project's jars from the driver and reached it on loopback
+    executors = sorted(set(spark_cluster.executor_logs()) - before)
+    assert len(executors) == 2, executors
+    for log in executors:
+        command = log.read_text(errors="replace").splitlines()[0:3]
+        assert any("CoarseGrainedScheduler@127.0.0.1:" in line for line in command), command
+
+
+@pytest.mark.integration
+def test_a_batch_stages_and_commits_through_spark_connect_on_the_cluster(
+    spark_cluster: SparkCluster,
+    kafka_client: KafkaClient,
+    pipeline_factory: Any,
+    tmp_path: Path,
+) -> None:
+    server = start_connect_server(
+        free_port(),
+        master=spark_cluster.url,
+        work_dir=tmp_path / "connect",
+        timeout=CONNECT_START_TIMEOUT,
+    )
+    with server:
+        remote = build_session(server.url)
+        try:
+            config = pipeline_factory(2, master=server.url)
+            kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
+            report = build(config, spark_factory=lambda: remote).run_batch()
+            active = spark_cluster.state()["activeapps"]
+            apps = [a for a in active if a["name"] == "exactly-connect"]
+        finally:
+            stop_session(remote)
+    assert report is not None
+    assert report.output.records_read == 400
+    assert assert_exactly_once(config, kafka_client) == (392, 8)
+    # the server ran the stage job's tasks in the cluster's executors, not in its own JVM
+    assert [a["cores"] for a in apps] == [2], apps
+    assert list(spark_cluster.work_dir.glob(f"worker-*/{apps[0]['id']}/*/stderr"))
