@@ -135,6 +135,23 @@ def s3a_settings(access: S3Access, env: Mapping[str, str] = os.environ) -> dict[
     return settings
 
 
+def executor_credentials(
+    settings: Mapping[str, str], env: Mapping[str, str] = os.environ
+) -> dict[str, str]:
+    """The standard variables for executors, when `settings` read keys from the environment.
+
+    Executors on a cluster are processes of their own, started by a worker with the worker's
+    environment, not the driver's: keys the driver inherited would be missing there and
+    every task would fail to sign its requests. `spark.executorEnv.*` hands them over; Spark's
+    default `spark.redaction.regex` (secret, token) keeps the secret and the session token
+    out of its UI, event logs and `EXPLAIN`.
+    """
+    if settings.get("spark.hadoop.fs.s3a.aws.credentials.provider") != _ENV_CREDENTIALS:
+        return {}
+    names = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    return {f"spark.executorEnv.{name}": env[name] for name in names if env.get(name)}
+
+
 def loopback_settings() -> dict[str, str]:
     """A local driver talks only to itself: keep it off the machine's other interfaces."""
     return {"spark.driver.host": LOOPBACK, "spark.driver.bindAddress": LOOPBACK}
@@ -203,6 +220,8 @@ def build_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     s3 = s3a_settings(object_store) if object_store is not None else {}
+    if not master.startswith(("local", "sc://")):
+        s3.update(executor_credentials(s3))
     settings = {**DEFAULT_CONF, **s3, **(conf or {})}
     if master.startswith("sc://"):
         return _remote_session(master, _remote_sql_settings(settings))

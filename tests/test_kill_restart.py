@@ -13,8 +13,9 @@ its executors, and the test must stay within its CI budget. The seed is in every
 message; `EXACTLY_KILL_SEED=<seed>` replays the same moments (the machine's timing still
 varies).
 
-Two set-ups: local Spark with a SQLite ledger, and the loopback standalone cluster (two
-workers, the stage job's tasks in executors) with a PostgreSQL ledger.
+Two set-ups: local Spark with local tables and a SQLite ledger; and the loopback standalone
+cluster (two workers, the stage job's tasks in executors) with both tables on the loopback
+S3 server and a PostgreSQL ledger: where users' data lives.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def run_and_kill(
     ("ledger_url", "where"),
     [
         pytest.param("sqlite", "local", id="local-spark-sqlite"),
-        pytest.param("postgresql", "cluster", id="cluster-postgresql"),
+        pytest.param("postgresql", "cluster", id="cluster-s3-postgresql"),
     ],
     indirect=["ledger_url"],
 )
@@ -166,9 +167,17 @@ def test_every_record_once_after_random_kills_while_producing(
     pipeline_factory: Any,
     tmp_path: Path,
 ) -> None:
-    master = "local[2]" if where == "local" else request.getfixturevalue("spark_cluster").url
+    master, table_root = "local[2]", None
+    if where == "cluster":
+        master = request.getfixturevalue("spark_cluster").url
+        request.getfixturevalue("s3_env")  # the `exactly run` children inherit the variables
+        table_root = f"s3://{request.getfixturevalue('s3_bucket')}/pageviews"
     config = pipeline_factory(
-        3, ledger_url=ledger_url, master=master, max_records=MAX_RECORDS_PER_PARTITION
+        3,
+        ledger_url=ledger_url,
+        master=master,
+        max_records=MAX_RECORDS_PER_PARTITION,
+        table_root=table_root,
     )
     seed = kill_seed()
     rng = random.Random(seed)

@@ -3,8 +3,10 @@ with secrets kept out of Spark's settings whenever the JVM can read them itself.
 
 from __future__ import annotations
 
+import re
+
 from resources.s3 import S3Access
-from resources.spark import s3a_settings
+from resources.spark import executor_credentials, s3a_settings
 
 ENDPOINT = {
     "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
@@ -56,3 +58,26 @@ def test_an_https_endpoint_keeps_tls() -> None:
     env = {"AWS_ENDPOINT_URL": "https://s3.example.internal", "AWS_REGION": "x", **KEYS}
     settings = s3a_settings(S3Access.from_env(env), env)
     assert settings["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "true"
+
+
+def test_executors_of_a_cluster_get_the_keys_the_driver_inherited() -> None:
+    """A worker starts executors with its own environment: without these settings every task
+    on a cluster fails to sign its requests. Spark's default redaction hides the secret."""
+    env = {**ENDPOINT, **KEYS, "AWS_SESSION_TOKEN": "planted-token-77"}
+    settings = s3a_settings(S3Access.from_env(env), env)
+    handed = executor_credentials(settings, env)
+    assert handed == {
+        "spark.executorEnv.AWS_ACCESS_KEY_ID": "AKIDEXAMPLE",
+        "spark.executorEnv.AWS_SECRET_ACCESS_KEY": "planted-secret-4e1d",
+        "spark.executorEnv.AWS_SESSION_TOKEN": "planted-token-77",
+    }
+    spark_default_redaction = re.compile(r"(?i)secret|password|token|access[.]?key")
+    for name, value in handed.items():
+        if value != "AKIDEXAMPLE":
+            assert spark_default_redaction.search(name), name
+
+
+def test_keys_spark_was_handed_are_not_handed_again() -> None:
+    env = {**ENDPOINT, **KEYS}
+    settings = s3a_settings(S3Access.from_env(env), {})  # the JVM would not inherit them
+    assert executor_credentials(settings, env) == {}
