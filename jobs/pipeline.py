@@ -22,6 +22,7 @@ from ledger.backfill import BackfillMode, backfill_app_id, plan_backfill
 from ledger.batch import Batch, BatchKind
 from ledger.store import LedgerStore
 from ledger.two_phase import Incident, TwoPhaseCommit
+from resources import storage
 from resources.config import PipelineConfig
 from resources.kafka import KafkaClient
 
@@ -42,6 +43,8 @@ class Pipeline:
     ) -> None:
         self.config = config
         self.log = log
+        # a bucket that is missing or refuses us fails here, not after a batch was staged
+        storage.check_buckets([config.delta.table_uri, config.delta.quarantine_uri])
         self.store = LedgerStore(config.ledger.url)
         self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
         self.source = KafkaOffsetSource(self.kafka, config.kafka.topic, config.group_id)

@@ -172,6 +172,40 @@ def _s3_objects(folder: str) -> Iterator[FileInfo]:
         raise _unreachable(folder, exc) from exc
 
 
+def check_buckets(uris: Sequence[str]) -> None:
+    """Before anything runs: every bucket `uris` name exists and our credentials may use
+    it, else one line naming the bucket and the problem (a missing bucket, access denied,
+    an endpoint that does not answer). Local locations need no check."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    buckets = sorted({split_s3(uri)[0] for uri in uris if is_remote(uri)})
+    if not buckets:
+        return  # resolving AWS credentials (a profile, an instance role) costs a local run
+    access = s3_access()
+    where = access.endpoint_url or f"AWS S3 ({access.region})"
+    who = access.access_key_id or f"of profile {access.profile}"
+    for bucket in buckets:
+        try:
+            _client(access).head_bucket(Bucket=bucket)
+        except NoCredentialsError as exc:
+            raise ConfigError(
+                f"bucket {bucket}: no AWS credentials (set AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+            ) from exc
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code"))
+            if code in ("404", "NoSuchBucket", "NotFound"):
+                raise ConfigError(f"bucket {bucket} does not exist at {where}") from exc
+            if code in ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+                raise ConfigError(
+                    f"bucket {bucket}: access denied at {where} for key {who} "
+                    "(wrong credentials, or no permission on the bucket)"
+                ) from exc
+            raise UnreachableError(f"bucket {bucket}: {where} answered {code}") from exc
+        except BotoCoreError as exc:
+            raise UnreachableError(f"bucket {bucket}: {where} does not answer: {exc}") from exc
+
+
 def _arrow_path(uri: str) -> tuple[str, S3FileSystem | None]:
     """What pyarrow opens for `uri`: `bucket/key` on the S3 file system, or the local path."""
     if not is_remote(uri):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ledger.errors import ConfigError
+from resources import storage
 from resources.s3 import S3Access
 
 SECRET = "planted-secret-3f9a1c"
@@ -110,3 +111,11 @@ def test_every_client_gets_the_same_endpoint_and_keys() -> None:
     assert client.meta.endpoint_url == "http://127.0.0.1:9000"
     assert client.meta.region_name == "eu-west-3"
     assert client._request_signer._credentials.secret_key == SECRET
+
+
+def test_local_tables_need_no_aws_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile-anywhere")  # would fail if resolved
+
+    storage.check_buckets(["/data/tables/pageviews", "/data/tables/pageviews_quarantine"])
