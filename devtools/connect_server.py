@@ -28,7 +28,15 @@ from devtools.jvm_process import (
     wait_child,
 )
 from ledger.errors import ConfigError, ExactlyError, UnreachableError
-from resources.spark import DEFAULT_CONF, LOOPBACK, jar_settings, loopback_settings
+from resources.s3 import S3Access
+from resources.spark import (
+    DEFAULT_CONF,
+    LOOPBACK,
+    executor_credentials,
+    jar_settings,
+    loopback_settings,
+    s3a_settings,
+)
 
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 CONNECT_MASTER = "local[2]"
@@ -140,6 +148,7 @@ def start_connect_server(
     master: str = CONNECT_MASTER,
     work_dir: Path | str | None = None,
     timeout: float = CONNECT_START_TIMEOUT,
+    object_store: S3Access | None = None,
 ) -> ConnectServer:
     """Start a Spark Connect server on 127.0.0.1:`port` and return once the port answers.
 
@@ -149,6 +158,9 @@ def start_connect_server(
     TIMESTAMP_MICROS, 2 GiB driver), and `conf` on top. Its `master` is where the queries'
     tasks run: local threads by default, or a cluster's executors (`SparkCluster.url` from
     `devtools.spark_cluster`; a loopback cluster reaches the server's driver on 127.0.0.1).
+    With `object_store`, the server also loads the s3a jars and reaches that store (its
+    sessions' tables may be `s3://`), with the credentials its JVM inherits from this
+    process's environment, handed on to a cluster's executors (`executor_credentials`).
     Nothing is downloaded. The log is `work_dir/connect-server.log` (a new temporary folder
     if `work_dir` is None), and the server's working directory, so a warehouse or metastore
     it creates stays there too.
@@ -166,12 +178,16 @@ def start_connect_server(
     conf_dir = folder / "conf"  # ours: no stray spark-defaults.conf reaches the server
     conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / "log4j2.properties").write_text(CONNECT_LOG4J2, encoding="utf-8")
+    s3 = s3a_settings(object_store) if object_store is not None else {}
+    if s3 and not master.startswith("local"):
+        s3.update(executor_credentials(s3))
     settings = {
         **DEFAULT_CONF,
         **loopback_settings(),
         "spark.sql.warehouse.dir": str(folder / "warehouse"),
+        **s3,
         **(conf or {}),
-        **jar_settings(),
+        **jar_settings(object_store is not None),
         # the URL we hand out depends on these: not overridable, and no silent move to the
         # next port if this one is taken
         "spark.connect.grpc.binding.address": LOOPBACK,

@@ -22,6 +22,7 @@ from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build
 from ledger.errors import ExactlyError, UnreachableError
 from resources.kafka import KafkaClient
+from resources.s3 import S3Access
 from resources.spark import build_session, driver_settings, stop_session
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_cli import exactly
@@ -99,22 +100,27 @@ def test_exactly_run_commits_on_the_cluster_with_its_driver_on_loopback(
 
 
 @pytest.mark.integration
-def test_a_batch_stages_and_commits_through_spark_connect_on_the_cluster(
+def test_a_batch_stages_and_commits_to_s3_through_spark_connect_on_the_cluster(
     spark_cluster: SparkCluster,
     kafka_client: KafkaClient,
     pipeline_factory: Any,
+    s3_env: dict[str, str],
+    s3_bucket: str,
     tmp_path: Path,
 ) -> None:
+    # the executors get the keys from the Connect server's settings, whatever environment
+    # the workers were started with, as on a cluster of other machines
     server = start_connect_server(
         free_port(),
         master=spark_cluster.url,
         work_dir=tmp_path / "connect",
         timeout=CONNECT_START_TIMEOUT,
+        object_store=S3Access.from_env(),
     )
     with server:
         remote = build_session(server.url)
         try:
-            config = pipeline_factory(2, master=server.url)
+            config = pipeline_factory(2, master=server.url, table_root=f"s3://{s3_bucket}/connect")
             kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
             report = build(config, spark_factory=lambda: remote).run_batch()
             active = spark_cluster.state()["activeapps"]
