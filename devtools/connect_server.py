@@ -17,17 +17,14 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 
 from devtools.jvm_process import (
-    accepts_connections,
+    LoopbackServer,
     launch_detached,
-    log_lines_since,
     port_in_use,
-    terminate_group,
-    wait_child,
+    spark_log4j2,
 )
-from ledger.errors import ConfigError, ExactlyError, UnreachableError
+from ledger.errors import ConfigError, ExactlyError
 from resources.s3 import S3Access
 from resources.spark import (
     DEFAULT_CONF,
@@ -45,24 +42,15 @@ CONNECT_LOG = "connect-server.log"
 # and far longer while other JVMs are busy.
 CONNECT_START_TIMEOUT = 300.0
 CONNECT_STOP_TIMEOUT = 60.0
-LOG_TAIL_LINES = 8
 
-#: The server's log4j2 config: warnings, plus the start and bind lines, which explain a start
-#: that fails or hangs; Spark's default (everything at INFO) logs each query's plan.
-CONNECT_LOG4J2 = """\
-# Written by exactly on every Spark Connect server start; edits are overwritten.
-rootLogger.level = warn
-rootLogger.appenderRef.stderr.ref = stderr
-appender.stderr.type = Console
-appender.stderr.name = stderr
-appender.stderr.target = SYSTEM_ERR
-appender.stderr.layout.type = PatternLayout
-appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-logger.server.name = org.apache.spark.sql.connect.service.SparkConnectServer
-logger.server.level = info
-logger.service.name = org.apache.spark.sql.connect.service.SparkConnectService
-logger.service.level = info
-"""
+#: The server's log4j2 config: its start and bind lines explain a start that fails or hangs.
+CONNECT_LOG4J2 = spark_log4j2(
+    "Spark Connect server",
+    {
+        "server": CONNECT_SERVER_CLASS,
+        "service": "org.apache.spark.sql.connect.service.SparkConnectService",
+    },
+)
 
 
 def _pyspark_home() -> Path:
@@ -72,73 +60,28 @@ def _pyspark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-class ConnectServer:
+class ConnectServer(LoopbackServer):
     """A Spark Connect server JVM started by this process, listening on 127.0.0.1:`port`.
 
     The JVM runs in its own process group (spark-submit's launcher scripts `exec` into it,
     and Python workers it forks stay in the group), so `stop` signals exactly what
-    `start_connect_server` started and nothing else.
+    `start_connect_server` started and nothing else: SIGTERM first, so Spark's shutdown
+    hooks run.
     """
+
+    stop_timeout = CONNECT_STOP_TIMEOUT
 
     def __init__(
         self, port: int, process: subprocess.Popen[bytes], work_dir: Path, log_offset: int
     ) -> None:
-        self.port = port
-        self.process = process
+        super().__init__("Spark Connect server", port, process, work_dir / CONNECT_LOG, log_offset)
         self.work_dir = work_dir
-        self.log_offset = log_offset
         #: Seconds from launch until the port answered (set by `start_connect_server`).
         self.start_seconds: float | None = None
 
     @property
     def url(self) -> str:
         return f"sc://{LOOPBACK}:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / CONNECT_LOG
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last log lines of this start, without stack frames, joined for one message."""
-        kept = log_lines_since(self.log_path, self.log_offset)
-        if kept is None:
-            return "no log"
-        return " | ".join(kept[-lines:]) or "no output"
-
-    def stop(self, timeout: float = CONNECT_STOP_TIMEOUT) -> None:
-        """SIGTERM the server's process group (Spark's shutdown hooks run), SIGKILL if stuck.
-
-        Signals only while the JVM is still our unreaped child, so its pid (the group id)
-        cannot have been reused by another process.
-        """
-        if self.process.poll() is not None:
-            return
-        exited = terminate_group(
-            self.pid,
-            lambda seconds: wait_child(self.process, seconds),
-            timeout,
-            kill_timeout=timeout,
-        )
-        if not exited:
-            raise subprocess.TimeoutExpired(self.process.args, timeout)
-
-    def __enter__(self) -> ConnectServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def start_connect_server(
@@ -219,31 +162,9 @@ def start_connect_server(
     )
     server = ConnectServer(port, process, folder, log_offset)
     try:
-        _await_listening(server, started + timeout)
+        server.await_listening(started + timeout)
     except BaseException:
         server.stop()
         raise
     server.start_seconds = time.monotonic() - started
     return server
-
-
-def _await_listening(server: ConnectServer, deadline: float) -> None:
-    """Poll until our JVM listens; fail early if it exits (bad conf, port taken meanwhile)."""
-    while not accepts_connections(server.port, timeout=2, host=LOOPBACK):
-        code = server.process.poll()
-        if code is not None:
-            raise UnreachableError(
-                f"Spark Connect server exited (code {code}) before listening on "
-                f"{LOOPBACK}:{server.port}; {server.log_path}: {server.log_tail()}"
-            )
-        if time.monotonic() > deadline:
-            raise UnreachableError(
-                f"Spark Connect server did not listen on {LOOPBACK}:{server.port} in time; "
-                f"{server.log_path}: {server.log_tail()}"
-            )
-        time.sleep(0.5)
-    if not server.running():
-        raise UnreachableError(
-            f"port {server.port} answers but our Spark Connect server exited; "
-            f"{server.log_path}: {server.log_tail()}"
-        )

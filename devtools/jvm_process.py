@@ -2,9 +2,13 @@
 own process group with its output in a log, quote that log, stop the whole group, and probe
 loopback ports.
 
-The embedded broker and the Spark Connect server both rely on one property: the JVM leads its
-own process group (it starts a new session), so signalling the group reaches the JVM and every
-process it forked (Spark's Python workers), and nothing else.
+`LoopbackServer` is what the S3 server and the Spark Connect server have in common (a log
+quoted in every error, a start that waits for the port, a stop), `DetachedJvm` what a Spark
+cluster's daemons have.
+
+Every one of them relies on one property: the JVM leads its own process group (it starts a
+new session), so signalling the group reaches the JVM and every process it forked (Spark's
+Python workers), and nothing else.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import TracebackType
+from typing import Self
 
-from ledger.errors import ConfigError
+from ledger.errors import ConfigError, UnreachableError
 
 HOST = "127.0.0.1"
+LOG_TAIL_LINES = 8
 
 
 def java_executable() -> str:
@@ -70,6 +77,25 @@ def accepts_connections(port: int, timeout: float, host: str = HOST) -> bool:
 
 
 # -- launching and logs -------------------------------------------------------------------------
+
+
+def spark_log4j2(what: str, info_loggers: Mapping[str, str]) -> str:
+    """A log4j2 config for a Spark JVM we start: warnings only, on stderr (so in its log), plus
+    INFO from `info_loggers` (name -> class), the lines that explain a start that fails or
+    hangs; Spark's default logs everything at INFO, each query's plan included."""
+    lines = [
+        f"# Written by exactly on every {what} start; edits are overwritten.",
+        "rootLogger.level = warn",
+        "rootLogger.appenderRef.stderr.ref = stderr",
+        "appender.stderr.type = Console",
+        "appender.stderr.name = stderr",
+        "appender.stderr.target = SYSTEM_ERR",
+        "appender.stderr.layout.type = PatternLayout",
+        "appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex",
+    ]
+    for name, cls in info_loggers.items():
+        lines += [f"logger.{name}.name = {cls}", f"logger.{name}.level = info"]
+    return "\n".join(lines) + "\n"
 
 
 def launch_detached(
@@ -172,3 +198,103 @@ def terminate_group(
         return True
     signal_group(pid, signal.SIGKILL)
     return wait_exit(kill_timeout)
+
+
+# -- one launched JVM ---------------------------------------------------------------------------
+
+
+class DetachedJvm:
+    """One JVM started by `launch_detached`: its log since this start, and a stop that reaches
+    its whole process group (the JVM and every process it forked) and nothing else."""
+
+    def __init__(
+        self, name: str, process: subprocess.Popen[bytes], log_path: Path, log_offset: int
+    ) -> None:
+        #: What messages call it: "S3 server", "Spark Connect server", "worker-1".
+        self.name = name
+        self.process = process
+        self.log_path = log_path
+        self.log_offset = log_offset
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last log lines of this start, without stack frames, joined for one message."""
+        kept = log_lines_since(self.log_path, self.log_offset)
+        if kept is None:
+            return "no log"
+        return " | ".join(kept[-lines:]) or "no output"
+
+    def stop_group(self, timeout: float) -> bool:
+        """SIGTERM the group (shutdown hooks run), SIGKILL if stuck; True once it exited.
+
+        Signals only while the JVM is our unreaped child, so its pid (the group id) cannot
+        have been reused by another process.
+        """
+        if self.process.poll() is not None:
+            return True
+        return terminate_group(
+            self.pid, lambda seconds: wait_child(self.process, seconds), timeout, timeout
+        )
+
+
+class LoopbackServer(DetachedJvm):
+    """A server JVM listening on HOST:`port`, stopped when its `with` block ends."""
+
+    #: Seconds `stop` waits for TERM, then again for KILL.
+    stop_timeout = 60.0
+
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        process: subprocess.Popen[bytes],
+        log_path: Path,
+        log_offset: int,
+    ) -> None:
+        super().__init__(name, process, log_path, log_offset)
+        self.port = port
+
+    def stop(self, timeout: float | None = None) -> None:
+        timeout = self.stop_timeout if timeout is None else timeout
+        if not self.stop_group(timeout):
+            raise subprocess.TimeoutExpired(self.process.args, timeout)
+
+    def await_listening(self, deadline: float, poll_seconds: float = 0.5) -> None:
+        """Poll until our JVM listens; fail early, quoting its log, if it exits first (a bad
+        setting, the port taken meanwhile) or `deadline` (monotonic) passes."""
+        where = f"{HOST}:{self.port}"
+        while not accepts_connections(self.port, timeout=2, host=HOST):
+            code = self.process.poll()
+            if code is not None:
+                raise UnreachableError(
+                    f"{self.name} exited (code {code}) before listening on {where}; "
+                    f"{self.log_path}: {self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise UnreachableError(
+                    f"{self.name} did not listen on {where} in time; "
+                    f"{self.log_path}: {self.log_tail()}"
+                )
+            time.sleep(poll_seconds)
+        if not self.running():
+            raise UnreachableError(
+                f"port {self.port} answers but our {self.name} exited; "
+                f"{self.log_path}: {self.log_tail()}"
+            )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

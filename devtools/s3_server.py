@@ -17,20 +17,16 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 
 from devtools.jvm_process import (
     HOST,
-    accepts_connections,
+    LoopbackServer,
     free_port,
     java_executable,
     launch_detached,
-    log_lines_since,
     port_in_use,
-    terminate_group,
-    wait_child,
 )
-from ledger.errors import ConfigError, ExactlyError, UnreachableError
+from ledger.errors import ConfigError, ExactlyError
 from resources.jars import jars_dir
 from resources.s3 import S3Access
 
@@ -42,7 +38,6 @@ S3_ACCESS_KEY_ID = "exactly"
 # Generous: the JVM listens within about a second alone, far later beside Spark and Kafka.
 S3_START_TIMEOUT = 120.0
 S3_STOP_TIMEOUT = 30.0
-LOG_TAIL_LINES = 8
 
 
 def s3proxy_jar() -> Path:
@@ -57,12 +52,14 @@ def s3proxy_jar() -> Path:
     return jars[-1]
 
 
-class S3Server:
+class S3Server(LoopbackServer):
     """An s3proxy JVM started by this process, serving http://127.0.0.1:`port`.
 
     Its credentials are made up per start, so a test that plants and then greps for the
     secret finds only what the product leaked, never a fixed string from this file.
     """
+
+    stop_timeout = S3_STOP_TIMEOUT
 
     def __init__(
         self,
@@ -72,20 +69,14 @@ class S3Server:
         log_offset: int,
         secret_access_key: str,
     ) -> None:
-        self.port = port
-        self.process = process
+        super().__init__("S3 server", port, process, work_dir / S3_LOG, log_offset)
         self.work_dir = work_dir
-        self.log_offset = log_offset
         self.access_key_id = S3_ACCESS_KEY_ID
         self.secret_access_key = secret_access_key
 
     @property
     def endpoint_url(self) -> str:
         return f"http://{HOST}:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.work_dir / S3_LOG
 
     @property
     def data_dir(self) -> Path:
@@ -110,41 +101,6 @@ class S3Server:
         """Create bucket `name` (3 to 63 characters, S3's rule) and return it."""
         self.access().boto3_client().create_bucket(Bucket=name)
         return name
-
-    def running(self) -> bool:
-        return self.process.poll() is None
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last log lines of this start, without stack frames, joined for one message."""
-        kept = log_lines_since(self.log_path, self.log_offset)
-        if kept is None:
-            return "no log"
-        return " | ".join(kept[-lines:]) or "no output"
-
-    def stop(self, timeout: float = S3_STOP_TIMEOUT) -> None:
-        """SIGTERM the JVM's group, SIGKILL if stuck; only while it is our unreaped child,
-        so its pid cannot have been reused by another process."""
-        if self.process.poll() is not None:
-            return
-        exited = terminate_group(
-            self.process.pid,
-            lambda seconds: wait_child(self.process, seconds),
-            timeout,
-            kill_timeout=timeout,
-        )
-        if not exited:
-            raise subprocess.TimeoutExpired(self.process.args, timeout)
-
-    def __enter__(self) -> S3Server:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def start_s3_server(
@@ -195,30 +151,8 @@ def start_s3_server(
     )
     server = S3Server(port, process, work_dir, log_offset, secret)
     try:
-        _await_listening(server, time.monotonic() + timeout)
+        server.await_listening(time.monotonic() + timeout, poll_seconds=0.2)
     except BaseException:
         server.stop()
         raise
     return server
-
-
-def _await_listening(server: S3Server, deadline: float) -> None:
-    """Poll until our JVM listens; fail early if it exits (port taken meanwhile, bad jar)."""
-    while not accepts_connections(server.port, timeout=2, host=HOST):
-        code = server.process.poll()
-        if code is not None:
-            raise UnreachableError(
-                f"S3 server exited (code {code}) before listening on {HOST}:{server.port}; "
-                f"{server.log_path}: {server.log_tail()}"
-            )
-        if time.monotonic() > deadline:
-            raise UnreachableError(
-                f"S3 server did not listen on {HOST}:{server.port} in time; "
-                f"{server.log_path}: {server.log_tail()}"
-            )
-        time.sleep(0.2)
-    if not server.running():
-        raise UnreachableError(
-            f"port {server.port} answers but our S3 server exited; "
-            f"{server.log_path}: {server.log_tail()}"
-        )

@@ -23,7 +23,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,13 +34,12 @@ from types import TracebackType
 from typing import Any
 
 from devtools.jvm_process import (
+    DetachedJvm,
     accepts_connections,
     free_port,
     launch_detached,
-    log_lines_since,
     port_in_use,
-    terminate_group,
-    wait_child,
+    spark_log4j2,
 )
 from ledger.errors import ConfigError, ExactlyError, UnreachableError
 from resources.spark import LOOPBACK
@@ -59,24 +57,10 @@ DAEMON_MEMORY = "256m"
 # JVMs are busy.
 CLUSTER_START_TIMEOUT = 300.0
 CLUSTER_STOP_TIMEOUT = 60.0
-LOG_TAIL_LINES = 8
 
-#: The daemons' log4j2 config: warnings, plus the lines that say who registered with whom and
-#: which executors ran, which explain a start that fails or a job that never gets cores.
-CLUSTER_LOG4J2 = """\
-# Written by exactly on every Spark cluster start; edits are overwritten.
-rootLogger.level = warn
-rootLogger.appenderRef.stderr.ref = stderr
-appender.stderr.type = Console
-appender.stderr.name = stderr
-appender.stderr.target = SYSTEM_ERR
-appender.stderr.layout.type = PatternLayout
-appender.stderr.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
-logger.master.name = org.apache.spark.deploy.master.Master
-logger.master.level = info
-logger.worker.name = org.apache.spark.deploy.worker.Worker
-logger.worker.level = info
-"""
+#: The daemons' log4j2 config: who registered with whom and which executors ran explain a
+#: start that fails or a job that never gets cores.
+CLUSTER_LOG4J2 = spark_log4j2("Spark cluster", {"master": MASTER_CLASS, "worker": WORKER_CLASS})
 
 #: Daemon settings: no REST submission server (it would listen on 6066 on every start), and
 #: each worker deletes the folders of finished applications so repeated runs do not pile up.
@@ -93,38 +77,9 @@ def _pyspark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
-class Daemon:
-    """One master or worker JVM started by this process, leading its own process group."""
-
-    def __init__(
-        self, name: str, process: subprocess.Popen[bytes], log_path: Path, log_offset: int
-    ) -> None:
-        self.name = name
-        self.process = process
-        self.log_path = log_path
-        self.log_offset = log_offset
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        """The last log lines of this start, without stack frames, joined for one message."""
-        kept = log_lines_since(self.log_path, self.log_offset)
-        if kept is None:
-            return "no log"
-        return " | ".join(kept[-lines:]) or "no output"
-
-    def stop(self, timeout: float) -> bool:
-        """SIGTERM the group (a worker's hooks kill its executors), SIGKILL if stuck.
-
-        Signals only while the JVM is our unreaped child, so its pid (the group id) cannot
-        have been reused by another process.
-        """
-        if self.process.poll() is not None:
-            return True
-        return terminate_group(
-            self.process.pid,
-            lambda seconds: wait_child(self.process, seconds),
-            timeout,
-            kill_timeout=timeout,
-        )
+class Daemon(DetachedJvm):
+    """One master or worker JVM started by this process, leading its own process group:
+    `stop_group` TERMs it (a worker's hooks kill its executors), KILLs it if stuck."""
 
 
 class SparkCluster:
@@ -163,7 +118,7 @@ class SparkCluster:
 
     def stop(self, timeout: float = CLUSTER_STOP_TIMEOUT) -> None:
         """Stop the workers (and so their executors), then the master."""
-        stuck = [d.name for d in self.daemons if not d.stop(timeout)]
+        stuck = [d.name for d in self.daemons if not d.stop_group(timeout)]
         if stuck:
             raise ExactlyError(f"Spark cluster daemons did not exit: {', '.join(stuck)}")
 
