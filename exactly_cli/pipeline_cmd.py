@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from jobs.continuous import Cadence, run_continuously
 from ledger.errors import BusyError, ExactlyError
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore
@@ -29,6 +32,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--until-caught-up",
         action="store_true",
         help="run batches until the last stable offsets are reached",
+    )
+    how_many.add_argument(
+        "--continuous",
+        action="store_true",
+        help="run batch after batch until SIGTERM or Ctrl-C (the batch in flight commits first)",
+    )
+    run.add_argument(
+        "--min-interval",
+        type=float,
+        default=1.0,
+        help="with --continuous: seconds between the starts of two batches at least (default 1)",
     )
     run.add_argument(
         "--allow-empty",
@@ -109,10 +123,71 @@ def run_pipeline(
     return done
 
 
+def run_continuous(
+    config: PipelineConfig,
+    cadence: Cadence,
+    *,
+    allow_empty: bool = False,
+    busy_timeout: float = 120.0,
+) -> int:
+    """Recover, then run batches until SIGTERM or SIGINT; returns how many committed.
+
+    The first signal asks the loop to stop after the batch in flight (jobs/continuous.py);
+    the handlers are then the previous ones again, so a second Ctrl-C interrupts at once,
+    which is a crash that the next start recovers from. The Spark session starts before the
+    handlers are set, because pyspark sets its own SIGINT handler (cancel every job) when it
+    starts one, and that would turn a polite Ctrl-C into a failed batch.
+    """
+    from jobs.pipeline import Pipeline
+
+    stop = threading.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    with Pipeline(config, log=_say) as pipeline:
+        tpc = pipeline.live
+        for batch in _with_busy_retry(tpc.recover_and_commit, busy_timeout):
+            _say(f"recovered batch {batch.batch_id}: {batch.state}")
+        pipeline.spark()
+        previous = {sig: signal.getsignal(sig) for sig in signals}
+
+        def request_stop(signum: int, _frame: Any) -> None:
+            name = signal.Signals(signum).name
+            _say(f"{config.pipeline}: {name}: stopping after the batch in flight")
+            stop.set()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+        for sig in signals:
+            signal.signal(sig, request_stop)
+        try:
+            done = run_continuously(
+                lambda: _with_busy_retry(
+                    lambda: tpc.run_batch(allow_empty=allow_empty), busy_timeout
+                ),
+                cadence,
+                stop,
+                lambda report: _say(report.line()),
+            )
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    _say(f"{config.pipeline}: stopped after {done} batch(es)")
+    return done
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     if args.batches is not None and args.batches < 1 and not args.until_caught_up:
         raise ExactlyError(f"--batches must be at least 1, not {args.batches}")
+    if args.continuous:
+        if args.min_interval < 0:
+            raise ExactlyError(f"--min-interval must be at least 0, not {args.min_interval}")
+        run_continuous(
+            config,
+            Cadence(min_interval=args.min_interval),
+            allow_empty=args.allow_empty,
+            busy_timeout=args.busy_timeout,
+        )
+        return 0
     run_pipeline(
         config,
         batches=None if args.until_caught_up else args.batches,

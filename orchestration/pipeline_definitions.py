@@ -1,6 +1,6 @@
 """Everything Dagster knows of one pipeline config, assembled in one place: its resources,
 its batch partitions, its assets (the topic, the table and the quarantine) and the table
-checks, its six jobs, its three schedules and its five sensors.
+checks, its seven jobs, its three schedules and its five sensors.
 
 Each piece is built by the module named for it; this module only wires them together and
 declares the resources once, in the pipeline's `Definitions`, which the code location
@@ -24,6 +24,7 @@ from orchestration.clean_job import build_clean_job
 from orchestration.clean_schedule import build_clean_schedule
 from orchestration.compact_job import build_compact_job
 from orchestration.compact_schedule import build_compact_schedule
+from orchestration.continuous_job import build_continuous_job
 from orchestration.history_sensor import build_history_sensor
 from orchestration.micro_batch_job import build_micro_batch_graph, build_micro_batch_job
 from orchestration.next_batch_job import build_next_batch_job
@@ -49,6 +50,7 @@ class PipelineDefinitions:
     table: dg.AssetSpec
     micro_batch: dg.JobDefinition
     next_batch: dg.JobDefinition
+    continuous: dg.JobDefinition
     redrive: dg.JobDefinition
     backfill: dg.JobDefinition
     clean: dg.JobDefinition
@@ -83,6 +85,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     one_batch = build_micro_batch_graph(config, batches, table)
     micro_batch = build_micro_batch_job(config, one_batch, batches)
     next_batch = build_next_batch_job(config, one_batch)
+    continuous = build_continuous_job(config, batches, table)
     redrive = build_redrive_job(config, batches, table)
     backfill = build_backfill_job(config, table)
     clean = build_clean_job(config, table)
@@ -94,7 +97,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         build_redrive_sensor(config, batches, redrive, backfill),
         build_stuck_sensor(config),
         build_run_failure_sensor(
-            config, [micro_batch, next_batch, redrive, backfill, clean, compact]
+            config, [micro_batch, next_batch, continuous, redrive, backfill, clean, compact]
         ),
         build_history_sensor(config, batches, table),
         build_checks_sensor(config),
@@ -102,7 +105,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     definitions = dg.Definitions(
         assets=[topic, table, quarantine],
         asset_checks=[build_table_checks(config)],
-        jobs=[micro_batch, next_batch, redrive, backfill, clean, compact],
+        jobs=[micro_batch, next_batch, continuous, redrive, backfill, clean, compact],
         schedules=[schedule, clean_schedule, compact_schedule],
         sensors=sensors,
         resources=resources,
@@ -115,6 +118,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         table=table,
         micro_batch=definitions.resolve_job_def(micro_batch.name),
         next_batch=definitions.resolve_job_def(next_batch.name),
+        continuous=definitions.resolve_job_def(continuous.name),
         redrive=definitions.resolve_job_def(redrive.name),
         backfill=definitions.resolve_job_def(backfill.name),
         clean=definitions.resolve_job_def(clean.name),

@@ -1,0 +1,108 @@
+"""The `<pipeline>_continuous` job: one long-running run that commits batch after batch.
+
+A run per batch pays Dagster's launch and a new Spark session per batch, seconds before
+the first record is read; for freshness, this run keeps its process, its Spark session and
+its open tables, and runs the batches of jobs/continuous.py one after another. The UI
+stays the place where every batch is seen: each batch gets its dynamic partition and its
+materialization of the table and quarantine assets, with the same metadata as a
+micro-batch run, as it commits; the run's batch tag names the batch in flight, so the
+history and re-drive sensors leave that batch to this run (orchestration/liveness.py).
+
+Stopping: terminate the run in the UI. Dagster interrupts the op, which is a crash
+somewhere in a batch: recovery (this job's next run, any micro-batch run, or the re-drive
+sensor for a batch that voted) finishes or abandons it, as for any run that died.
+`max_batches` ends the run by itself (tests, bounded catch-ups). Don't leave
+`<pipeline>_schedule` on beside it: both would plan the next batch, the ledger lets only
+one of them own it, and the loser's run fails busy.
+"""
+
+import threading
+from typing import Any
+
+import dagster as dg
+from pydantic import Field
+
+from jobs.continuous import Cadence, run_continuously
+from ledger.two_phase import BatchReport
+from orchestration.liveness import warn_if_not_acked
+from orchestration.metadata import (
+    commit_materialization,
+    maintenance_metadata,
+    quarantine_materialization,
+)
+from orchestration.rejection import rejections_end_the_run
+from orchestration.resources import pipeline_in, pipeline_key
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG
+from resources.config import PipelineConfig
+
+
+class ContinuousRequest(dg.Config):
+    """How often the run starts a batch, and when it ends by itself."""
+
+    min_interval_seconds: float = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds between the starts of two batches at least; a caught-up "
+        "pipeline polls the topic this often.",
+    )
+    max_batches: int | None = Field(
+        default=None,
+        ge=1,
+        description="End the run after this many committed batches (default: run until "
+        "the run is terminated).",
+    )
+
+
+def build_continuous_job(
+    config: PipelineConfig, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
+) -> dg.JobDefinition:
+    name = config.pipeline
+
+    @dg.op(name=f"{name}_continuous", required_resource_keys={pipeline_key(name)})
+    def continuous(context: dg.OpExecutionContext, config: ContinuousRequest) -> dg.Output[int]:
+        """Recover, then commit batches until terminated or `max_batches` have committed."""
+        pipeline = pipeline_in(context, name)
+        tpc = pipeline.live
+        request = {"partition": "continuous"}
+        with rejections_end_the_run(context, name, request):
+            for done in tpc.recover_and_commit():
+                context.log.info(f"recovered batch {done.batch_id}: {done.state}")
+
+        def run_batch() -> BatchReport | None:
+            with rejections_end_the_run(context, name, request):
+                batch = tpc.begin()
+                if batch is None:
+                    return None
+                # the batch in flight is this run's: the sensors see the run as its owner
+                context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(batch.batch_id)})
+                context.instance.add_dynamic_partitions(batches.name, [str(batch.batch_id)])
+                return tpc.finish(batch)
+
+        def committed(report: BatchReport) -> None:
+            batch = report.batch
+            warn_if_not_acked(context.log.warning, batch)
+            context.log.info(report.line())
+            extra = maintenance_metadata(pipeline, context.instance)
+            materialization = commit_materialization(
+                table.key, pipeline, batch, partition=str(batch.batch_id), extra=extra
+            )
+            context.log_event(materialization)
+            context.log_event(quarantine_materialization(pipeline, batch, str(batch.batch_id)))
+
+        cadence = Cadence(config.min_interval_seconds, config.max_batches)
+        done = run_continuously(run_batch, cadence, threading.Event(), committed)
+        return dg.Output(done, metadata={"batches": done})
+
+    @dg.graph(name=f"{name}_continuous")
+    def loop() -> Any:
+        return continuous()
+
+    return loop.to_job(
+        name=f"{name}_continuous",
+        description=(
+            f"Commit exactly-once micro-batches of pipeline {name!r} one after another in one "
+            "long-running run (freshness); every batch gets its partition and materialization."
+        ),
+        executor_def=dg.in_process_executor,
+        tags={PIPELINE_TAG: name},
+    )

@@ -1,0 +1,240 @@
+"""Continuous mode (jobs/continuous.py): the cadence's logic on a fake clock, then the real
+thing: `exactly run --continuous` under a live producer, stopped by SIGTERM, and the Dagster
+`<pipeline>_continuous` job, each checked against the broker and the tables."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from jobs.continuous import Cadence, run_continuously
+from jobs.examples.sample_data import pageviews
+from ledger.protocol import BatchState
+from ledger.store import LedgerStore
+from orchestration.pipeline_definitions import pipeline_definitions
+from orchestration.tags import BATCH_TAG
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.test_cli import EXACTLY, REPO
+from tests.test_history import evaluate_history, materializations
+
+
+class FakeTime:
+    """A clock that only moves when a batch takes time or the loop waits."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Waits(threading.Event):
+    """A stop event whose waits advance the fake clock instead of sleeping."""
+
+    def __init__(self, clock: FakeTime) -> None:
+        super().__init__()
+        self.clock = clock
+        self.waited: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.waited.append(timeout)
+        self.clock.now += timeout
+        return self.is_set()
+
+
+def scripted(clock: FakeTime, durations: list[float | None]) -> tuple[Any, list[float]]:
+    """A run_batch that takes `durations[i]` seconds on pass i (None: nothing new)."""
+    starts: list[float] = []
+
+    def run_batch() -> Any:
+        starts.append(clock.now)
+        took = durations[len(starts) - 1]
+        clock.now += took or 0.01
+        return None if took is None else f"report {len(starts)}"
+
+    return run_batch, starts
+
+
+@pytest.mark.parametrize("min_interval", [0.0, 1.0, 5.0])
+def test_batches_start_no_closer_than_the_interval_and_a_long_batch_is_followed_at_once(
+    min_interval: float,
+) -> None:
+    clock = FakeTime()
+    stop = Waits(clock)
+    run_batch, starts = scripted(clock, [0.2, 7.0, None, None, 0.5])
+    reports: list[Any] = []
+    done = run_continuously(
+        run_batch, Cadence(min_interval, max_batches=3), stop, reports.append, clock=clock
+    )
+
+    assert done == 3 and reports == ["report 1", "report 2", "report 5"]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert all(gap >= min_interval for gap in gaps), gaps
+    # after the 7-second batch the next pass starts at once whatever the interval
+    assert gaps[1] == pytest.approx(7.0)
+    if min_interval:
+        # an idle pass (nothing new) waits out the interval too: one poll per interval
+        assert gaps[2] == pytest.approx(max(min_interval, 0.01))
+
+
+def test_a_stop_request_lets_the_batch_in_flight_finish_and_starts_no_other() -> None:
+    clock = FakeTime()
+    stop = Waits(clock)
+    run_batch, starts = scripted(clock, [0.5, 0.5, 0.5, 0.5])
+
+    def on_batch(report: Any) -> None:
+        if report == "report 2":
+            stop.set()  # as the SIGTERM handler does while batch 2 is in flight
+
+    done = run_continuously(run_batch, Cadence(1.0), stop, on_batch, clock=clock)
+    assert done == 2 and len(starts) == 2
+
+
+def test_an_idle_pipeline_stops_at_once_when_asked() -> None:
+    stop = threading.Event()
+    stop.set()
+    assert run_continuously(lambda: None, Cadence(3600.0), stop, lambda _r: None) == 0
+
+
+def test_a_failing_batch_ends_the_loop_with_its_error() -> None:
+    def run_batch() -> Any:
+        raise RuntimeError("broker gone")
+
+    with pytest.raises(RuntimeError, match="broker gone"):
+        run_continuously(run_batch, Cadence(0.0), threading.Event(), lambda _r: None)
+
+
+@pytest.mark.parametrize("bad", [{"min_interval": -1.0}, {"max_batches": 0}])
+def test_a_cadence_that_makes_no_sense_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Cadence(**bad)
+
+
+def _produce_steadily(client: Any, topic: str, stop: threading.Event, produced: list[int]) -> None:
+    """About 100 records every 0.3 s, malformed ones included, until `stop`."""
+    while not stop.is_set():
+        records = list(pageviews(100, malformed_every=25, start=sum(produced)))
+        client.produce(topic, records)
+        produced.append(len(records))
+        stop.wait(0.3)
+
+
+def _committed(config: Any) -> list[Any]:
+    store = LedgerStore(config.ledger.url)
+    return [b for b in store.batches(pipeline=config.pipeline, limit=1000)]
+
+
+def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_on_sigterm(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = pipeline_factory(2, max_records=200)
+    produced: list[int] = []
+    stop_producing = threading.Event()
+    producer = threading.Thread(
+        target=_produce_steadily, args=(kafka_client, config.kafka.topic, stop_producing, produced)
+    )
+    log = tmp_path / "continuous.log"
+    with log.open("wb") as out:
+        child = subprocess.Popen(
+            [
+                *EXACTLY,
+                "run",
+                "-c",
+                str(config_path(config)),
+                "--continuous",
+                "--min-interval",
+                "0.5",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ},
+        )
+        producer.start()
+        try:
+            deadline = time.monotonic() + 240
+            while len(_committed(config)) < 4:
+                assert child.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.5)
+        finally:
+            stop_producing.set()
+            producer.join()
+        # a stop request in the middle of whatever the process is doing
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=120) == 0, log.read_text()
+    text = log.read_text()
+    assert "SIGTERM: stopping after the batch in flight" in text
+    assert "stopped after" in text
+
+    # the batch in flight when the signal came committed: nothing is left unfinished
+    batches = _committed(config)
+    assert len(batches) >= 4
+    assert {b.state for b in batches} <= {BatchState.ACKED, BatchState.COMMITTED}, [
+        (b.batch_id, b.state) for b in batches
+    ]
+    # the rest of the topic, then every produced coordinate is in the tables once
+    caught_up = subprocess.run(
+        [*EXACTLY, "run", "-c", str(config_path(config)), "--until-caught-up"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert caught_up.returncode == 0, caught_up.stderr
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == sum(produced)
+
+
+def test_the_continuous_job_materializes_every_batch_it_commits_in_one_run(
+    kafka_client: Any, pipeline_factory: Any
+) -> None:
+    config = pipeline_factory(3, max_records=100)
+    kafka_client.produce(config.kafka.topic, pageviews(900, malformed_every=30))
+    jobs = pipeline_definitions(config_path(config))
+    with dg.instance_for_test() as instance:
+        result = jobs.continuous.execute_in_process(
+            instance=instance,
+            run_config={
+                "ops": {
+                    "pageviews_continuous": {
+                        "config": {"min_interval_seconds": 0.0, "max_batches": 2}
+                    }
+                }
+            },
+        )
+        assert result.success
+        assert result.output_for_node("pageviews_continuous") == 2
+        table_events = [
+            m
+            for m in result.asset_materializations_for_node("pageviews_continuous")
+            if m.asset_key == jobs.table.key
+        ]
+        assert [m.partition for m in table_events] == ["1", "2"]
+        assert instance.get_dynamic_partitions(jobs.batches.name) == ["1", "2"]
+        run = instance.get_run_by_id(result.run_id)
+        assert run is not None and run.tags[BATCH_TAG] == "2"
+        batches = sorted(_committed(config), key=lambda b: b.batch_id)
+        assert [(b.batch_id, b.state) for b in batches] == [
+            (1, BatchState.ACKED),
+            (2, BatchState.ACKED),
+        ]
+        # each materialization describes its own batch, as a micro-batch run's does
+        assert [m.metadata["records_read"].value for m in table_events] == [
+            b.metrics["records_read"] for b in batches
+        ]
+        assert [m.metadata["last_batch_id"].value for m in table_events] == ["1", "2"]
+
+        # the history sensor finds both batches in the UI already and adds nothing
+        evaluate_history(jobs, instance, None)
+        assert [m.partition for m in materializations(jobs, instance)] == ["1", "2"]
