@@ -22,8 +22,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import commits, limits, peer, product, spark_profile
+from bench import commits, freshness, limits, peer, product, spark_profile
 from bench.data import produce, split
+from bench.freshness import FreshnessSettings
 from bench.report import S3_PLAN, batch_label, summarize
 from devtools.broker import EmbeddedBroker
 from devtools.jvm_process import free_port, java_executable
@@ -56,6 +57,19 @@ class Settings:
     keep: bool = False
     #: write Spark's event log here and summarise it per contender (changes Spark settings)
     profile_dir: Path | None = None
+    #: the freshness section's steady load (records/s for seconds) and batch interval
+    freshness_rate: int = 20_000
+    freshness_seconds: float = 180.0
+    freshness_interval: float = 1.0
+
+    def freshness(self) -> FreshnessSettings:
+        return FreshnessSettings(
+            rate=self.freshness_rate,
+            seconds=self.freshness_seconds,
+            min_interval=self.freshness_interval,
+            partitions=self.partitions,
+            record_bytes=self.record_bytes,
+        )
 
 
 SMOKE = Settings(
@@ -68,6 +82,8 @@ SMOKE = Settings(
     empty_batches=1,
     file_counts=(10, 100, 1000),
     history=20,
+    freshness_rate=1_000,
+    freshness_seconds=5.0,
 )
 
 
@@ -312,6 +328,13 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
                 ]
                 log(f"bench: delta-rs history of {settings.history} commits")
                 result["history"] = commits.commit_vs_history(root / "history", settings.history)
+                log(
+                    f"bench: freshness at {settings.freshness_rate:,} records/s for "
+                    f"{settings.freshness_seconds:g} s per contender"
+                )
+                result["freshness"] = freshness.compare(
+                    spark.session, root / "freshness", bootstrap, settings.freshness()
+                )
                 result["spark_restarts"] = spark.restarts
                 result["warm_up_s"] = spark.warm_up_seconds
             finally:
@@ -336,6 +359,9 @@ def failures(result: dict[str, Any]) -> list[str]:
         for what, figures in _contenders(rep):
             if isinstance(figures, dict) and "failed" in figures:
                 found.append(f"{index}/{what}: {figures['failed']}")
+    for what, figures in (result.get("freshness") or {}).items():
+        if isinstance(figures, dict) and "failed" in figures:
+            found.append(f"freshness/{what}: {figures['failed']}")
     return found
 
 

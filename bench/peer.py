@@ -25,7 +25,7 @@ from jobs.stage import with_coordinates
 from resources import storage
 
 
-def _query(spark: Any, *, bootstrap: str, topic: str, max_offsets: int | None) -> Any:
+def streaming_frame(spark: Any, *, bootstrap: str, topic: str, max_offsets: int | None) -> Any:
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -65,7 +65,7 @@ def _run(
     return seconds, [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
 
 
-def _table_records(table: Path) -> int:
+def table_records(table: Path) -> int:
     """Rows in the Delta table, from its log's statistics (the progress list is capped)."""
     counts = DeltaTable(str(table)).get_add_actions(flatten=True).column("num_records")
     return int(sum(counts.to_pylist()))
@@ -87,10 +87,12 @@ def run_structured_streaming(
     query start, offset listing, stop. `name` is the query's name, which Spark puts at the
     start of its jobs' descriptions (the profile groups jobs by it).
     """
-    frame = _query(spark, bootstrap=bootstrap, topic=topic, max_offsets=max_offsets_per_trigger)
+    frame = streaming_frame(
+        spark, bootstrap=bootstrap, topic=topic, max_offsets=max_offsets_per_trigger
+    )
     table, checkpoint = root / "table", root / "checkpoint"
     seconds, progress = _run(frame, table, checkpoint, name)
-    records = _table_records(table)
+    records = table_records(table)
     if records != expected_records:
         raise BenchError(f"Structured Streaming read {records} records, not {expected_records}")
     idle_seconds, idle_progress = _run(frame, table, checkpoint, name)

@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from bench import freshness
 from bench.product import PHASES
 
 MIB = float(1 << 20)
@@ -486,6 +487,7 @@ def render(result: dict[str, Any]) -> str:
         f"checkpoints at versions {h['checkpoint_versions'] or 'none'}: those commits "
         f"{_ms(h['median_checkpoint_commit_s'])} (median), "
         f"the others {_ms(h['median_other_commit_s'])}",
+        *freshness.render(result.get("freshness")),
         "",
         f"total run time {result['total_seconds'] / 60:.1f} min",
     ]

@@ -105,3 +105,12 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
         assert not bad, f"figures that are not positive: {bad}"
     for section in ("repetitions", "history", "data_set", "machine"):
         assert doc[section], section
+
+    # freshness: both contenders committed every record the steady producer sent, and the
+    # percentiles are ordered (the smoke load is tiny; only the harness is checked)
+    fresh = doc["freshness"]
+    assert "Freshness: Kafka timestamp -> Delta commit" in result.stdout
+    for contender in ("exactly", "structured_streaming"):
+        f = fresh[contender]
+        assert f["records"] > 0 and f["commits"] >= 1, f
+        assert 0 < f["p50_s"] <= f["p95_s"] <= f["p99_s"] <= f["max_s"], f
