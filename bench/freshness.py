@@ -249,7 +249,7 @@ def compare(spark: Any, root: Path, bootstrap: str, s: FreshnessSettings) -> dic
     contenders = {"exactly": _exactly, "structured_streaming": _structured_streaming}
     with KafkaClient(bootstrap, timeout=60) as client:
         for name, contender in contenders.items():
-            topic = f"freshness-{name.replace('_', '-')}"
+            topic = f"{root.name}-{name.replace('_', '-')}"
             client.create_topic(topic, s.partitions)
             try:
                 produced, tables, commits = contender(spark, root / name, bootstrap, topic, s)

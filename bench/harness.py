@@ -8,6 +8,7 @@ of a shared machine's load land on both sides of every ratio.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import platform
@@ -349,6 +350,39 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
         result["spark_profile"] = spark_profile.summarize(settings.profile_dir)
     result["failures"] = failures(result)
     result["summary"] = summarize(result)
+    return result
+
+
+def run_freshness_only(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Only the freshness section, on a broker and a Spark session of its own, warmed first
+    by a short run of the same section at a low rate (discarded): a continuous pipeline is a
+    long-running process, so its cold first batches are not what its users feel."""
+    from resources.spark import build_session
+
+    result: dict[str, Any] = {"machine": describe_machine(), "load_before": _load()}
+    root = Path(tempfile.mkdtemp(prefix="exactly-bench-", dir=settings.work_dir))
+    broker = EmbeddedBroker(root / "kafka", port=free_port())
+    try:
+        bootstrap = broker.start(timeout=BROKER_START_TIMEOUT)
+        spark = build_session(settings.spark_master, {})
+        try:
+            warm = dataclasses.replace(settings.freshness(), rate=1_000, seconds=10.0)
+            freshness.compare(spark, root / "warm-up", bootstrap, warm)
+            log(
+                f"bench: freshness at {settings.freshness_rate:,} records/s for "
+                f"{settings.freshness_seconds:g} s per contender"
+            )
+            result["freshness"] = freshness.compare(
+                spark, root / "freshness", bootstrap, settings.freshness()
+            )
+        finally:
+            spark.stop()
+    finally:
+        broker.stop()
+        if not settings.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    result["load_after"] = _load()
+    result["failures"] = failures(result)
     return result
 
 

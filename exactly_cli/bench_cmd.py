@@ -83,6 +83,24 @@ def register(subparsers: Any) -> None:
         "goes (turns the event log on: use its figures to find costs, not to compare)",
     )
     parser.add_argument(
+        "--freshness-rate", type=int, help="records/s of the freshness section (default 20000)"
+    )
+    parser.add_argument(
+        "--freshness-seconds",
+        type=float,
+        help="how long each freshness contender is fed (default 180)",
+    )
+    parser.add_argument(
+        "--freshness-interval",
+        type=float,
+        help="minimum seconds between batches / the processing-time trigger (default 1)",
+    )
+    parser.add_argument(
+        "--freshness-only",
+        action="store_true",
+        help="run only the freshness section (no data set, no throughput repetitions)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="tiny data (2,000 records), one repetition, 20-commit history: checks the harness",
@@ -107,6 +125,9 @@ def settings_from(args: argparse.Namespace) -> Any:
         "spark_master": args.spark_master,
         "work_dir": args.work_dir,
         "profile_dir": args.profile,
+        "freshness_rate": args.freshness_rate,
+        "freshness_seconds": args.freshness_seconds,
+        "freshness_interval": args.freshness_interval,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if args.dagster_batch is not None:
@@ -117,6 +138,10 @@ def settings_from(args: argparse.Namespace) -> Any:
     for name in ("records", "partitions", "repeat", "history"):
         if getattr(settings, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
+    if settings.freshness_rate < 1 or settings.freshness_seconds <= 0:
+        raise ConfigError("--freshness-rate and --freshness-seconds must be positive")
+    if settings.freshness_interval < 0:
+        raise ConfigError("--freshness-interval must be at least 0")
     if settings.empty_batches < 0:
         raise ConfigError("--empty-batches must be at least 0")
     return settings
@@ -128,6 +153,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.report import render
 
     settings = settings_from(args)
+    if args.freshness_only:
+        from bench.freshness import render as render_freshness
+        from bench.harness import run_freshness_only
+
+        result = run_freshness_only(settings, log=lambda line: print(line, flush=True))
+        print("\n".join(render_freshness(result["freshness"])), flush=True)
+        if args.json_out:
+            args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        return 1 if result["failures"] else 0
     result = run(settings, log=lambda line: print(line, flush=True))
     print()
     print(render(result), flush=True)
