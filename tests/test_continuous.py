@@ -215,17 +215,17 @@ def test_the_continuous_job_materializes_every_batch_it_commits_in_one_run(
             instance=instance,
             run_config={
                 "ops": {
-                    "pageviews_continuous": {
+                    "pageviews_commit_continuously": {
                         "config": {"min_interval_seconds": 0.0, "max_batches": 2}
                     }
                 }
             },
         )
         assert result.success
-        assert result.output_for_node("pageviews_continuous") == 2
+        assert result.output_for_node("pageviews_commit_continuously") == 2
         table_events = [
             m
-            for m in result.asset_materializations_for_node("pageviews_continuous")
+            for m in result.asset_materializations_for_node("pageviews_commit_continuously")
             if m.asset_key == jobs.table.key
         ]
         assert [m.partition for m in table_events] == ["1", "2"]
