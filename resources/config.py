@@ -136,6 +136,13 @@ class BatchSettings(_Strict):
 class ScheduleSettings(_Strict):
     cron: str = "*/5 * * * *"
     timezone: str = "UTC"
+    #: how often the daemon evaluates each of the pipeline's sensors (re-drive, stuck,
+    #: history, checks); unset: each sensor's own default (30 s; 60 s for the checks)
+    sensor_interval_seconds: int | None = Field(default=None, ge=1)
+
+    def sensor_interval(self, default: int) -> int:
+        """A sensor's minimum interval: the config's, else the sensor's `default`."""
+        return self.sensor_interval_seconds or default
 
 
 class CleanSettings(_Strict):
