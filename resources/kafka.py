@@ -70,12 +70,17 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 
 # Group coordinator answers that only mean "not ready yet, ask again".
 #: Leadership moves (a new topic, a restarted broker): the next metadata refresh fixes it.
+#: The leader-epoch and high-watermark answers come while a new leader takes over (seen on a
+#: loaded machine right after a topic was created); Kafka's Java client retries them too.
 _RETRIABLE_LEADER_CODES = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 
