@@ -150,18 +150,40 @@ def update_properties(path: Path, updates: dict[str, str]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
+@dataclass(frozen=True)
+class SecureListener:
+    """A second listener, SASL_SSL with SCRAM-SHA-512, as a managed cluster offers: TLS with
+    the key and certificate in `key_store` (PEM: unencrypted PKCS#8 key, then certificate;
+    devtools/tls.py makes one) and the SCRAM `users` (name -> password) written into the
+    storage when it is formatted. Inter-broker and controller traffic stay on loopback
+    plaintext listeners."""
+
+    port: int
+    key_store: Path
+    users: tuple[tuple[str, str], ...]
+    mechanism: str = "SCRAM-SHA-512"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
 class EmbeddedBroker:
-    """One KRaft node (broker and controller in one JVM) on 127.0.0.1:`port`.
+    """One KRaft node (broker and controller in one JVM) on 127.0.0.1:`port`, and on
+    `secure.port` too with a `SecureListener`.
 
     The JVM outlives this object and the Python process (it runs in its own session), so
     `exactly kafka start` can return; `status` and `stop` find it again from the data dir.
     """
 
-    def __init__(self, data_dir: Path | str, port: int = 9092) -> None:
+    def __init__(
+        self, data_dir: Path | str, port: int = 9092, secure: SecureListener | None = None
+    ) -> None:
         if not 0 < port < 65536:
             raise ConfigError(f"broker port must be between 1 and 65535, not {port}")
         self.data_dir = Path(data_dir).expanduser().resolve()
         self.port = port
+        self.secure = secure
         self._process: subprocess.Popen[bytes] | None = None
 
     # -- paths -------------------------------------------------------------------------------
@@ -274,10 +296,32 @@ class EmbeddedBroker:
         return port
 
     def _listener_properties(self, controller_port: int) -> dict[str, str]:
+        listeners = [f"PLAINTEXT://{HOST}:{self.port}", f"CONTROLLER://{HOST}:{controller_port}"]
+        advertised = [f"PLAINTEXT://{HOST}:{self.port}"]
+        if self.secure is not None:
+            listeners.append(f"SASL_SSL://{self.secure.bootstrap}")
+            advertised.append(f"SASL_SSL://{self.secure.bootstrap}")
         return {
-            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
             "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        }
+
+    def _security_properties(self) -> dict[str, str]:
+        if self.secure is None:
+            return {"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"}
+        mechanism = self.secure.mechanism.lower()
+        prefix = "listener.name.sasl_ssl"
+        return {
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
+            ),
+            "sasl.enabled.mechanisms": self.secure.mechanism,
+            f"{prefix}.{mechanism}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            f"{prefix}.ssl.keystore.type": "PEM",
+            f"{prefix}.ssl.keystore.location": str(self.secure.key_store),
         }
 
     def _initial_properties(self) -> str:
@@ -288,7 +332,7 @@ class EmbeddedBroker:
             **listeners,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            **self._security_properties(),
             "log.dirs": str(self.storage_dir),
             # One node: every internal topic has exactly one replica, or transactions and
             # group commits would wait forever for replicas that cannot exist.
@@ -330,6 +374,10 @@ class EmbeddedBroker:
             "-c",
             str(self.properties_path),
         ]
+        if self.secure is not None:
+            for name, password in self.secure.users:
+                credential = f"name={name},password={password}"
+                command += ["--add-scram", f"{self.secure.mechanism}=[{credential}]"]
         try:
             result = subprocess.run(
                 command,

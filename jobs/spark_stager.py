@@ -67,7 +67,7 @@ class SparkStager:
         roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
         return {
             "bootstrap_servers": self.config.kafka.bootstrap_servers,
-            "kafka_options": self.config.kafka.resolved_options(),
+            "kafka_options": self.config.kafka.resolved_spark_options(),
             "ranges": batch.ranges,
             "batch_id": batch.batch_id,
             "attempt_dirs": {

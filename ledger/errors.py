@@ -33,6 +33,10 @@ class UnreachableError(ExactlyError):
     """A service (Kafka broker, ledger database, Spark) did not answer."""
 
 
+class AuthenticationError(ExactlyError):
+    """A service answered and refused our credentials: waiting will not help."""
+
+
 class FencedError(ExactlyError):
     """A ledger compare-and-set failed: another attempt owns the batch now.
 

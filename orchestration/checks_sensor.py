@@ -105,7 +105,7 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
 
     @dg.sensor(
         name=f"{name}_checks_sensor",
-        minimum_interval_seconds=60,
+        minimum_interval_seconds=config.schedule.sensor_interval(60),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
             "Evaluates the asset checks of the pipeline's table and quarantine, shows them on "

@@ -182,7 +182,7 @@ def build_history_sensor(
 
     @dg.sensor(
         name=f"{name}_history_sensor",
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=config.schedule.sensor_interval(30),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(
             "Makes the ledger the source of truth of the UI: adds the partition of every live "

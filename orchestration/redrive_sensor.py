@@ -80,7 +80,7 @@ def build_redrive_sensor(
     @dg.sensor(
         name=f"{name}_redrive_sensor",
         jobs=[redrive, backfill],
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=config.schedule.sensor_interval(30),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
             "Launches a commit-only run for every PREPARED or COMMITTED batch whose run died "

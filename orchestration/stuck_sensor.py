@@ -413,7 +413,7 @@ def build_stuck_sensor(config: PipelineConfig) -> dg.SensorDefinition:
 
     @dg.sensor(
         name=f"{name}_stuck_prepared_sensor",
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=config.schedule.sensor_interval(30),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
             f"Alerts once per batch PLANNED, STAGED, PREPARED or COMMITTED for over "

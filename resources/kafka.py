@@ -36,7 +36,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ClusterMetadata, NewTopic, OffsetSpec
 
-from ledger.errors import ExactlyError, UnreachableError
+from ledger.errors import AuthenticationError, ExactlyError, UnreachableError
 from ledger.protocol import Available
 
 # librdkafka logs through this logger instead of writing to stderr; the NullHandler keeps
@@ -70,12 +70,17 @@ _CLIENT_DEFAULTS: dict[str, Any] = {
 
 # Group coordinator answers that only mean "not ready yet, ask again".
 #: Leadership moves (a new topic, a restarted broker): the next metadata refresh fixes it.
+#: The leader-epoch and high-watermark answers come while a new leader takes over (seen on a
+#: loaded machine right after a topic was created); Kafka's Java client retries them too.
 _RETRIABLE_LEADER_CODES = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 
@@ -151,6 +156,7 @@ class KafkaClient:
         self.timeout = timeout
         self._admin: AdminClient | None = None
         self._last_error: str | None = None
+        self._refused: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -188,6 +194,19 @@ class KafkaClient:
         # "N/M brokers are down" says less than the connect error before it, so it never wins.
         if error.code() != KafkaError._ALL_BROKERS_DOWN or self._last_error is None:
             self._last_error = error.str()
+        if error.code() == KafkaError._AUTHENTICATION:
+            self._refused = error.str()
+
+    def _raise_if_refused(self, operation: str) -> None:
+        """A broker that refused our credentials will not change its mind while we wait:
+        say so at once (librdkafka would retry until the operation's timeout)."""
+        if self._admin is not None:
+            self._admin.poll(0)  # serves error_cb
+        if self._refused is not None:
+            raise AuthenticationError(
+                f"Kafka at {self.bootstrap_servers} refused our credentials while {operation}: "
+                f"{self._refused}; check kafka.security (user, password variable, mechanism)"
+            )
 
     def _reason(self, error: KafkaError | str) -> str:
         text = error if isinstance(error, str) else error.str()
@@ -225,8 +244,15 @@ class KafkaClient:
         The extra seconds over `self.timeout` let librdkafka report its own request timeout
         (which carries a reason) before we give up on the future.
         """
+        deadline = time.monotonic() + self.timeout + 5
         try:
-            return future.result(timeout=self.timeout + 5)
+            while True:
+                try:
+                    return future.result(timeout=min(0.25, max(deadline - time.monotonic(), 0)))
+                except FutureTimeoutError:
+                    self._raise_if_refused(operation)
+                    if time.monotonic() >= deadline:
+                        raise
         except FutureTimeoutError:
             raise UnreachableError(
                 f"Kafka at {self.bootstrap_servers} did not answer within "
@@ -272,9 +298,19 @@ class KafkaClient:
     # -- cluster -----------------------------------------------------------------------------
 
     def check_reachable(self, timeout: float = 10) -> ClusterMetadata:
-        """Fail early, with the reason, when no broker answers a metadata request."""
+        """Fail early, with the reason, when no broker answers a metadata request (at once
+        when the broker refused our credentials)."""
+        deadline = time.monotonic() + timeout
         try:
-            metadata = self._admin_client().list_topics(timeout=timeout)
+            while True:
+                try:
+                    slice_s = min(1.0, max(deadline - time.monotonic(), 0.01))
+                    metadata = self._admin_client().list_topics(timeout=slice_s)
+                    break
+                except KafkaException:
+                    self._raise_if_refused("reading the cluster metadata")
+                    if time.monotonic() >= deadline:
+                        raise
         except KafkaException as exc:
             error = _kafka_error(exc)
             raise UnreachableError(

@@ -17,6 +17,7 @@ pytest_plugins = [
     "tests.fixtures.ledger",
     "tests.fixtures.postgres",
     "tests.fixtures.s3",
+    "tests.fixtures.secure_kafka",
     "tests.fixtures.pipeline",
     "tests.fixtures.spark_cluster",
     "tests.fixtures.webhook",
@@ -24,7 +25,9 @@ pytest_plugins = [
 
 #: Fixtures that start a JVM or a server. `item.fixturenames` is the closure of what a test
 #: requests, so a fixture built on one of these (e.g. `pipeline_factory`) counts too.
-SERVER_FIXTURES = frozenset({"kafka_broker", "spark", "spark_cluster", "postgres_url", "s3_server"})
+SERVER_FIXTURES = frozenset(
+    {"kafka_broker", "spark", "spark_cluster", "postgres_url", "s3_server", "secure_kafka"}
+)
 
 
 def _starts_a_server(item: pytest.Item) -> bool:

@@ -678,12 +678,17 @@ def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
     assert voted is not None and voted.state is S.PREPARED
     files = store.files(voted.app_id, voted.batch_id)
 
+    # VACUUM lists the table in spark.sql.sources.parallelPartitionDiscovery.parallelism
+    # tasks, 10,000 by default: 45 s per tiny table on local[2], 4 tasks take seconds
+    listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    spark.conf.set(listing, "4")
     try:
         for uri in (config.delta.table_uri, config.delta.quarantine_uri):
             spark.sql(f"VACUUM delta.`{uri}` RETAIN 0 HOURS").collect()
     finally:
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "true")
+        spark.conf.unset(listing)
     vacuumed = [f.path for f in files if not Path(roots(config)[f.target], f.path).exists()]
     assert vacuumed == [f.path for f in files], "VACUUM RETAIN 0 HOURS left voted files"
 

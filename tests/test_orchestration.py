@@ -367,3 +367,23 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
         materialization.metadata["reprocessed_by"].value == f"pageviews.backfill/{batch.batch_id}"
     )
     assert assert_exactly_once(config, kafka_client) == (300, 0)
+
+
+@pytest.mark.parametrize(("configured", "expected"), [(None, [30, 30, 30, 60]), (7, [7, 7, 7, 7])])
+def test_the_sensors_tick_at_the_configured_interval(
+    tmp_path: Path, configured: int | None, expected: list[int]
+) -> None:
+    doc: dict[str, Any] = {
+        "pipeline": "ticks",
+        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "t"},
+        "delta": {"table_uri": str(tmp_path / "t"), "quarantine_uri": str(tmp_path / "q")},
+        "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+    }
+    if configured is not None:
+        doc["schedule"] = {"sensor_interval_seconds": configured}
+    path = tmp_path / "ticks.yaml"
+    path.write_text(json.dumps(doc))
+    jobs = pipeline_definitions(path)
+    names = ["redrive_sensor", "stuck_prepared_sensor", "history_sensor", "checks_sensor"]
+    intervals = [sensor(jobs, f"_{n}").minimum_interval_seconds for n in names]
+    assert intervals == expected

@@ -78,7 +78,8 @@ VIEWPORT = {"width": 1280, "height": 800}  # the README's pictures are screensho
 EXPECT_DEFAULT_MS = 5_000  # playwright's own default for expect()
 UI_TIMEOUT_MS = 60_000  # page loads and GraphQL answers on 2 busy cores
 RUN_TIMEOUT_MS = 300_000  # queue -> run worker -> Spark session -> stage -> commit
-SENSOR_WAIT_S = 180.0  # the history sensor's 30 s interval, plus the daemon's loop on 2 cores
+SENSOR_INTERVAL_S = 10
+SENSOR_WAIT_S = 180.0  # a few sensor intervals, plus the daemon's loop on 2 cores
 RUN_URL = re.compile(r"/runs/([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
 RUN_END = re.compile(r"^RUN_(SUCCESS|FAILURE|CANCELED)$")
 
@@ -116,6 +117,8 @@ def pipeline_file(
         "transform": "jobs.examples.pageviews:transform",
         # short, so that a batch left PREPARED turns its check red within the test
         "alerts": {"stuck_after_seconds": STUCK_AFTER_S},
+        # the sensors tick every 10 s instead of 30-60 s: the test waits for their ticks
+        "schedule": {"sensor_interval_seconds": SENSOR_INTERVAL_S},
     }
     path = folder / f"{PIPELINE}.yaml"
     path.write_text(yaml.safe_dump(doc))

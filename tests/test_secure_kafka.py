@@ -1,0 +1,155 @@
+"""A pipeline against a secured cluster (SASL_SSL, SCRAM-SHA-512, a throwaway CA): both
+clients connect from one `kafka.security` section, a wrong password is one line and exit
+code 2, and the password is nowhere a pipeline writes (issue: hostile infrastructure)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pytest
+import yaml
+
+from jobs.examples.sample_data import pageviews
+from jobs.pipeline import build
+from ledger.store import LedgerStore
+from orchestration.pipeline_definitions import pipeline_definitions
+from resources.config import PipelineConfig, load_config
+from resources.kafka import KafkaClient
+from tests.fixtures.pipeline import assert_exactly_once
+from tests.fixtures.secure_kafka import SecureKafka
+from tests.test_cli import EXACTLY, REPO, one_error_line
+
+PASSWORD_ENV = "EXACTLY_TEST_KAFKA_PASSWORD"
+
+
+def secure_config(tmp_path: Path, kafka: SecureKafka, name: str = "secured") -> PipelineConfig:
+    """A pipeline on a fresh topic of the secured broker; the password only by its variable."""
+    topic = f"{name}-{time.monotonic_ns()}"
+    with KafkaClient(kafka.plain_bootstrap, timeout=60) as admin:
+        admin.create_topic(topic, 2)
+    folder = tmp_path / name
+    folder.mkdir()
+    doc = {
+        "pipeline": name,
+        "kafka": {
+            "bootstrap_servers": kafka.bootstrap,
+            "topic": topic,
+            "security": {
+                "protocol": "SASL_SSL",
+                "mechanism": "SCRAM-SHA-512",
+                "username": kafka.user,
+                "password": {"env": PASSWORD_ENV},
+                "ca_file": str(kafka.ca_file),
+            },
+        },
+        "delta": {
+            "table_uri": str(folder / "table"),
+            "quarantine_uri": str(folder / "quarantine"),
+        },
+        "ledger": {"url": f"sqlite:///{folder / 'ledger.db'}"},
+        "spark": {"master": "local[2]"},
+        "batch": {"max_records_per_partition": 200},
+    }
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    config = load_config(path)
+    object.__setattr__(config, "_path", path)
+    return config
+
+
+def test_a_pipeline_reads_plans_and_commits_through_sasl_ssl(
+    spark: Any, secure_kafka: SecureKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, secure_kafka.password)
+    config = secure_config(tmp_path, secure_kafka)
+    # produced through the secured listener: librdkafka speaks the section's settings
+    with KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options()) as client:
+        assert client.produce(config.kafka.topic, pageviews(500, malformed_every=25)) == 500
+    # planned and acked by librdkafka, read by Spark's Java Kafka source, both over SASL_SSL
+    tpc = build(config, spark_factory=lambda: spark)
+    batches = 0
+    while tpc.run_batch() is not None:
+        batches += 1
+    assert batches >= 2
+    with KafkaClient(secure_kafka.plain_bootstrap, timeout=60) as plain:
+        assert assert_exactly_once(config, plain) == (480, 20)
+
+
+def test_a_wrong_password_is_one_line_naming_the_broker_and_exit_code_2(
+    secure_kafka: SecureKafka, tmp_path: Path
+) -> None:
+    config = secure_config(tmp_path, secure_kafka, "refused")
+    path = str(config._path)  # type: ignore[attr-defined]
+    started = time.monotonic()
+    result = subprocess.run(
+        [*EXACTLY, "run", "-c", path],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, PASSWORD_ENV: secure_kafka.password + "-wrong"},
+    )
+    line = one_error_line(result)
+    print(f"wrong password refused after {time.monotonic() - started:.1f} s: {line}")
+    assert "refused our credentials" in line and secure_kafka.bootstrap in line
+    assert "Traceback" not in result.stdout + result.stderr
+    assert secure_kafka.password not in result.stdout + result.stderr
+    assert LedgerStore(config.ledger.url).batches(pipeline=config.pipeline, limit=5) == []
+
+
+def _files_holding(secret: str, *roots: Path) -> list[str]:
+    needle = secret.encode()
+    found = []
+    for root in roots:
+        for path in [root] if root.is_file() else root.rglob("*"):
+            if path.is_file() and needle in path.read_bytes():
+                found.append(str(path))
+    return found
+
+
+def test_the_kafka_password_is_in_no_log_ledger_run_or_commit(
+    spark: Any, secure_kafka: SecureKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, secure_kafka.password)
+    config = secure_config(tmp_path, secure_kafka, "planted")
+    with KafkaClient(secure_kafka.plain_bootstrap, timeout=60) as plain:
+        plain.produce(config.kafka.topic, pageviews(300, malformed_every=30))
+    path = config._path  # type: ignore[attr-defined]
+    # a batch by the CLI, its Spark logs on its stdout and stderr...
+    cli = subprocess.run(
+        [*EXACTLY, "run", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    logs = tmp_path / "cli.log"
+    logs.write_text(cli.stdout + cli.stderr)
+    # ...and one by Dagster, with its run config and event log in a real instance
+    with KafkaClient(secure_kafka.plain_bootstrap, timeout=60) as plain:
+        plain.produce(config.kafka.topic, pageviews(300, malformed_every=30, start=300))
+    jobs = pipeline_definitions(path)
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        result = jobs.next_batch.execute_in_process(instance=instance)
+        assert result.success
+    with KafkaClient(secure_kafka.plain_bootstrap, timeout=60) as plain:
+        assert assert_exactly_once(config, plain) == (580, 20)
+    folder = Path(config.delta.table_uri).parent
+    control = tmp_path / "control.txt"
+    control.write_text(f"x{secure_kafka.password}x")
+    assert _files_holding(secure_kafka.password, control) == [str(control)]  # the scan sees
+    leaks = _files_holding(
+        secure_kafka.password,
+        logs,
+        folder / "ledger.db",
+        Path(config.delta.table_uri) / "_delta_log",
+        Path(config.delta.quarantine_uri) / "_delta_log",
+        tmp_path / "dagster",
+    )
+    assert leaks == []
