@@ -135,6 +135,7 @@ def test_the_kafka_password_is_in_no_log_ledger_run_or_commit(
     with KafkaClient(secure_kafka.plain_bootstrap, timeout=60) as plain:
         plain.produce(config.kafka.topic, pageviews(300, malformed_every=30, start=300))
     jobs = pipeline_definitions(path)
+    (tmp_path / "dagster").mkdir()
     with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
         result = jobs.next_batch.execute_in_process(instance=instance)
         assert result.success
