@@ -27,7 +27,9 @@ from tests.test_cli import EXACTLY, REPO, one_error_line
 PASSWORD_ENV = "EXACTLY_TEST_KAFKA_PASSWORD"
 
 
-def secure_config(tmp_path: Path, kafka: SecureKafka, name: str = "secured") -> PipelineConfig:
+def secure_config(
+    tmp_path: Path, kafka: SecureKafka, name: str = "secured", max_records: int = 200
+) -> PipelineConfig:
     """A pipeline on a fresh topic of the secured broker; the password only by its variable."""
     topic = f"{name}-{time.monotonic_ns()}"
     with KafkaClient(kafka.plain_bootstrap, timeout=60) as admin:
@@ -53,7 +55,7 @@ def secure_config(tmp_path: Path, kafka: SecureKafka, name: str = "secured") -> 
         },
         "ledger": {"url": f"sqlite:///{folder / 'ledger.db'}"},
         "spark": {"master": "local[2]"},
-        "batch": {"max_records_per_partition": 200},
+        "batch": {"max_records_per_partition": max_records},
     }
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -116,7 +118,7 @@ def test_the_kafka_password_is_in_no_log_ledger_run_or_commit(
     spark: Any, secure_kafka: SecureKafka, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(PASSWORD_ENV, secure_kafka.password)
-    config = secure_config(tmp_path, secure_kafka, "planted")
+    config = secure_config(tmp_path, secure_kafka, "planted", max_records=100_000)
     with KafkaClient(secure_kafka.plain_bootstrap, timeout=60) as plain:
         plain.produce(config.kafka.topic, pageviews(300, malformed_every=30))
     path = config._path  # type: ignore[attr-defined]
