@@ -7,9 +7,11 @@ setup:
 demo: setup
 	.venv/bin/exactly demo
 
+# Two workers, each test file whole on one of them (module fixtures such as the Dagster UI
+# stay single): most of the suite waits on JVMs, brokers and daemons, not on the 2 cores.
 test: setup
 	.venv/bin/ruff check .
-	.venv/bin/python -m pytest
+	.venv/bin/python -m pytest -n 2 --dist loadfile
 
 # Only the tests that start no JVM and no server (tests/conftest.py marks them): seconds.
 test-unit: setup
