@@ -329,13 +329,7 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
                 ]
                 log(f"bench: delta-rs history of {settings.history} commits")
                 result["history"] = commits.commit_vs_history(root / "history", settings.history)
-                log(
-                    f"bench: freshness at {settings.freshness_rate:,} records/s for "
-                    f"{settings.freshness_seconds:g} s per contender"
-                )
-                result["freshness"] = freshness.compare(
-                    spark.session, root / "freshness", bootstrap, settings.freshness()
-                )
+                result["freshness"] = _freshness(spark.session, root, bootstrap, settings, log)
                 result["spark_restarts"] = spark.restarts
                 result["warm_up_s"] = spark.warm_up_seconds
             finally:
@@ -353,6 +347,16 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
     return result
 
 
+def _freshness(
+    spark: Any, root: Path, bootstrap: str, settings: Settings, log: Callable[[str], None]
+) -> dict[str, Any]:
+    log(
+        f"bench: freshness at {settings.freshness_rate:,} records/s for "
+        f"{settings.freshness_seconds:g} s per contender"
+    )
+    return freshness.compare(spark, root / "freshness", bootstrap, settings.freshness())
+
+
 def run_freshness_only(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Only the freshness section, on a broker and a Spark session of its own, warmed first
     by a short run of the same section at a low rate (discarded): a continuous pipeline is a
@@ -368,13 +372,7 @@ def run_freshness_only(settings: Settings, log: Callable[[str], None] = print) -
         try:
             warm = dataclasses.replace(settings.freshness(), rate=1_000, seconds=10.0)
             freshness.compare(spark, root / "warm-up", bootstrap, warm)
-            log(
-                f"bench: freshness at {settings.freshness_rate:,} records/s for "
-                f"{settings.freshness_seconds:g} s per contender"
-            )
-            result["freshness"] = freshness.compare(
-                spark, root / "freshness", bootstrap, settings.freshness()
-            )
+            result["freshness"] = _freshness(spark, root, bootstrap, settings, log)
         finally:
             spark.stop()
     finally:

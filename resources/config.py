@@ -116,6 +116,19 @@ def _jaas_quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _refuse_other_clients_keys(
+    options: Mapping[str, Any], others: frozenset[str], other: str, their_map: str
+) -> None:
+    """A raw option map holds only its own client's keys: one the other client alone knows
+    would reach a client that raises on it, deep inside a batch."""
+    wrong = sorted(set(options) & others)
+    if wrong:
+        raise ValueError(
+            f"{', '.join(wrong)}: {other} setting(s), which this map's client does not know: "
+            f"put them under {their_map}, or describe the cluster in kafka.security"
+        )
+
+
 class KafkaSecurity(_Strict):
     """How to reach a secured cluster, said once and translated for both clients: the
     confluent (librdkafka) clients that plan and commit offsets, and Spark's Java Kafka
@@ -204,24 +217,13 @@ class KafkaSettings(_Strict):
     @field_validator("options")
     @classmethod
     def _librdkafka_keys(cls, value: dict[str, OptionValue]) -> dict[str, OptionValue]:
-        wrong = sorted(set(value) & _JAVA_ONLY)
-        if wrong:
-            raise ValueError(
-                f"{', '.join(wrong)}: Java client setting(s); these options go to librdkafka: "
-                "put them under kafka.spark_options, or describe the cluster in kafka.security"
-            )
+        _refuse_other_clients_keys(value, _JAVA_ONLY, "Java client", "kafka.spark_options")
         return value
 
     @field_validator("spark_options")
     @classmethod
     def _java_keys(cls, value: dict[str, OptionValue]) -> dict[str, OptionValue]:
-        wrong = sorted(set(value) & _LIBRDKAFKA_ONLY)
-        if wrong:
-            raise ValueError(
-                f"{', '.join(wrong)}: librdkafka setting(s); these options go to Spark's Java "
-                "client: put them under kafka.options, or describe the cluster in "
-                "kafka.security"
-            )
+        _refuse_other_clients_keys(value, _LIBRDKAFKA_ONLY, "librdkafka", "kafka.options")
         prefixed = sorted(k for k in value if k.startswith("kafka."))
         if prefixed:
             raise ValueError(f"{', '.join(prefixed)}: give Java client keys without 'kafka.'")

@@ -83,8 +83,8 @@ def test_an_unsecured_cluster_adds_nothing() -> None:
         ({"security": {"protocol": "SASL_SSL"}}, "needs mechanism, password, username"),
         ({"security": {"protocol": "SSL", "username": "alice"}}, "need a SASL_ protocol"),
         ({"security": {"protocol": "PLAINTEXT", "ca_file": "/ca.pem"}}, "ca_file needs"),
-        ({"options": {"sasl.jaas.config": "x"}}, "Java client setting"),
-        ({"spark_options": {"sasl.username": "x"}}, "librdkafka setting"),
+        ({"options": {"sasl.jaas.config": "x"}}, "Java client setting.*kafka.spark_options"),
+        ({"spark_options": {"sasl.username": "x"}}, "librdkafka setting.*kafka.options"),
         ({"spark_options": {"kafka.sasl.mechanism": "PLAIN"}}, "without 'kafka.'"),
     ],
 )
