@@ -2,6 +2,12 @@
 process die with os._exit at that point, as a kill -9 would, with no cleanup and no
 exception handlers. Unset (always, in production) it costs one dictionary lookup.
 
+The same points can hold the process instead, so a test can fail a service under it at a
+known moment (restart the broker while a batch stages, the ledger database between the Delta
+commit and COMMITTED): `EXACTLY_PAUSE_AT=after_delta_commit` with `EXACTLY_PAUSE_DIR=<folder>`
+writes `<folder>/after_delta_commit.reached` and waits until `<folder>/after_delta_commit.resume`
+exists. Reaching the point again (the next batch) finds the resume file and goes on.
+
 The points follow docs/protocol.md's list of crash points to inject.
 """
 
@@ -9,6 +15,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from pathlib import Path
 
 POINTS = (
     "after_plan",
@@ -23,6 +31,8 @@ POINTS = (
 
 #: exit status of a process killed at a crash point (as 128 + SIGKILL)
 CRASH_EXIT_CODE = 137
+#: how often a paused process looks for its resume file
+PAUSE_POLL_SECONDS = 0.1
 
 
 def crashpoint(name: str) -> None:
@@ -34,3 +44,20 @@ def crashpoint(name: str) -> None:
         sys.stderr.write(f"exactly: crash point {name} reached; dying\n")
         sys.stderr.flush()
         os._exit(CRASH_EXIT_CODE)
+    paused = os.environ.get("EXACTLY_PAUSE_AT")
+    if paused and name in paused.split(","):
+        _pause(name)
+
+
+def _pause(name: str) -> None:
+    folder = os.environ.get("EXACTLY_PAUSE_DIR")
+    if not folder:
+        raise RuntimeError("EXACTLY_PAUSE_AT is set without EXACTLY_PAUSE_DIR")
+    resume = Path(folder) / f"{name}.resume"
+    if resume.exists():
+        return
+    sys.stderr.write(f"exactly: pause point {name} reached; waiting for {resume}\n")
+    sys.stderr.flush()
+    (Path(folder) / f"{name}.reached").write_text(str(os.getpid()))
+    while not resume.exists():
+        time.sleep(PAUSE_POLL_SECONDS)
