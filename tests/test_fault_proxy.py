@@ -33,7 +33,7 @@ class Counting(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    do_GET = do_PUT = do_DELETE = _answer
+    do_GET = do_PUT = do_DELETE = do_POST = _answer
 
 
 @pytest.fixture
@@ -95,3 +95,21 @@ def test_refused_connections_for_a_while_then_the_same_port_again(proxy: FaultPr
     reopening.join(timeout=10)
     assert proxy.port == port
     assert call(proxy, "GET", "/b/k")[0] == 200
+
+
+def test_deletes_are_logged_with_the_keys_they_remove(proxy: FaultProxy) -> None:
+    call(proxy, "DELETE", "/b/t/part%2D0.parquet?x-id=DeleteObject")
+    connection = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    body = (
+        b"<Delete><Object><Key>t/_temporary/a&amp;b</Key></Object>"
+        b"<Object><Key>t/x.parquet</Key></Object><Quiet>true</Quiet></Delete>"
+    )
+    connection.request("POST", "/b?delete", body=body)
+    assert connection.getresponse().status == 200
+    connection.close()
+    call(proxy, "PUT", "/b/t/y.parquet")
+    assert [entry.deleted for entry in proxy.log] == [
+        ("/b/t/part-0.parquet",),
+        ("/b/t/_temporary/a&b", "/b/t/x.parquet"),
+        (),
+    ]
