@@ -572,11 +572,17 @@ class DeltaTarget:
         concurrent commit of the same batch ends here as `published=False`, never a second
         copy (invariant 2).
 
-        Any other delta-rs error leaves the outcome unknown: on S3 the log entry may have
-        been written and only reading the snapshot after it failed (delta-rs lists the log
-        right after its own write, and the loopback S3 server's listing can lag that write).
-        The next try re-reads and decides as always; the batch is then `published` if the
-        table holds the very files this call added.
+        A failed try may have committed all the same, so whose commit a batch found in the
+        table is decided by content, never by which error a try saw: the batch is
+        `published` by this call if the table holds the very files a try of this call added
+        (an attempt's staged paths are its own; fencing keeps a second process off them).
+        Ways a try commits and still fails:
+        - the object store wrote the log entry and its answer was lost: the client retries
+          the conditional PUT, which now finds its own entry there (412) and reports a
+          commit conflict (CommitFailedError);
+        - delta-rs lists the log right after its own write to read the new snapshot, and a
+          listing that lags the write (the loopback S3 server's can) fails that read
+          (another DeltaError, counted against MAX_UNKNOWN_OUTCOMES).
         """
         started = time.perf_counter()
         last_error: Exception | None = None
@@ -599,6 +605,7 @@ class DeltaTarget:
                 max_commit_retries=0,
             )
             actions = actions_for(table, tries)
+            ours = {a.path for a in actions if isinstance(a, AddAction)}
             try:
                 if not self._write(table, actions, schema, properties):
                     continue
@@ -612,7 +619,6 @@ class DeltaTarget:
                 if unknown > MAX_UNKNOWN_OUTCOMES:
                     raise
                 last_error = exc
-                ours = {a.path for a in actions if isinstance(a, AddAction)}
                 time.sleep(min(0.05 * tries, 1.0))
                 continue
             return CommitOutcome(True, table.version(), tries, time.perf_counter() - started)
