@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from deltalake.schema import ArrayType, MapType, StructType
 from deltalake.transaction import AddAction, RemoveAction
 
 from ledger.batch import StagedFile
-from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError
+from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError, UnreachableError
 from ledger.protocol import OffsetRange
 from resources import storage
 
@@ -351,10 +352,17 @@ class DeltaTarget:
         self.storage_options = storage_options_for(uri, storage_options or {})
 
     def load(self) -> DeltaTable | None:
+        """The table's latest snapshot, None if there is no table.
+
+        delta-rs retries the store itself (resources/s3.py sizes its budget); a failure
+        that outlasts it is an UnreachableError naming the table, one line.
+        """
         try:
             return DeltaTable(self.uri, storage_options=self.storage_options or None)
         except TableNotFoundError:
             return None
+        except OSError as exc:
+            raise store_failure(self.uri, exc) from exc
 
     def transaction_version(self, app_id: str) -> int | None:
         """The last batch id committed by `app_id`, or None (no table, or never committed)."""
@@ -614,10 +622,10 @@ class DeltaTarget:
                 last_error = exc
                 time.sleep(min(0.05 * tries, 1.0))
                 continue
-            except DeltaError as exc:
+            except (DeltaError, OSError) as exc:
                 unknown += 1
                 if unknown > MAX_UNKNOWN_OUTCOMES:
-                    raise
+                    raise store_failure(self.uri, exc) from exc
                 last_error = exc
                 time.sleep(min(0.05 * tries, 1.0))
                 continue
@@ -729,6 +737,14 @@ class DeltaTarget:
                 found.append({**meta, "table_version": entry.get("version")})
         found.sort(key=lambda m: m["batch_id"])
         return found
+
+
+def store_failure(uri: str, exc: Exception) -> UnreachableError:
+    """A delta-rs error from the object store as one line naming the table: delta-rs writes
+    its cause chain over several lines, coloured for a terminal."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    parts = [line.strip().lstrip("↳").strip() for line in text.splitlines()]
+    return UnreachableError(f"{uri}: the object store failed: {' '.join(p for p in parts if p)}")
 
 
 def _paths(table: DeltaTable) -> set[str]:

@@ -26,6 +26,24 @@ _TRUE = {"1", "true", "yes", "on"}
 #: answer is an error in seconds, not a hang.
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 60.0
+#: How hard every client retries a request that failed in a way worth retrying (503
+#: SlowDown, a reset or refused connection, a timeout) in the middle of a batch, sized so
+#: that a store that refuses connections for 30 seconds or throttles in bursts delays the
+#: batch instead of failing it. The clients' own defaults give up within seconds of a
+#: refused connection (delta-rs: 10 retries from 100 ms; boto3 and pyarrow: 3 attempts).
+#: The start-up check of the buckets keeps boto3's default: a store that does not answer
+#: then is more likely a wrong endpoint, and says so at once. README, "When storage fails".
+MAX_ATTEMPTS = 10
+STARTUP_ATTEMPTS = 3
+#: delta-rs (object_store): jittered exponential backoff from 1 s, at most 15 s apart, for
+#: up to 2 minutes; measured against connections refused for 30 s, see the README.
+DELTA_RETRY_OPTIONS = {
+    "max_retries": "30",
+    "retry_timeout": "120s",
+    "backoff_config.init_backoff": "1s",
+    "backoff_config.max_backoff": "15s",
+    "backoff_config.base": "2",
+}
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ class S3Access:
             profile=profile,
         )
 
-    def boto3_client(self) -> Any:
+    def boto3_client(self, max_attempts: int = MAX_ATTEMPTS) -> Any:
         """An S3 client of boto3 (typed Any: boto3 ships no type stubs)."""
         import boto3
         from botocore.config import Config
@@ -97,7 +115,7 @@ class S3Access:
         config = Config(
             connect_timeout=CONNECT_TIMEOUT,
             read_timeout=READ_TIMEOUT,
-            retries={"max_attempts": 3, "mode": "standard"},
+            retries={"max_attempts": max_attempts, "mode": "standard"},
             s3={"addressing_style": "path" if self.endpoint_url else "auto"},
         )
         return boto3.session.Session().client(
@@ -112,12 +130,13 @@ class S3Access:
 
     def arrow_filesystem(self) -> S3FileSystem:
         """pyarrow's S3 file system, for reading Parquet objects (footers, rewrites)."""
-        from pyarrow.fs import S3FileSystem
+        from pyarrow.fs import AwsStandardS3RetryStrategy, S3FileSystem
 
         options: dict[str, Any] = {
             "region": self.region,
             "connect_timeout": CONNECT_TIMEOUT,
             "request_timeout": READ_TIMEOUT,
+            "retry_strategy": AwsStandardS3RetryStrategy(max_attempts=MAX_ATTEMPTS),
         }
         if self.access_key_id is not None:
             options["access_key"] = self.access_key_id
@@ -133,7 +152,7 @@ class S3Access:
     def delta_storage_options(self) -> dict[str, str]:
         """delta-rs's storage options for the same access: explicit, so nothing depends on
         which variables delta-rs happens to read."""
-        options = {"AWS_REGION": self.region}
+        options = {"AWS_REGION": self.region, **DELTA_RETRY_OPTIONS}
         if self.endpoint_url is not None:
             options["AWS_ENDPOINT_URL"] = self.endpoint_url
             options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "false"

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import pyarrow.parquet as pq
 
 from ledger.errors import ConfigError, UnreachableError
-from resources.s3 import S3Access
+from resources.s3 import STARTUP_ATTEMPTS, S3Access
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -184,9 +184,10 @@ def check_buckets(uris: Sequence[str]) -> None:
     access = s3_access()
     where = access.endpoint_url or f"AWS S3 ({access.region})"
     who = access.access_key_id or f"of profile {access.profile}"
+    client = access.boto3_client(max_attempts=STARTUP_ATTEMPTS)
     for bucket in buckets:
         try:
-            _client(access).head_bucket(Bucket=bucket)
+            client.head_bucket(Bucket=bucket)
         except NoCredentialsError as exc:
             raise ConfigError(
                 f"bucket {bucket}: no AWS credentials (set AWS_ACCESS_KEY_ID and "
@@ -219,8 +220,13 @@ def read_parquet_metadata(uri: str) -> pq.FileMetaData:
     path, filesystem = _arrow_path(uri)
     if filesystem is None:
         return pq.read_metadata(path)
-    with filesystem.open_input_file(path) as source:
-        return pq.read_metadata(source)
+    try:
+        with filesystem.open_input_file(path) as source:
+            return pq.read_metadata(source)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:  # pyarrow's S3 errors, after its own retries
+        raise UnreachableError(f"{uri}: the object store failed: {exc}") from exc
 
 
 def read_parquet(uri: str, columns: Sequence[str] | None = None) -> pa.Table:

@@ -7,20 +7,36 @@ truthfully whether it was this call that published it.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import time
 from collections import Counter
 from dataclasses import asdict
+from pathlib import Path
+from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
+from devtools.s3_server import S3Server
+from jobs.examples.sample_data import pageviews
 from jobs.parquet_files import describe
+from jobs.stage import QUARANTINE, TABLE
 from ledger.batch import StagedFile
-from ledger.protocol import OffsetRange
+from ledger.crash import CRASH_EXIT_CODE
+from ledger.protocol import BatchState, OffsetRange
+from ledger.store import LedgerStore
 from resources import storage
+from resources.config import PipelineConfig
 from resources.delta import DeltaTarget
-from tests.fixtures.fault_proxy import DropResponse, Fault, FaultProxy, SlowDown
+from resources.s3 import S3Access
+from tests.fixtures.fault_proxy import Delay, DropResponse, Fault, FaultProxy, SlowDown
+from tests.fixtures.pipeline import assert_exactly_once
 from tests.fixtures.race_publisher import SCHEMA, parquet_of
 from tests.fixtures.s3 import put_object
+from tests.test_cli import EXACTLY
+from tests.test_s3_pipeline import write_config
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +80,9 @@ def test_a_commit_under_a_storage_fault_lands_once_and_knows_it_is_ours(
     target = DeltaTarget(root)
     first = staged(root, 1, OffsetRange(TOPIC, 0, 0, 10))
     meta = {"app_id": APP}
-    assert target.publish(app_id=APP, batch_id=1, files=first, schema=SCHEMA, metadata=meta).published
+    assert target.publish(
+        app_id=APP, batch_id=1, files=first, schema=SCHEMA, metadata=meta
+    ).published
     second = staged(root, 2, OffsetRange(TOPIC, 0, 10, 25))
     proxy.inject(fault)
     outcome = target.publish(app_id=APP, batch_id=2, files=second, schema=SCHEMA, metadata=meta)
@@ -73,3 +91,176 @@ def test_a_commit_under_a_storage_fault_lands_once_and_knows_it_is_ours(
     assert target.transaction_version(APP) == 2
     assert offsets(root) == Counter((0, o) for o in range(25))
     print([entry for entry in proxy.log if "_delta_log" in entry.path])
+
+
+# -- the whole pipeline under each fault, killed and restarted ------------------------------
+
+RUN_TIMEOUT = 600
+#: 2 partitions x 100 records per batch: two batches of 200 and one of the rest.
+RECORDS = 450
+MALFORMED_EVERY = 40
+MAX_RECORDS = 100
+REFUSE_SECONDS = 30.0
+
+
+def exactly_run(
+    *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(
+        [*EXACTLY, *args],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        env={**os.environ, **(env or {})},
+    )
+    return done, time.monotonic() - started
+
+
+def arm(proxy: FaultProxy, fault: str) -> None:
+    """Faults for the next run, aimed at every client and phase a batch goes through:
+    Spark's staged writes (s3a), the vote's reads of the staged files (pyarrow), the Delta
+    log's reads and conditional writes (delta-rs), and the cleaner's deletes (boto3)."""
+    if fault == "slowdown":
+        proxy.inject(
+            SlowDown(times=3, methods=frozenset({"PUT"}), path_contains="/staged/"),
+            SlowDown(times=3, methods=frozenset({"HEAD", "GET"}), path_contains="/staged/"),
+            SlowDown(times=3, methods=frozenset({"PUT"}), path_contains="/_delta_log/0"),
+            SlowDown(times=2, methods=frozenset({"DELETE", "POST"})),
+        )
+    elif fault == "dropped":
+        proxy.inject(
+            DropResponse(times=2, methods=frozenset({"PUT"}), path_contains="/staged/"),
+            DropResponse(times=1, methods=frozenset({"PUT"}), path_contains="/_delta_log/0"),
+            DropResponse(times=1, methods=frozenset({"DELETE", "POST"})),
+        )
+    elif fault == "delayed":
+        proxy.inject(
+            Delay(times=4, methods=frozenset({"PUT"}), path_contains="/staged/", seconds=4),
+            Delay(times=2, methods=frozenset({"PUT"}), path_contains="/_delta_log/0", seconds=4),
+            Delay(times=1, methods=frozenset({"DELETE", "POST"}), seconds=4),
+        )
+
+
+def delta_log(access: S3Access, uri: str) -> list[dict[str, Any]]:
+    """Every action of a table's log, in version order, read from the server itself."""
+    bucket, key = storage.split_s3(uri)
+    client = access.boto3_client()
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{key}/_delta_log/")
+    names = sorted(o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".json"))
+    actions = []
+    for name in names:
+        text = client.get_object(Bucket=bucket, Key=name)["Body"].read().decode()
+        actions += [json.loads(line) for line in text.splitlines() if line.strip()]
+    return actions
+
+
+def referenced_objects(config: PipelineConfig, access: S3Access) -> set[str]:
+    """`/bucket/key` of every object a vote in the ledger names or a table version adds."""
+    roots = {TABLE: config.delta.table_uri, QUARANTINE: config.delta.quarantine_uri}
+    store = LedgerStore(config.ledger.url)
+    try:
+        named = {
+            storage.join(roots[f.target], f.path)
+            for batch in store.batches(pipeline=config.pipeline)
+            for f in store.files(batch.app_id, batch.batch_id)
+        }
+    finally:
+        store.dispose()
+    for root in roots.values():
+        named |= {
+            storage.join(root, a["add"]["path"]) for a in delta_log(access, root) if "add" in a
+        }
+    return {"/" + uri.removeprefix("s3://") for uri in named}
+
+
+@pytest.mark.parametrize("fault", ["none", "slowdown", "dropped", "delayed", "refused"])
+def test_every_record_once_under_a_storage_fault_with_kills_and_restarts(
+    faulty_s3: tuple[FaultProxy, dict[str, str]],
+    s3_server: S3Server,
+    s3_bucket: str,
+    kafka_broker: str,
+    kafka_client: Any,
+    topic_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: str,
+) -> None:
+    """The first run dies while it stages (its folder is left half written); the second,
+    under the fault, recovers that batch as a new attempt and catches up; the cleaner,
+    under the fault too, deletes the dead attempt's leftovers. "refused": the store refuses
+    every connection for 30 s from the moment the first batch has staged."""
+    proxy, _env = faulty_s3
+    config = write_config(tmp_path, s3_bucket, kafka_broker, topic_factory(2), MAX_RECORDS)
+    path = str(tmp_path / f"{config.pipeline}.yaml")
+    kafka_client.produce(config.kafka.topic, pageviews(RECORDS, malformed_every=MALFORMED_EVERY))
+    timings: dict[str, float] = {}
+
+    arm(proxy, fault)
+    killed, timings["killed run"] = exactly_run(
+        "run", "-c", path, env={"EXACTLY_CRASH_AT": "during_stage"}
+    )
+    assert killed.returncode == CRASH_EXIT_CODE, killed.stdout + killed.stderr
+
+    arm(proxy, fault)
+    if fault == "refused":
+        pauses = tmp_path / "pauses"
+        pauses.mkdir()
+        env = {"EXACTLY_PAUSE_AT": "after_stage", "EXACTLY_PAUSE_DIR": str(pauses)}
+        started = time.monotonic()
+        child = subprocess.Popen([*EXACTLY, "run", "-c", path, "--until-caught-up"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, **env})  # fmt: skip
+        while not (pauses / "after_stage.reached").exists():
+            assert child.poll() is None, child.communicate()
+            time.sleep(0.1)
+        reopened = proxy.refuse_for(REFUSE_SECONDS)
+        (pauses / "after_stage.resume").touch()
+        out, err = child.communicate(timeout=RUN_TIMEOUT)
+        timings["run under the fault"] = time.monotonic() - started
+        reopened.join()
+        print(f"refused: the run under the fault exited {child.returncode}:\n{err[-3000:]}")
+        if child.returncode != 0:
+            lines = [line for line in err.splitlines() if line.startswith("exactly:")]
+            assert child.returncode == 2 and "Traceback" not in err, out + err
+            assert lines, err
+            caught, timings["recovery run"] = exactly_run("run", "-c", path, "--until-caught-up")
+            assert caught.returncode == 0, caught.stdout + caught.stderr
+    else:
+        caught, timings["run under the fault"] = exactly_run("run", "-c", path, "--until-caught-up")
+        assert caught.returncode == 0, caught.stdout + caught.stderr
+        assert "caught up" in caught.stdout + caught.stderr
+
+    arm(proxy, fault)
+    cleaned, timings["clean"] = exactly_run("clean", "-c", path, "--older-than", "0s")
+    assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
+    unfired = [f for f in proxy.armed() if f.times]
+    print(f"storage fault {fault}: " + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items()))
+
+    # read the results from the server itself: a delta-rs call that holds the GIL in this
+    # process would wait forever on the proxy, whose threads are this process's too
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    access = s3_server.access()
+    deleted = {key for entry in proxy.log for key in entry.deleted}
+    assert deleted, "the cleaner deleted nothing: the dead attempt left no staged file?"
+    referenced = referenced_objects(config, access)
+    assert not deleted & referenced, (
+        f"deleted objects a vote or the table names: {sorted(deleted & referenced)[:5]}"
+    )
+    assert not [k for k in deleted if "/_delta_log/" in k]
+    store = LedgerStore(config.ledger.url)
+    committed = {
+        b.batch_id
+        for b in store.batches(
+            pipeline=config.pipeline, states=[BatchState.COMMITTED, BatchState.ACKED]
+        )
+    }
+    store.dispose()
+    for root in (config.delta.table_uri, config.delta.quarantine_uri):
+        txns = Counter(
+            (a["txn"]["appId"], a["txn"]["version"]) for a in delta_log(access, root) if "txn" in a
+        )
+        assert txns and set(txns.values()) == {1}, f"{root}: a batch committed twice: {txns}"
+        assert {v for _app, v in txns} == committed, f"{root}: {txns}, ledger: {committed}"
+    assert assert_exactly_once(config, kafka_client)[0] > 0
+    assert not unfired, f"faults that never fired: {unfired}"
