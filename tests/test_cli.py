@@ -78,6 +78,20 @@ def test_missing_config_file(tmp_path: Path) -> None:
     assert "nope.yaml" in line
 
 
+def test_an_unreachable_ledger_database_is_one_line_naming_it(tmp_path: Path) -> None:
+    # psycopg's refusal spans two lines ("... Connection refused" and a tab-indented "Is the
+    # server running ..."): the operator must still get exactly one line, the hint kept
+    port = free_port()
+    path = write_config(tmp_path)
+    doc = yaml.safe_load(path.read_text())
+    doc["ledger"]["url"] = f"postgresql+psycopg://exactly:secret@127.0.0.1:{port}/ledger"
+    path.write_text(yaml.safe_dump(doc))
+    line = one_error_line(exactly("ledger", "-c", str(path)))
+    assert f"127.0.0.1:{port}" in line and "ledger database" in line, line
+    assert "Is the server running" in line, line
+    assert "secret" not in line, line
+
+
 @pytest.mark.integration  # starts no server, but waits out the Kafka client's real timeout (~30 s)
 def test_unreachable_broker_is_one_line_naming_it(tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
