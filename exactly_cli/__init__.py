@@ -53,9 +53,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def error_line(exc: ExactlyError, args: argparse.Namespace) -> str:
     """The error as one line; a command it tells the operator to run names the config file
-    this command was given, so it can be copied as it is."""
+    this command was given, so it can be copied as it is.
+
+    One line even when a driver's message spans several (psycopg's "Connection refused" is
+    followed by a tab-indented "Is the server running ...?"; Java exceptions bring their
+    causes): scripts and alert rules read the first line of stderr, and a second line
+    would look like a second error. The lines are joined, nothing is dropped.
+    """
     config = getattr(args, "config", None)
-    return with_config(str(exc), str(config)) if config else str(exc)
+    text = with_config(str(exc), str(config)) if config else str(exc)
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 if __name__ == "__main__":  # pragma: no cover
