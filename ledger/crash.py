@@ -20,6 +20,7 @@ from pathlib import Path
 
 POINTS = (
     "after_plan",
+    "before_stage",
     "during_stage",
     "after_stage",
     "after_prepare",

@@ -334,6 +334,7 @@ class TwoPhaseCommit:
         topic_id, available = self.read_topic()
         check_batch_topic(batch.label, self.source.topic, batch.topic_id, topic_id)
         check_ranges_readable(batch.ranges, available)
+        crashpoint("before_stage")
         try:
             with self._heartbeat(batch):
                 output = self.stager.stage(batch)

@@ -34,6 +34,7 @@ S = BatchState
 #: crash point -> the state the crashed batch is left in (with the ledger kept)
 LEFT_IN = {
     "after_plan": S.PLANNED,
+    "before_stage": S.PLANNED,
     "during_stage": S.PLANNED,
     "after_stage": S.STAGED,
     "after_prepare": S.PREPARED,

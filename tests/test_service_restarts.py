@@ -42,6 +42,8 @@ RECORDS = 400
 MAX_RECORDS = 100
 #: How long the broker stays down once the held run goes on into Spark's read of Kafka.
 BROKER_DOWN_SECONDS = 5.0
+#: Spark's Kafka client settings that make it give up on a dead broker in ~35 s, not ~3 min.
+SPARK_GIVES_UP_SOONER = {"default.api.timeout.ms": "10000", "request.timeout.ms": "5000"}
 
 
 class HeldRun:
@@ -90,10 +92,20 @@ def failed_cleanly(code: int, output: str) -> str:
     return errors[0]
 
 
-def write_config(folder: Path, bootstrap: str, topic: str, ledger_url: str) -> Path:
+def write_config(
+    folder: Path,
+    bootstrap: str,
+    topic: str,
+    ledger_url: str,
+    spark_options: dict[str, str] | None = None,
+) -> Path:
     doc = {
         "pipeline": "restarts",
-        "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
+        "kafka": {
+            "bootstrap_servers": bootstrap,
+            "topic": topic,
+            "spark_options": spark_options or {},
+        },
         "delta": {
             "table_uri": str(folder / "table"),
             "quarantine_uri": str(folder / "quarantine"),
@@ -172,6 +184,50 @@ def test_a_broker_restarted_while_a_batch_stages(
         print(
             "broker restart while staging: "
             + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
+        )
+        assert_exactly_once(config, client)
+        assert_every_batch_once(config)
+
+
+def test_a_broker_down_until_spark_gives_up(own_broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """The broker goes down after the run checked the ranges readable and before Spark reads
+    them, and stays down: Spark's Kafka client gives up, which must be one line naming the
+    cluster and the batch (not the Java stack of every retry), and nothing is lost."""
+    with KafkaClient(own_broker.bootstrap, timeout=60) as client:
+        client.create_topic("restarts", 2)
+        client.produce("restarts", pageviews(RECORDS, malformed_every=40))
+        path = write_config(
+            tmp_path,
+            own_broker.bootstrap,
+            "restarts",
+            f"sqlite:///{tmp_path / 'ledger.db'}",
+            # Spark's admin client gives up after 3 tries of this (the default is a minute)
+            spark_options=SPARK_GIVES_UP_SOONER,
+        )
+        config = load_config(path)
+
+        held = HeldRun(path, "before_stage", tmp_path / "pauses", "--until-caught-up")
+        held.wait_held()
+        own_broker.stop()
+        held.resume()
+        code, output, seconds = held.finish()
+        line = failed_cleanly(code, output)
+        assert f"Kafka at {own_broker.bootstrap} unreachable while Spark staged" in line, line
+        assert "\tat " not in line and len(line) < 1000, line
+        # not voted: the ledger holds it as PLANNED, with no file recorded
+        store = LedgerStore(config.ledger.url)
+        try:
+            (failed,) = store.batches(pipeline=config.pipeline)
+        finally:
+            store.dispose()
+        assert failed.state is BatchState.PLANNED, failed
+
+        own_broker.start(timeout=BROKER_START_TIMEOUT)
+        done, recovery = exactly("run", "-c", str(path), "--until-caught-up")
+        assert done.returncode == 0, done.stdout + done.stderr
+        print(
+            f"broker down until Spark gives up: failed after {seconds:.1f}s, "
+            f"recovery run {recovery:.1f}s"
         )
         assert_exactly_once(config, client)
         assert_every_batch_once(config)

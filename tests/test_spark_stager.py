@@ -1,0 +1,119 @@
+"""What a failed Spark stage tells the operator when the cause is Kafka.
+
+The Kafka client inside Spark (the driver's admin client that plans the read, the executors'
+consumers that fetch it) gives up on a dead cluster with a Java exception, which reaches
+Python wrapped in a Py4J or pyspark error whose text is the Java stack trace. The operator
+must get one line naming the cluster and the batch, exit code 2, not hundreds of lines of
+stack. The messages below are the first lines Spark 4.2's Kafka source really produced
+(tests/test_service_restarts.py produces the first one end to end against a stopped broker).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jobs.spark_stager import SparkStager, kafka_failure
+from ledger.batch import Batch, BatchKind, this_owner, utcnow
+from ledger.errors import AuthenticationError, UnreachableError
+from ledger.protocol import BatchState, OffsetRange
+from resources.config import load_config
+
+BOOTSTRAP = "127.0.0.1:9"
+LABEL = "pageviews/7 attempt 1"
+
+ADMIN_TIMEOUT = (
+    "An error occurred while calling o71.count.\n"
+    ": java.util.concurrent.ExecutionException: org.apache.kafka.common.errors."
+    "TimeoutException: Timed out waiting for a node assignment. Call: listNodes\n"
+    "\tat java.base/java.util.concurrent.CompletableFuture.reportGet(CompletableFuture.java:396)\n"
+    "\tat org.apache.spark.sql.kafka010.KafkaOffsetReaderAdmin.withRetries(...)\n"
+)
+FETCH_TIMEOUT = (
+    "An error occurred while calling o212.save.\n"
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 3.0 "
+    "failed 1 times, most recent failure: Lost task 0.0 in stage 3.0 (TID 5): "
+    "java.util.concurrent.TimeoutException: Cannot fetch record for offset 120 in 30000 "
+    "milliseconds\n"
+    "\tat org.apache.spark.sql.kafka010.consumer.KafkaDataConsumer.fetchData(...)\n"
+)
+REFUSED = (
+    "An error occurred while calling o71.count.\n"
+    ": org.apache.kafka.common.errors.SaslAuthenticationException: Authentication failed "
+    "during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512\n"
+)
+TRANSFORM_BUG = (
+    "[PYTHON_EXCEPTION] An exception was thrown from the Python worker.\n"
+    "ZeroDivisionError: division by zero\n"
+)
+
+
+class Py4JJavaError(Exception):
+    """Shaped like py4j's: the message is the Java stack trace."""
+
+
+@pytest.mark.parametrize("message", [ADMIN_TIMEOUT, FETCH_TIMEOUT])
+def test_kafka_out_of_reach_is_one_line_naming_the_cluster_and_the_batch(message: str) -> None:
+    error = kafka_failure(Py4JJavaError(message), BOOTSTRAP, LABEL)
+    assert isinstance(error, UnreachableError)
+    text = str(error)
+    assert "\n" not in text and "\tat " not in text, text
+    assert BOOTSTRAP in text and LABEL in text, text
+    assert "Timed out waiting for a node assignment" in text or "Cannot fetch record" in text
+
+
+def test_credentials_refused_inside_spark_are_an_authentication_error() -> None:
+    error = kafka_failure(Py4JJavaError(REFUSED), BOOTSTRAP, LABEL)
+    assert isinstance(error, AuthenticationError)
+    assert "\n" not in str(error) and "SaslAuthenticationException" in str(error)
+
+
+def test_a_failure_that_is_not_kafkas_is_left_as_it_is() -> None:
+    # a transform's own bug keeps its traceback: it is the user's code, not the cluster
+    assert kafka_failure(Py4JJavaError(TRANSFORM_BUG), BOOTSTRAP, LABEL) is None
+
+
+class _DeadKafkaSession:
+    """A session whose Kafka read fails as Spark's does when the cluster is down."""
+
+    @property
+    def read(self) -> Any:
+        raise Py4JJavaError(ADMIN_TIMEOUT)
+
+
+def test_the_stager_raises_the_one_line_error_and_keeps_the_cause(tmp_path: Path) -> None:
+    doc = {
+        "pipeline": "pageviews",
+        "kafka": {"bootstrap_servers": BOOTSTRAP, "topic": "t"},
+        "delta": {"table_uri": str(tmp_path / "t"), "quarantine_uri": str(tmp_path / "q")},
+        "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+        "transform": "jobs.examples.pageviews:transform",
+    }
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    stager = SparkStager(load_config(tmp_path / "p.yaml"), lambda: _DeadKafkaSession())
+    now = utcnow()
+    batch = Batch(
+        app_id="pageviews",
+        batch_id=7,
+        pipeline="pageviews",
+        kind=BatchKind.LIVE,
+        state=BatchState.PLANNED,
+        attempt=1,
+        token="t0ken",
+        owner=this_owner(),
+        heartbeat_at=now,
+        created_at=now,
+        updated_at=now,
+        prepared_at=None,
+        committed_at=None,
+        table_version=None,
+        error=None,
+        ranges=(OffsetRange("t", 0, 0, 10),),
+    )
+    with pytest.raises(UnreachableError) as raised:
+        stager.stage(batch)
+    assert isinstance(raised.value.__cause__, Py4JJavaError)
+    assert BOOTSTRAP in str(raised.value) and batch.label in str(raised.value)
