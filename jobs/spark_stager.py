@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
 from ledger.batch import Batch
+from ledger.errors import AuthenticationError, ExactlyError, UnreachableError
 from ledger.two_phase import StageOutput
 from resources import storage
 from resources.config import PipelineConfig, load_transform
@@ -16,6 +17,25 @@ from resources.spark import build_session
 
 if TYPE_CHECKING:
     from resources.s3 import S3Access
+
+#: What the Kafka client inside Spark says when the cluster is out of reach: the driver's
+#: admin client planning the read ("Timed out waiting for a node assignment"), the
+#: executors' consumers fetching it ("Cannot fetch record for offset ..."), a connection
+#: dropped under either.
+KAFKA_UNREACHABLE = (
+    "org.apache.kafka.common.errors.TimeoutException",
+    "org.apache.kafka.common.errors.DisconnectException",
+    "org.apache.kafka.common.errors.NetworkException",
+    "Cannot fetch record for offset",
+)
+#: ... and when the cluster answered and refused us: waiting will not help.
+KAFKA_REFUSED = (
+    "org.apache.kafka.common.errors.SaslAuthenticationException",
+    "org.apache.kafka.common.errors.SslAuthenticationException",
+    "org.apache.kafka.common.errors.TopicAuthorizationException",
+)
+#: The longest part of the Java message an error line quotes.
+QUOTED_CHARS = 300
 
 
 class SharedSpark:
@@ -59,7 +79,23 @@ class SparkStager:
         self.transform = config.load_transform()
 
     def stage(self, batch: Batch) -> StageOutput:
-        return stage(self.spark_factory(), **self.job_arguments(batch))
+        """Stage `batch`; a Kafka cluster out of reach (or refusing us) inside Spark is an
+        `ExactlyError` naming the cluster and the batch, with Spark's error as its cause.
+
+        Nothing is lost by failing here: the batch has not voted, so the next run abandons
+        this attempt and plans the same range again (ledger/two_phase.py, `recover`). The
+        translation only changes what the operator reads: one line and exit code 2, where
+        Spark would print the Java stack trace of every retry.
+        """
+        try:
+            return stage(self.spark_factory(), **self.job_arguments(batch))
+        except ExactlyError:
+            raise
+        except Exception as exc:
+            error = kafka_failure(exc, self.config.kafka.bootstrap_servers, batch.label)
+            if error is None:
+                raise  # the transform's own bug or Spark's: its traceback is the diagnosis
+            raise error from exc
 
     def job_arguments(self, batch: Batch) -> dict[str, Any]:
         """The stage job's inputs for `batch`: its ranges, the folders unique to its attempt,
@@ -85,3 +121,26 @@ class SparkStager:
         name = batch.params.get("transform") or self.config.transform
         transform = self.transform if name == self.config.transform else load_transform(name)
         return {"transform": transform, "transform_name": name}
+
+
+def kafka_failure(exc: BaseException, bootstrap: str, label: str) -> ExactlyError | None:
+    """The one-line error for a Spark failure caused by Kafka, or None for any other.
+
+    Spark hands Python the Java stack trace as the exception's text (py4j's
+    Py4JJavaError, pyspark's captured and Spark Connect errors alike), so the cause is
+    found by the Kafka client's exception names in it; the first line that names one is
+    quoted, cut to QUOTED_CHARS.
+    """
+    lines = [line.strip() for line in str(exc).splitlines()]
+    for names, kind, what in (
+        (KAFKA_REFUSED, AuthenticationError, "refused exactly's credentials"),
+        (KAFKA_UNREACHABLE, UnreachableError, "unreachable"),
+    ):
+        quoted = next((ln for ln in lines if any(name in ln for name in names)), None)
+        if quoted is not None:
+            quoted = quoted.removeprefix(": ")[:QUOTED_CHARS]
+            return kind(
+                f"Kafka at {bootstrap} {what} while Spark staged {label}: {quoted}; nothing "
+                "was voted, the next run plans the range again"
+            )
+    return None
