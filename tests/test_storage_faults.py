@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from deltalake import DeltaTable
 
 from devtools.s3_server import S3Server
@@ -278,3 +279,68 @@ def test_every_record_once_under_a_storage_fault_with_kills_and_restarts(
     assert in_logs == committed, f"batches in the Delta logs {in_logs}, ledger: {committed}"
     assert assert_exactly_once(config, kafka_client)[0] > 0
     assert not unfired, f"faults that never fired: {unfired}"
+
+
+#: s3a's own retries cut, so Spark gives up on a store that refuses in seconds, not minutes
+S3A_GIVES_UP_SOONER = {
+    "spark.hadoop.fs.s3a.retry.limit": "1",
+    "spark.hadoop.fs.s3a.retry.interval": "100ms",
+    "spark.hadoop.fs.s3a.attempts.maximum": "1",
+    "spark.hadoop.fs.s3a.connection.establish.timeout": "2s",
+}
+
+
+def test_a_store_down_while_spark_stages_is_one_line_and_the_next_run_finishes(
+    faulty_s3: tuple[FaultProxy, dict[str, str]],
+    s3_server: S3Server,
+    s3_bucket: str,
+    kafka_broker: str,
+    kafka_client: Any,
+    topic_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store refuses every connection from just before Spark reads the batch until the
+    run has ended: s3a gives up inside Spark, which must reach the operator as one line
+    naming the store and the batch (not the Java stack), and nothing is lost."""
+    proxy, _env = faulty_s3
+    config = write_config(tmp_path, s3_bucket, kafka_broker, topic_factory(2), MAX_RECORDS)
+    path = tmp_path / f"{config.pipeline}.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["spark"]["conf"].update(S3A_GIVES_UP_SOONER)
+    path.write_text(yaml.safe_dump(doc))
+    kafka_client.produce(config.kafka.topic, pageviews(RECORDS, malformed_every=MALFORMED_EVERY))
+
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    env = {"EXACTLY_PAUSE_AT": "before_stage", "EXACTLY_PAUSE_DIR": str(pauses)}
+    started = time.monotonic()
+    child = subprocess.Popen(
+        [*EXACTLY, "run", "-c", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env},
+    )
+    while not (pauses / "before_stage.reached").exists():
+        assert child.poll() is None, child.communicate()
+        time.sleep(0.1)
+    proxy.refuse()
+    try:
+        (pauses / "before_stage.resume").touch()
+        _out, err = child.communicate(timeout=RUN_TIMEOUT)
+    finally:
+        proxy.reopen()
+    failed_after = time.monotonic() - started
+    unstacked = "\n".join(ln for ln in err.splitlines() if not ln.lstrip().startswith("at "))
+    assert child.returncode == 2 and "Traceback" not in err, unstacked[-8000:]
+    (line,) = [ln for ln in err.splitlines() if ln.startswith("exactly: error: ")]
+    assert f"s3://{s3_bucket}/" in line and "while Spark staged" in line, line
+    assert "\tat " not in line and len(line) < 1000, line
+
+    caught, recovery = exactly_run("run", "-c", str(path), "--until-caught-up")
+    assert caught.returncode == 0, caught.stdout + caught.stderr
+    print(f"store down while Spark stages: failed {failed_after:.1f}s, recovery {recovery:.1f}s")
+    # from the server itself: delta-rs in this process would wait on the in-process proxy
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint_url)
+    assert_exactly_once(config, kafka_client)
