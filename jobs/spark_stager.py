@@ -34,6 +34,21 @@ KAFKA_REFUSED = (
     "org.apache.kafka.common.errors.SslAuthenticationException",
     "org.apache.kafka.common.errors.TopicAuthorizationException",
 )
+#: What s3a (Hadoop's S3 file system, on the AWS SDK v2) says when the object store does
+#: not answer once its own retries are spent: `java.net.ConnectException: getFileStatus on
+#: s3a://... SdkClientException: Unable to execute HTTP request: ... Connection refused`.
+STORE_UNREACHABLE = (
+    "Unable to execute HTTP request",
+    "org.apache.hadoop.fs.s3a.AWSClientIOException",
+    "java.net.ConnectException",
+    "java.net.SocketTimeoutException",
+    "java.net.UnknownHostException",
+)
+#: ... and when it answered and refused our credentials or the bucket's policy did.
+STORE_REFUSED = (
+    "java.nio.file.AccessDeniedException: s3a://",
+    "org.apache.hadoop.fs.s3a.auth.NoAuthWithAWSException",
+)
 #: The longest part of the Java message an error line quotes.
 QUOTED_CHARS = 300
 
@@ -79,8 +94,8 @@ class SparkStager:
         self.transform = config.load_transform()
 
     def stage(self, batch: Batch) -> StageOutput:
-        """Stage `batch`; a Kafka cluster out of reach (or refusing us) inside Spark is an
-        `ExactlyError` naming the cluster and the batch, with Spark's error as its cause.
+        """Stage `batch`; a Kafka cluster or an object store out of reach (or refusing us)
+        inside Spark is an `ExactlyError` naming it and the batch, Spark's error its cause.
 
         Nothing is lost by failing here: the batch has not voted, so the next run abandons
         this attempt and plans the same range again (ledger/two_phase.py, `recover`). The
@@ -92,7 +107,12 @@ class SparkStager:
         except ExactlyError:
             raise
         except Exception as exc:
-            error = kafka_failure(exc, self.config.kafka.bootstrap_servers, batch.label)
+            error = stage_failure(
+                exc,
+                bootstrap=self.config.kafka.bootstrap_servers,
+                store=self.config.delta.table_uri,
+                label=batch.label,
+            )
             if error is None:
                 raise  # the transform's own bug or Spark's: its traceback is the diagnosis
             raise error from exc
@@ -123,24 +143,31 @@ class SparkStager:
         return {"transform": transform, "transform_name": name}
 
 
-def kafka_failure(exc: BaseException, bootstrap: str, label: str) -> ExactlyError | None:
-    """The one-line error for a Spark failure caused by Kafka, or None for any other.
+def stage_failure(
+    exc: BaseException, *, bootstrap: str, store: str, label: str
+) -> ExactlyError | None:
+    """The one-line error for a Spark failure caused by Kafka or the object store, or None
+    for any other.
 
     Spark hands Python the Java stack trace as the exception's text (py4j's
     Py4JJavaError, pyspark's captured and Spark Connect errors alike), so the cause is
-    found by the Kafka client's exception names in it; the first line that names one is
-    quoted, cut to QUOTED_CHARS.
+    found by the clients' exception names in it; the first line that names one is quoted,
+    cut to QUOTED_CHARS. Kafka is looked for first: a Kafka error never names s3a, while a
+    store error can carry java.net exceptions that are not specific to either.
+    `store` names the table root the stage writes under.
     """
     lines = [line.strip() for line in str(exc).splitlines()]
     for names, kind, what in (
-        (KAFKA_REFUSED, AuthenticationError, "refused exactly's credentials"),
-        (KAFKA_UNREACHABLE, UnreachableError, "unreachable"),
+        (KAFKA_REFUSED, AuthenticationError, f"Kafka at {bootstrap} refused exactly's credentials"),
+        (KAFKA_UNREACHABLE, UnreachableError, f"Kafka at {bootstrap} unreachable"),
+        (STORE_REFUSED, AuthenticationError, f"the object store refused access to {store}"),
+        (STORE_UNREACHABLE, UnreachableError, f"the object store holding {store} unreachable"),
     ):
         quoted = next((ln for ln in lines if any(name in ln for name in names)), None)
         if quoted is not None:
             quoted = quoted.removeprefix(": ")[:QUOTED_CHARS]
             return kind(
-                f"Kafka at {bootstrap} {what} while Spark staged {label}: {quoted}; nothing "
-                "was voted, the next run plans the range again"
+                f"{what} while Spark staged {label}: {quoted}; nothing was voted, the next "
+                "run plans the range again"
             )
     return None

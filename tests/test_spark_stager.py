@@ -16,13 +16,14 @@ from typing import Any
 import pytest
 import yaml
 
-from jobs.spark_stager import SparkStager, kafka_failure
+from jobs.spark_stager import SparkStager, stage_failure
 from ledger.batch import Batch, BatchKind, this_owner, utcnow
 from ledger.errors import AuthenticationError, UnreachableError
 from ledger.protocol import BatchState, OffsetRange
 from resources.config import load_config
 
 BOOTSTRAP = "127.0.0.1:9"
+STORE = "s3://lake/pageviews"
 LABEL = "pageviews/7 attempt 1"
 
 ADMIN_TIMEOUT = (
@@ -45,6 +46,20 @@ REFUSED = (
     ": org.apache.kafka.common.errors.SaslAuthenticationException: Authentication failed "
     "during authentication due to invalid credentials with SASL mechanism SCRAM-SHA-512\n"
 )
+STORE_DOWN = (
+    "An error occurred while calling o367.parquet.\n"
+    ": java.net.ConnectException: getFileStatus on s3a://lake/pageviews/staged/pageviews/"
+    "batch-000000000001-attempt-1-ef40: software.amazon.awssdk.core.exception."
+    "SdkClientException: Unable to execute HTTP request: Connect to 127.0.0.1:34575 "
+    "[/127.0.0.1] failed: Connection refused (SDK Attempt Count: 2)\n"
+    "\tat org.apache.hadoop.fs.s3a.impl.ErrorTranslation.wrapWithInnerIOE(...)\n"
+)
+STORE_DENIED = (
+    "An error occurred while calling o367.parquet.\n"
+    ": java.nio.file.AccessDeniedException: s3a://lake/pageviews/staged: getFileStatus on "
+    "s3a://lake/pageviews/staged: software.amazon.awssdk.services.s3.model.S3Exception: "
+    "Access Denied (Service: S3, Status Code: 403)\n"
+)
 TRANSFORM_BUG = (
     "[PYTHON_EXCEPTION] An exception was thrown from the Python worker.\n"
     "ZeroDivisionError: division by zero\n"
@@ -55,9 +70,13 @@ class Py4JJavaError(Exception):
     """Shaped like py4j's: the message is the Java stack trace."""
 
 
+def classify(message: str) -> Exception | None:
+    return stage_failure(Py4JJavaError(message), bootstrap=BOOTSTRAP, store=STORE, label=LABEL)
+
+
 @pytest.mark.parametrize("message", [ADMIN_TIMEOUT, FETCH_TIMEOUT])
 def test_kafka_out_of_reach_is_one_line_naming_the_cluster_and_the_batch(message: str) -> None:
-    error = kafka_failure(Py4JJavaError(message), BOOTSTRAP, LABEL)
+    error = classify(message)
     assert isinstance(error, UnreachableError)
     text = str(error)
     assert "\n" not in text and "\tat " not in text, text
@@ -66,14 +85,29 @@ def test_kafka_out_of_reach_is_one_line_naming_the_cluster_and_the_batch(message
 
 
 def test_credentials_refused_inside_spark_are_an_authentication_error() -> None:
-    error = kafka_failure(Py4JJavaError(REFUSED), BOOTSTRAP, LABEL)
+    error = classify(REFUSED)
     assert isinstance(error, AuthenticationError)
     assert "\n" not in str(error) and "SaslAuthenticationException" in str(error)
 
 
-def test_a_failure_that_is_not_kafkas_is_left_as_it_is() -> None:
+def test_a_store_out_of_reach_is_one_line_naming_the_table_and_the_batch() -> None:
+    error = classify(STORE_DOWN)
+    assert isinstance(error, UnreachableError)
+    text = str(error)
+    assert "\n" not in text and "\tat " not in text, text
+    assert STORE in text and LABEL in text and "Connection refused" in text, text
+    assert BOOTSTRAP not in text, text
+
+
+def test_a_store_refusing_access_inside_spark_is_an_authentication_error() -> None:
+    error = classify(STORE_DENIED)
+    assert isinstance(error, AuthenticationError)
+    assert "Access Denied" in str(error) and STORE in str(error)
+
+
+def test_a_failure_that_is_not_the_services_is_left_as_it_is() -> None:
     # a transform's own bug keeps its traceback: it is the user's code, not the cluster
-    assert kafka_failure(Py4JJavaError(TRANSFORM_BUG), BOOTSTRAP, LABEL) is None
+    assert classify(TRANSFORM_BUG) is None
 
 
 class _DeadKafkaSession:
