@@ -694,7 +694,11 @@ def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
 
     restarted = build(config, spark_factory=lambda: spark)
     (recovered,) = restarted.recover_and_commit()
-    assert recovered.batch_id == 2 and recovered.metrics["files_missing"] == len(files)
+    # an empty file (a Spark task with no row for that output) is never published, so the
+    # vote check does not count it missing (ledger/vote_check.py)
+    holding_records = [f for f in files if f.records > 0]
+    assert recovered.batch_id == 2
+    assert recovered.metrics["files_missing"] == len(holding_records)
     assert recovered.metrics["restage"]["count"] == 1
     while restarted.run_batch() is not None:
         pass
