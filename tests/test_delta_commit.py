@@ -245,6 +245,23 @@ def assert_reads_as_fresh(target: DeltaTarget, root: Path) -> DeltaTable:
     return kept
 
 
+def test_a_log_entry_fingerprint_tells_a_rewritten_file_apart(tmp_path: Path) -> None:
+    """A file written again at the same name with the same size is another file (ext4
+    even hands it the deleted file's inode), and a missing one has no fingerprint."""
+    entry = tmp_path / "_delta_log" / f"{3:020d}.json"
+    assert storage.fingerprint(str(entry)) is None
+    entry.parent.mkdir()
+    entry.write_text('{"commitInfo":{"timestamp":1}}')
+    first = storage.fingerprint(str(entry))
+    assert first is not None and storage.fingerprint(str(entry)) == first
+    assert storage.fingerprint(entry.as_uri()) == first
+
+    shutil.rmtree(entry.parent)
+    entry.parent.mkdir()
+    entry.write_text('{"commitInfo":{"timestamp":2}}')
+    assert storage.fingerprint(str(entry)) not in (None, first)
+
+
 def test_the_table_is_kept_open_per_thread(tmp_path: Path) -> None:
     """Every load in one thread answers with the same table, brought up to date; another
     thread gets a table of its own (delta-rs tables are not shared between threads)."""
