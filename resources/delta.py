@@ -466,8 +466,14 @@ class DeltaTarget:
             return table
         if fingerprint is None:
             return table
-        again = self._open()
-        if again is not None and again.metadata().id == table.metadata().id:
+        try:
+            again = DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except (DeltaError, OSError):
+            # no proof either way (a table being deleted, a store that fails, a read racing
+            # a concurrent commit on a store whose listing lags): the first load stands,
+            # unkept, as any fresh load did before tables were kept
+            return table
+        if again.metadata().id == table.metadata().id:
             self._local.kept = _Kept(table, version, fingerprint)
         return table
 
