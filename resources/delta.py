@@ -9,14 +9,16 @@ not enforce the version for you (docs/protocol.md, invariant 2).
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime as dt
 import hashlib
 import json
 import math
 import os
 import re
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -344,25 +346,164 @@ class TableLayout:
     bytes: int
 
 
+@dataclass
+class _Kept:
+    """One thread's table kept open between loads, and what vouches for it (DeltaTarget.load)."""
+
+    table: DeltaTable
+    #: the version whose log entry was fingerprinted: the table's version when a load last
+    #: returned it, or older (a commit through the table moves the table on, not this)
+    version: int
+    #: storage.fingerprint of that version's log entry, taken after the table read it
+    fingerprint: tuple[Any, ...]
+
+
 class DeltaTarget:
-    """One Delta table location and the operations the protocol needs on it."""
+    """One Delta table location and the operations the protocol needs on it.
+
+    The table is kept open between calls, one delta-rs table per thread (load says why and
+    when it is dropped); a DeltaTarget may be shared between threads.
+    """
 
     def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
         self.uri = uri
         self.storage_options = storage_options_for(uri, storage_options or {})
+        #: `kept`: this thread's _Kept, or absent/None. Per thread because a delta-rs
+        #: table is not safe to use from two threads at once, and one thread's update or
+        #: failed commit must never change the table another thread is deciding on.
+        self._local = threading.local()
 
     def load(self) -> DeltaTable | None:
         """The table's latest snapshot, None if there is no table.
 
+        The table is kept open between calls (one per thread) and brought up to date with
+        update_incremental(), which reads only the log entries committed since: a fresh
+        load replays the log from the last checkpoint on every call, so a commit's cost
+        grew with history (issue 13). The table returned is this thread's kept one: use it
+        until the next load, and never time-travel it (stats opens a table of its own).
+
+        update_incremental() trusts that the log it continues is the log it read. When the
+        table was deleted and created again underneath it, that is false, and it does not
+        always say so (tests/test_delta_commit.py):
+        - the new table has fewer versions: delta-rs raises (a DeltaError);
+        - as many: there is nothing newer to read, and the old snapshot (old files, old
+          schema) is returned as current;
+        - more: the new table's later entries are replayed on top of the old one's
+          files, a mixture of both tables that no fresh load would ever read.
+        So a kept table is used only while the log entry of a version it read is still the
+        very file it read (storage.fingerprint; a new table writes new files, even at the
+        same names). The check comes after the update, so that whatever the update read
+        is covered: a new table can write an entry at or past that version only after
+        the old entry was deleted, so if the old entry is still there after the update,
+        every entry the update read was the old table's. The newest entry's fingerprint,
+        taken before that check, is what the next load checks.
+        The kept table is dropped, and the table loaded afresh, when:
+        - that entry changed or vanished (re-created, deleted, or its log cleaned up
+          by retention after the process kept the table for longer than it keeps logs);
+        - update_incremental() raised (a DeltaError or OSError: a re-created table, or
+          the store failing; a fresh load then says which);
+        - a commit through the table raised (_commit: its outcome, and what delta-rs
+          left in the table object, are unknown), or anything else went wrong between.
+        This assumes a re-created table is written after the old log was deleted (or at
+        least its entry of the kept version), as deleting and creating a table does; a
+        tool that overwrote a live table's log in place, file by file, could be read as
+        a mixture, as any reader of that table could.
+
         delta-rs retries the store itself (resources/s3.py sizes its budget); a failure
         that outlasts it is an UnreachableError naming the table, one line.
         """
+        kept: _Kept | None = getattr(self._local, "kept", None)
+        if kept is not None:
+            table = self._brought_up_to_date(kept)
+            if table is not None:
+                return table
+        return self._load_fresh()
+
+    def _brought_up_to_date(self, kept: _Kept) -> DeltaTable | None:
+        """The kept table updated, or None (then dropped) when it cannot be vouched for."""
+        self._forget()  # kept again below only once vouched for, whatever is raised
         try:
-            return DeltaTable(self.uri, storage_options=self.storage_options or None)
+            kept.table.update_incremental()
+        except (DeltaError, OSError):
+            return None
+        version = kept.table.version()
+        try:
+            latest = (
+                kept.fingerprint
+                if version == kept.version
+                else storage.fingerprint(self._log_entry(version))
+            )
+            unchanged = storage.fingerprint(self._log_entry(kept.version)) == kept.fingerprint
+        except OSError:
+            return None  # a log entry we cannot read is no proof: a fresh load decides
+        if not unchanged or latest is None:
+            return None
+        self._local.kept = _Kept(kept.table, version, latest)
+        return kept.table
+
+    def _load_fresh(self) -> DeltaTable | None:
+        """A fresh load of the latest snapshot, kept for the next loads if it can be vouched
+        for.
+
+        Its newest log entry is fingerprinted after the load read it, so a table
+        re-created in between would be fingerprinted with the new table's entry and its
+        old snapshot kept for good. A second fresh load after the fingerprint closes that:
+        a table's metadata id is random at creation, so if the second load's id is the
+        first's, the table was never replaced between the two, and the entry
+        fingerprinted in between is the first load's. This doubles the cost of a fresh
+        load, which happens once per thread and after a failure, never per batch. A table
+        that cannot be vouched for is returned all the same (it is what a fresh load
+        reads, as before tables were kept), and the next load is fresh again.
+        """
+        self._forget()
+        table = self._open()
+        if table is None:
+            return None
+        version = table.version()
+        try:
+            fingerprint = storage.fingerprint(self._log_entry(version))
+        except OSError:
+            return table
+        if fingerprint is None:
+            return table
+        try:
+            again = DeltaTable(self.uri, storage_options=self.storage_options or None)
+        except (DeltaError, OSError):
+            # no proof either way (a table being deleted, a store that fails, a read racing
+            # a concurrent commit on a store whose listing lags): the first load stands,
+            # unkept, as any fresh load did before tables were kept
+            return table
+        if again.metadata().id == table.metadata().id:
+            self._local.kept = _Kept(table, version, fingerprint)
+        return table
+
+    def _forget(self) -> None:
+        """Drop this thread's kept table: the next load is fresh."""
+        self._local.kept = None
+
+    @contextlib.contextmanager
+    def _dropped_if_raises(self) -> Iterator[None]:
+        """Around a commit through the kept table: if it raises (whatever the error), the
+        table is dropped, so the next load is fresh (_commit says why)."""
+        try:
+            yield
+        except BaseException:
+            self._forget()
+            raise
+
+    def _open(self, version: int | None = None) -> DeltaTable | None:
+        """A new table object, at `version` or the latest; None if there is no table."""
+        try:
+            return DeltaTable(
+                self.uri, version=version, storage_options=self.storage_options or None
+            )
         except TableNotFoundError:
             return None
         except OSError as exc:
             raise store_failure(self.uri, exc) from exc
+
+    def _log_entry(self, version: int) -> str:
+        return storage.join(self.uri, "_delta_log", f"{version:020d}.json")
 
     def transaction_version(self, app_id: str) -> int | None:
         """The last batch id committed by `app_id`, or None (no table, or never committed)."""
@@ -374,11 +515,10 @@ class DeltaTarget:
         last batch, as of `version` (default: the latest), so a batch's history shows the
         table it committed, not the table as it is now; None while the table does not exist.
         """
-        table = self.load()
+        # time travel on a table of its own: the kept one stays at the latest version
+        table = self.load() if version is None else self._open(version)
         if table is None:
             return None
-        if version is not None:
-            table.load_as_version(version)
         actions = table.get_add_actions(flatten=True)
         return TableStats(
             version=table.version(),
@@ -406,7 +546,8 @@ class DeltaTarget:
         ledger/cleaning.py). A replace that removed rows from a file this compaction read
         makes its commit fail (Delta's conflict check: a concurrent delete of data it read),
         never resurrect them: the compaction is then planned again from the table as it is,
-        here, rather than retried by delta-rs.
+        here, rather than retried by delta-rs, from a table loaded afresh (a failed commit
+        drops the kept table, as in _commit).
         """
         last_error: Exception | None = None
         for tries in range(1, max_tries + 1):
@@ -414,9 +555,10 @@ class DeltaTarget:
             if table is None:
                 return None
             try:
-                done = table.optimize.compact(
-                    commit_properties=CommitProperties(max_commit_retries=0)
-                )
+                with self._dropped_if_raises():
+                    done = table.optimize.compact(
+                        commit_properties=CommitProperties(max_commit_retries=0)
+                    )
             except CommitFailedError as exc:
                 last_error = exc
                 time.sleep(min(0.05 * tries, 1.0))
@@ -590,7 +732,13 @@ class DeltaTarget:
           commit conflict (CommitFailedError);
         - delta-rs lists the log right after its own write to read the new snapshot, and a
           listing that lags the write (the loopback S3 server's can) fails that read
-          (another DeltaError, counted against MAX_UNKNOWN_OUTCOMES).
+          (another DeltaError, counted against MAX_UNKNOWN_OUTCOMES);
+        - a post-commit hook fails after the entry is written (a checkpoint that cannot
+          be written: also a DeltaError).
+        After any failed try the table object the try went through is dropped
+        (_dropped_if_raises), so the next try reads the table afresh: whether delta-rs
+        moved that object to the version it may have committed, or left it half-way, is
+        as unknown as the commit itself, and a conflict means the table moved on anyway.
         """
         started = time.perf_counter()
         last_error: Exception | None = None
@@ -615,9 +763,10 @@ class DeltaTarget:
             actions = actions_for(table, tries)
             ours = {a.path for a in actions if isinstance(a, AddAction)}
             try:
-                if not self._write(table, actions, schema, properties):
-                    continue
-                table.update_incremental()
+                with self._dropped_if_raises():
+                    if not self._write(table, actions, schema, properties):
+                        continue
+                    table.update_incremental()
             except CommitFailedError as exc:
                 last_error = exc
                 time.sleep(min(0.05 * tries, 1.0))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -303,6 +304,40 @@ def file_size(uri: str) -> int | None:
         return Path(uri).stat().st_size
     except FileNotFoundError:
         return None
+
+
+def fingerprint(uri: str) -> tuple[Any, ...] | None:
+    """What tells this very file from any other that is ever written at `uri`, or None when
+    there is no file there now.
+
+    For a table kept open between batches (resources/delta.py): the log entry of the
+    version it read must still be the same file, or the table was deleted and created
+    again underneath it. Names alone cannot tell: a new table reuses `_delta_log/N.json`.
+    - On S3, HEAD's ContentLength, ETag (the MD5 of the content for a plain PUT, which is
+      how delta-rs writes log entries) and LastModified: a new object at the same key has
+      another ETag as soon as one byte differs, and another LastModified unless it came
+      within the same second.
+    - Locally, size, st_mtime_ns and st_ino are not enough on their own: ext4 hands the
+      inode of a deleted file to the next file created (measured here: every time), and a
+      kernel with coarse timestamps stamps files written within one tick (4 ms at
+      HZ=250) alike, so a table re-created that fast could look the same. A digest of the
+      content (a log entry is a few KiB: microseconds) closes that: a new table's version
+      0 carries a new random table id, and any later entry a new commit timestamp.
+    Raises UnreachableError when the store does not answer (S3).
+    """
+    if is_remote(uri):
+        head = _head(uri)
+        if head is None:
+            return None
+        return (int(head["ContentLength"]), head.get("ETag"), head.get("LastModified"))
+    path = urlparse(uri).path if uri.startswith("file://") else uri
+    try:
+        with open(path, "rb") as entry:
+            stat = os.fstat(entry.fileno())
+            digest = hashlib.blake2b(entry.read(), digest_size=16).digest()
+    except FileNotFoundError:
+        return None
+    return (stat.st_size, stat.st_mtime_ns, stat.st_ino, digest)
 
 
 def exists(uri: str) -> bool:

@@ -6,20 +6,28 @@ batch again, and a takeover can race the attempt it replaced to the table. Only 
 application transaction version, read and committed as a compare-and-set by `DeltaTarget`,
 keeps the second publish from adding a second copy. These tests publish one batch twice,
 and from several threads at once, and count the rows by coordinates.
+
+A `DeltaTarget` keeps its table open between batches (one per thread) and brings it up to
+date incrementally; the tests at the end hold it to reading exactly what a fresh load of
+the table reads: after another writer's commit, after the table was deleted and created
+again underneath it (with fewer, as many or more versions than it had), after a failed
+commit.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from ledger.batch import StagedFile
 from ledger.protocol import OffsetRange
@@ -199,3 +207,180 @@ def test_concurrent_replaces_of_one_batch_rewrite_once(tmp_path: Path) -> None:
     replaced = {v for (_p, o, v) in rows(root) if 10 <= o < 20}
     assert len(replaced) == 1 and replaced != {f"{APP}/1 attempt 1"}, replaced
     assert {v for (_p, o, v) in rows(root) if not 10 <= o < 20} == {f"{APP}/1 attempt 1"}
+
+
+# -- the table kept open between batches -------------------------------------------------------
+
+
+def publish_batches(target: DeltaTarget, root: Path, batch_ids: Sequence[int]) -> None:
+    """One commit per batch id, each of 10 offsets of partition 0 of its own."""
+    for batch_id in batch_ids:
+        rng = OffsetRange(TOPIC, 0, 10 * batch_id, 10 * batch_id + 10)
+        assert publish(target, root, batch_id, 1, rng).published
+
+
+def recreate(root: Path, batch_ids: Sequence[int]) -> None:
+    """Delete the table and create it again, one commit per batch id (versions 0 to
+    len(batch_ids)), through a DeltaTarget of its own: an operator, or a hostile tester,
+    underneath a process that keeps the old table open."""
+    shutil.rmtree(root)
+    publish_batches(DeltaTarget(str(root)), root, batch_ids)
+
+
+def assert_reads_as_fresh(target: DeltaTarget, root: Path) -> DeltaTable:
+    """The target's table is the table as a fresh load reads it: same version, same
+    incarnation (metadata id), same files, same rows, same application version."""
+    kept = target.load()
+    assert kept is not None
+    fresh = DeltaTable(str(root))
+    assert kept.version() == fresh.version()
+    assert kept.metadata().id == fresh.metadata().id
+    assert sorted(kept.file_uris()) == sorted(fresh.file_uris())
+    assert kept.transaction_version(APP) == fresh.transaction_version(APP)
+    assert (
+        kept.to_pyarrow_table()
+        .sort_by("_kafka_offset")
+        .equals(fresh.to_pyarrow_table().sort_by("_kafka_offset"))
+    )
+    return kept
+
+
+def test_a_log_entry_fingerprint_tells_a_rewritten_file_apart(tmp_path: Path) -> None:
+    """A file written again at the same name with the same size is another file (ext4
+    even hands it the deleted file's inode), and a missing one has no fingerprint."""
+    entry = tmp_path / "_delta_log" / f"{3:020d}.json"
+    assert storage.fingerprint(str(entry)) is None
+    entry.parent.mkdir()
+    entry.write_text('{"commitInfo":{"timestamp":1}}')
+    first = storage.fingerprint(str(entry))
+    assert first is not None and storage.fingerprint(str(entry)) == first
+    assert storage.fingerprint(entry.as_uri()) == first
+
+    shutil.rmtree(entry.parent)
+    entry.parent.mkdir()
+    entry.write_text('{"commitInfo":{"timestamp":2}}')
+    assert storage.fingerprint(str(entry)) not in (None, first)
+
+
+def test_the_table_is_kept_open_per_thread(tmp_path: Path) -> None:
+    """Every load in one thread answers with the same table, brought up to date; another
+    thread gets a table of its own (delta-rs tables are not shared between threads)."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    assert target.load() is None
+    publish_batches(target, root, [1])
+    kept = target.load()
+    assert kept is not None and target.load() is kept
+
+    seen: list[DeltaTable | None] = []
+    worker = threading.Thread(target=lambda: seen.extend([target.load(), target.load()]))
+    worker.start()
+    worker.join(timeout=60)
+    assert seen[0] is not None and seen[0] is seen[1] and seen[0] is not kept
+    assert target.load() is kept
+
+
+def test_a_kept_table_sees_another_writers_commits(tmp_path: Path) -> None:
+    """Commits by another DeltaTarget, and by delta-rs directly, reach the kept table, the
+    application version the commit's compare-and-set reads included."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1])
+    kept = target.load()
+
+    publish_batches(DeltaTarget(str(root)), root, [2, 3])
+    assert target.transaction_version(APP) == 3
+    assert assert_reads_as_fresh(target, root) is kept
+    assert not publish(target, root, 3, 2, OffsetRange(TOPIC, 0, 30, 40)).published
+
+    extra = pa.table(
+        {"_kafka_topic": [TOPIC], "_kafka_partition": [5], "_kafka_offset": [0], "value": ["x"]},
+        schema=SCHEMA,
+    )
+    write_deltalake(str(root), extra, mode="append")
+    assert assert_reads_as_fresh(target, root) is kept
+    assert publish(target, root, 4, 1, OffsetRange(TOPIC, 0, 40, 50)).published
+    assert coordinates(root) == Counter({(5, 0): 1, **{(0, o): 1 for o in range(10, 50)}})
+
+
+def test_time_travel_leaves_the_kept_table_at_the_latest_version(tmp_path: Path) -> None:
+    """A batch's history reads the table as of its commit: from a table of its own."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1, 2, 3])
+    kept = target.load()
+    assert kept is not None
+
+    then = target.stats(APP, version=1)
+    assert then is not None and (then.version, then.row_count, then.app_version) == (1, 10, 1)
+    assert target.load() is kept and kept.version() == 3
+    now = target.stats(APP)
+    assert now is not None and (now.version, now.row_count, now.app_version) == (3, 30, 3)
+
+
+def test_a_table_recreated_with_fewer_versions_is_read_afresh(tmp_path: Path) -> None:
+    """The kept table is at version 4; the table is deleted and created again with 2
+    versions. Its answers come from the new table, never the old one: the old one's
+    application version (4) would make batch 5 look committed already."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1, 2, 3, 4])
+    assert target.transaction_version(APP) == 4
+
+    recreate(root, [2])
+    assert target.transaction_version(APP) == 2
+    assert assert_reads_as_fresh(target, root).version() == 1
+    assert publish(target, root, 3, 1, OffsetRange(TOPIC, 0, 30, 40)).published
+    assert coordinates(root) == Counter({(0, o): 1 for o in [*range(20, 30), *range(30, 40)]})
+
+
+def test_a_table_recreated_with_as_many_versions_is_read_afresh(tmp_path: Path) -> None:
+    """Same version number, other table: nothing newer to read, so only the log entry of
+    the kept version tells that the table under it is not the one it read."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1, 2, 3])
+    assert target.transaction_version(APP) == 3
+
+    recreate(root, [7, 8, 9])
+    assert target.transaction_version(APP) == 9
+    assert assert_reads_as_fresh(target, root).version() == 3
+    assert publish(target, root, 10, 1, OffsetRange(TOPIC, 0, 100, 110)).published
+    assert coordinates(root) == Counter({(0, o): 1 for o in range(70, 110)})
+
+
+def test_a_table_recreated_with_more_versions_is_read_afresh(tmp_path: Path) -> None:
+    """The new table's later versions would apply cleanly on top of the old table's
+    files, mixing both tables; the kept table is dropped instead."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1, 2])
+    assert target.transaction_version(APP) == 2
+
+    recreate(root, [11, 12, 13, 14, 15])
+    assert target.transaction_version(APP) == 15
+    assert assert_reads_as_fresh(target, root).version() == 5
+    assert publish(target, root, 16, 1, OffsetRange(TOPIC, 0, 160, 170)).published
+    assert coordinates(root) == Counter({(0, o): 1 for o in range(110, 170)})
+
+
+def test_a_load_after_a_failed_commit_is_fresh(tmp_path: Path) -> None:
+    """A commit that raised may have committed (here it did: the log entry is written, the
+    checkpoint after it fails), so the table object it went through is not trusted again:
+    the retry, and every later load, read the table afresh, and find the batch committed."""
+    root = tmp_path / "table"
+    DeltaTable.create(str(root), schema=SCHEMA, configuration={"delta.checkpointInterval": "2"})
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1, 2])  # versions 1 (checkpointed) and 2
+    kept = target.load()
+    assert kept is not None and kept.version() == 2
+    # version 3 is checkpointed after its commit: a folder in the checkpoint's place fails it
+    blocker = root / "_delta_log" / f"{3:020d}.checkpoint.parquet"
+    blocker.mkdir()
+
+    outcome = publish(target, root, 3, 1, OffsetRange(TOPIC, 0, 30, 40))
+    blocker.rmdir()
+
+    assert outcome.published and outcome.tries == 2 and outcome.table_version == 3
+    assert assert_reads_as_fresh(target, root) is not kept
+    assert coordinates(root) == Counter({(0, o): 1 for o in range(10, 40)})

@@ -129,3 +129,45 @@ def test_batches_commit_and_replace_on_s3(s3_env: dict[str, str], s3_bucket: str
     assert rows(root) == Counter(expected)
     rewrites = storage.list_data_files(f"{folder}-rewrites")
     assert len(rewrites) == 1 and rewrites[0].uri.startswith("s3://")
+
+
+def test_a_kept_table_on_s3_is_read_afresh_once_re_created(
+    s3_env: dict[str, str], s3_bucket: str
+) -> None:
+    """The table kept open between batches vouches for itself by the HEAD of a log entry
+    it read: deleted and created again with as many versions, the table is another one."""
+    root = f"s3://{s3_bucket}/tables/recreated"
+
+    def publish(target: DeltaTarget, batch_id: int) -> None:
+        files = stage(root, batch_id, 1, OffsetRange(TOPIC, 0, 10 * batch_id, 10 * batch_id + 10))
+        meta = {"app_id": APP, "batch_id": batch_id}
+        outcome = target.publish(
+            app_id=APP, batch_id=batch_id, files=files, schema=SCHEMA, metadata=meta
+        )
+        assert outcome.published
+
+    target = DeltaTarget(root)
+    for batch_id in (1, 2):
+        publish(target, batch_id)
+    kept = target.load()
+    assert kept is not None and kept.version() == 2 and target.load() is kept
+    entry = storage.join(root, "_delta_log", f"{2:020d}.json")
+    first = storage.fingerprint(entry)
+    assert first is not None and storage.fingerprint(entry) == first
+
+    for info in storage.list_files(root):
+        assert storage.delete_file(info.uri)
+    assert storage.fingerprint(entry) is None
+    other = DeltaTarget(root)
+    for batch_id in (7, 8):
+        publish(other, batch_id)
+    assert storage.fingerprint(entry) not in (None, first)
+
+    assert target.transaction_version(APP) == 8
+    table = target.load()
+    fresh = DeltaTable(root, storage_options=target.storage_options)
+    assert table is not None and table is not kept and table.version() == fresh.version() == 2
+    assert sorted(table.file_uris()) == sorted(fresh.file_uris())
+    assert rows(root) == Counter(
+        {(0, o, f"{b}/1"): 1 for b in (7, 8) for o in range(10 * b, 10 * b + 10)}
+    )
