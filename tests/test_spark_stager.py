@@ -60,6 +60,16 @@ STORE_DENIED = (
     "s3a://lake/pageviews/staged: software.amazon.awssdk.services.s3.model.S3Exception: "
     "Access Denied (Service: S3, Status Code: 403)\n"
 )
+#: a standalone cluster's executor gone: java.net names, but neither Kafka nor the store
+EXECUTOR_LOST = (
+    "An error occurred while calling o212.save.\n"
+    ": org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 3.0 "
+    "failed 4 times: java.io.IOException: Failed to connect to /127.0.0.1:41235\n"
+    "Caused by: io.netty.channel.AbstractChannel$AnnotatedConnectException: Connection "
+    "refused: /127.0.0.1:41235\n"
+    "Caused by: java.net.ConnectException: Connection refused\n"
+    "Caused by: java.net.SocketTimeoutException: connect timed out\n"
+)
 TRANSFORM_BUG = (
     "[PYTHON_EXCEPTION] An exception was thrown from the Python worker.\n"
     "ZeroDivisionError: division by zero\n"
@@ -105,9 +115,11 @@ def test_a_store_refusing_access_inside_spark_is_an_authentication_error() -> No
     assert "Access Denied" in str(error) and STORE in str(error)
 
 
-def test_a_failure_that_is_not_the_services_is_left_as_it_is() -> None:
-    # a transform's own bug keeps its traceback: it is the user's code, not the cluster
-    assert classify(TRANSFORM_BUG) is None
+@pytest.mark.parametrize("message", [TRANSFORM_BUG, EXECUTOR_LOST], ids=["transform", "executor"])
+def test_a_failure_that_is_not_the_services_is_left_as_it_is(message: str) -> None:
+    # a transform's own bug keeps its traceback: it is the user's code, not the cluster; a
+    # lost executor names java.net exceptions too, and must not be blamed on the store
+    assert classify(message) is None
 
 
 class _DeadKafkaSession:
