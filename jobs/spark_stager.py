@@ -44,6 +44,10 @@ STORE_UNREACHABLE = (
     "java.net.SocketTimeoutException",
     "java.net.UnknownHostException",
 )
+#: A line blames the store only if it also names s3a or the AWS SDK: java.net exceptions
+#: come from anything Spark connects to (a standalone cluster's lost executor says
+#: "java.net.ConnectException: Connection refused" too).
+STORE_CLIENT = ("s3a://", "org.apache.hadoop.fs.s3a", "software.amazon.awssdk")
 #: ... and when it answered and refused our credentials or the bucket's policy did.
 STORE_REFUSED = (
     "java.nio.file.AccessDeniedException: s3a://",
@@ -153,17 +157,27 @@ def stage_failure(
     Py4JJavaError, pyspark's captured and Spark Connect errors alike), so the cause is
     found by the clients' exception names in it; the first line that names one is quoted,
     cut to QUOTED_CHARS. Kafka is looked for first: a Kafka error never names s3a, while a
-    store error can carry java.net exceptions that are not specific to either.
+    store error can carry java.net exceptions that are not specific to either, which is
+    why a store's line must also name its client (STORE_CLIENT).
     `store` names the table root the stage writes under.
     """
     lines = [line.strip() for line in str(exc).splitlines()]
-    for names, kind, what in (
-        (KAFKA_REFUSED, AuthenticationError, f"Kafka at {bootstrap} refused exactly's credentials"),
-        (KAFKA_UNREACHABLE, UnreachableError, f"Kafka at {bootstrap} unreachable"),
-        (STORE_REFUSED, AuthenticationError, f"the object store refused access to {store}"),
-        (STORE_UNREACHABLE, UnreachableError, f"the object store holding {store} unreachable"),
+    kafka, any_line = f"Kafka at {bootstrap}", ("",)
+    store_is = f"the object store holding {store}"
+    for names, client, kind, what in (
+        (KAFKA_REFUSED, any_line, AuthenticationError, f"{kafka} refused exactly's credentials"),
+        (KAFKA_UNREACHABLE, any_line, UnreachableError, f"{kafka} unreachable"),
+        (STORE_REFUSED, STORE_CLIENT, AuthenticationError, f"{store_is} refused access"),
+        (STORE_UNREACHABLE, STORE_CLIENT, UnreachableError, f"{store_is} unreachable"),
     ):
-        quoted = next((ln for ln in lines if any(name in ln for name in names)), None)
+        quoted = next(
+            (
+                ln
+                for ln in lines
+                if any(name in ln for name in names) and any(c in ln for c in client)
+            ),
+            None,
+        )
         if quoted is not None:
             quoted = quoted.removeprefix(": ")[:QUOTED_CHARS]
             return kind(
