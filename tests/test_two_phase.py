@@ -323,6 +323,25 @@ def test_recover_refuses_batch_of_live_owner(tpc: TwoPhaseCommit, store: LedgerS
     assert (current.state, current.attempt) == (S.STAGED, 1)
 
 
+def test_recover_leaves_a_voted_batch_to_its_live_owner(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    """Two runs started at once: one voted and is about to commit when the other's recovery
+    looks. Taking the batch over would be safe (fencing) but would fail the live run."""
+    owner = Owner(socket.gethostname(), os.getppid())
+    theirs = store.takeover(voted(tpc), owner)
+    with pytest.raises(BusyError) as info:
+        tpc.recover_and_commit()
+    assert str(owner) in str(info.value) and "PREPARED" in str(info.value)
+    assert publisher.commits == []
+    current = store.get(APP, 1)
+    assert current is not None and current.attempt == theirs.attempt
+    theirs = tpc.commit(theirs)
+    assert tpc.recover_and_commit() == []  # between its commit and its ack: still its own
+    assert tpc.ack(theirs).state is S.ACKED
+    assert publisher.published_ids() == [1]
+
+
 def test_recover_uses_lease_for_owner_on_another_host(
     store: LedgerStore, source: FakeSource, stager: FakeStager, publisher: FakePublisher
 ) -> None:
