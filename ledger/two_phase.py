@@ -615,7 +615,15 @@ class TwoPhaseCommit:
 
         Runs before anything new is planned (invariant 5). Rebuilds missing committed
         history from the Delta log first (invariant 7). Raises BusyError if a batch that
-        has not voted belongs to an attempt that may still be alive.
+        has not voted, or a PREPARED one, belongs to an attempt that may still be alive.
+
+        A voted batch whose owner may still be running is its owner's to finish: two runs
+        started at once, one between its vote and its ack when the other's recovery looks.
+        Taking it over would be safe (the owner is fenced at its next transition) but would
+        fail a healthy run. So recovery takes over only voted batches whose owner is gone,
+        and a COMMITTED one whose ack was refused (its owner has moved on; the ack is
+        retried here). A COMMITTED batch of a live owner does not block planning and is
+        left alone; a PREPARED one does, so it is BusyError: wait for it to finish.
         """
         self.rebuild_from_log()
         finished = []
@@ -630,9 +638,12 @@ class TwoPhaseCommit:
                 continue  # the others are abandoned below, if their owner is gone
             if batch.state not in MUST_FINISH:
                 continue  # an earlier batch's ack caught it up
+            if self.may_be_alive(batch) and "ack_error" not in batch.metrics:
+                continue  # its owner is finishing it (a PREPARED one is BusyError below)
             finished.append(self._finish_voted(batch))
         finished.extend(self.abandon_dead())
-        for batch in self.store.batches(app_id=self.app_id, states=ABANDONABLE):
+        waiting = ABANDONABLE | {BatchState.PREPARED}
+        for batch in self.store.batches(app_id=self.app_id, states=waiting):
             raise BusyError(
                 f"batch {batch.label} is {batch.state} and its owner {batch.owner} "
                 "may still be running; try again when it finishes"
