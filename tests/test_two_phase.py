@@ -311,6 +311,28 @@ def test_recover_aborts_batch_of_dead_owner_and_replans_its_range(
     assert report.batch.ranges[0].start == batch.ranges[0].start == 0
 
 
+def test_an_owner_killed_and_not_yet_reaped_is_gone(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    """A supervisor that has not reaped its killed child leaves a zombie: kill(pid, 0)
+    still succeeds, but nothing runs there, so its voted batch is finished at once."""
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        theirs = store.takeover(voted(tpc), Owner(socket.gethostname(), child.pid))
+        child.kill()
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{child.pid}/stat").read_text().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        finished = tpc.recover_and_commit()
+        assert [(b.batch_id, b.state) for b in finished] == [(1, S.ACKED)]
+        assert finished[0].attempt == theirs.attempt + 1
+        assert publisher.published_ids() == [1]
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_recover_refuses_batch_of_live_owner(tpc: TwoPhaseCommit, store: LedgerStore) -> None:
     owner = Owner(socket.gethostname(), os.getppid())
     plan_as(store, owner, S.STAGED)
