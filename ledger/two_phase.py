@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
@@ -153,14 +154,28 @@ def _never(_batch: Batch) -> bool:
         """Per partition, one past the highest offset of `topic` in the published rows."""
 
 
+_PROCFS = Path("/proc")
+
+
 def _pid_alive(pid: int) -> bool:
+    """Whether a process runs at `pid` on this host. A zombie (killed, not yet reaped by
+    its parent) answers kill(pid, 0) but runs nothing: gone, so its batches are not waited
+    for until the parent reaps it, which may be never."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
+        pass
+    if not (_PROCFS / "self").exists():
+        return True  # no procfs to ask: kill(pid, 0) answered
+    try:
+        stat = (_PROCFS / str(pid) / "stat").read_text()
+    except FileNotFoundError:
+        return False  # reaped meanwhile
+    except OSError:
         return True
-    return True
+    return stat.rpartition(") ")[2][:1] not in ("Z", "X")
 
 
 class TwoPhaseCommit:
