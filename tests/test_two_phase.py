@@ -376,6 +376,33 @@ def test_recover_uses_lease_for_owner_on_another_host(
     assert [b.state for b in impatient.recover_and_commit()] == [S.ABORTED]
 
 
+def test_the_lease_is_renewed_while_the_commit_runs(
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit can take minutes (the store retried for up to 120 s): its lease must stay
+    fresh, or a recovery on another host takes a live owner's batch over and fails it."""
+    tpc = coordinator(store, source, stager, publisher, lease_seconds=0.2)
+    batch = voted(tpc)
+    beats = []
+    publish = publisher.publish
+
+    def slow(batch: Batch, files: Any) -> Any:
+        for _ in range(4):
+            current = store.get(APP, batch.batch_id)
+            assert current is not None
+            beats.append(current.heartbeat_at)
+            time.sleep(0.15)
+        return publish(batch, files)
+
+    monkeypatch.setattr(publisher, "publish", slow)
+    assert tpc.commit(batch).state is S.COMMITTED
+    assert beats[-1] > beats[0]
+
+
 def test_recover_finishes_prepared_before_anything_new(
     tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
 ) -> None:
