@@ -407,7 +407,8 @@ class TwoPhaseCommit:
             restages += 1
         if batch.voted_once and check.already_committed:
             self.check_same_split(batch, files, check)
-        result = self.publisher.publish(batch, files)
+        with self._heartbeat(batch):
+            result = self.publisher.publish(batch, files)
         crashpoint("recovery_after_delta_commit" if recovering else "after_delta_commit")
         published = len(check.to_publish) if result.published else 0
         batch = self.store.transition(
@@ -861,7 +862,8 @@ class TwoPhaseCommit:
 
     @contextmanager
     def _heartbeat(self, batch: Batch) -> Iterator[None]:
-        """Keep the attempt's lease fresh while it stages, so others do not abandon it."""
+        """Keep the attempt's lease fresh while it stages or publishes (either can take
+        minutes), so recovery elsewhere neither abandons it nor takes its vote over."""
         stop = threading.Event()
         fenced: list[FencedError] = []
 
