@@ -39,6 +39,7 @@ from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
 from resources.config import PipelineConfig, load_config
 from resources.delta import encode_schema
+from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 
 S = BatchState
@@ -455,24 +456,7 @@ def test_the_in_flight_margin_and_whole_folders() -> None:
 
     now = utcnow()
     planned = now - 3 * IN_FLIGHT_MARGIN
-    batch = Batch(
-        app_id="pv",
-        batch_id=7,
-        pipeline="pv",
-        kind=BatchKind.LIVE,
-        state=S.STAGED,
-        attempt=1,
-        token="t",
-        owner=Owner("elsewhere", 1),
-        heartbeat_at=planned,
-        created_at=planned,
-        updated_at=planned,
-        prepared_at=None,
-        committed_at=None,
-        table_version=None,
-        error=None,
-        ranges=(),
-    )
+    batch = a_batch(7, S.STAGED, at=planned, owner=Owner("elsewhere", 1))
 
     def entry(folder: str, name: str, written: Any, app_id: str = "pv") -> StagedEntry:
         path = f"staged/{app_id}/{folder}/{name}"

@@ -12,32 +12,22 @@ import pyarrow.parquet as pq
 from jobs import parquet_files
 from jobs.delta_publisher import DeltaPublisher, commit_metadata
 from jobs.stage import QUARANTINE, TABLE, attempt_folder
-from ledger.batch import Batch, BatchKind, StagedFile, this_owner, utcnow
+from ledger.batch import Batch, StagedFile, this_owner
 from ledger.protocol import BatchState, OffsetRange
 from resources.delta import DeltaTarget, encode_schema
+from tests.fixtures.batches import a_batch
 
 APP = "pageviews"
 TOPIC = "pv-" + "x" * 80  # longer than the 64 characters kept in statistics
 
 
 def batch(batch_id: int, ranges: list[OffsetRange], token: str = "t0ken") -> Batch:
-    now = utcnow()
-    return Batch(
+    return a_batch(
+        batch_id,
+        BatchState.PREPARED,
         app_id=APP,
-        batch_id=batch_id,
-        pipeline=APP,
-        kind=BatchKind.LIVE,
-        state=BatchState.PREPARED,
-        attempt=1,
         token=token,
         owner=this_owner(),
-        heartbeat_at=now,
-        created_at=now,
-        updated_at=now,
-        prepared_at=now,
-        committed_at=None,
-        table_version=None,
-        error=None,
         ranges=tuple(ranges),
     )
 

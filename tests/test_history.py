@@ -26,12 +26,13 @@ from deltalake import DeltaTable
 from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build, build_backfill
 from ledger.backfill import BackfillMode, plan_backfill
-from ledger.batch import Batch, BatchKind
-from ledger.protocol import BatchState, OffsetRange, Owner
+from ledger.batch import BatchKind
+from ledger.protocol import BatchState, OffsetRange
 from orchestration.assets import quarantine_key
 from orchestration.metadata import batch_metadata
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REJECTED_TAG
+from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, coordinates, crash_run
 
 NUMBERS = (dg.IntMetadataValue, dg.FloatMetadataValue)
@@ -87,22 +88,17 @@ def assert_plottable(meta: dict[str, dg.MetadataValue], *, staged_here: bool = T
 
 def test_batch_metadata_types_identifiers_as_text_and_measures_as_numbers() -> None:
     now = datetime.now(UTC)
-    batch = Batch(
+    batch = a_batch(
+        7,
+        BatchState.ACKED,
         app_id="pv.backfill",
-        batch_id=7,
         pipeline="pv",
         kind=BatchKind.BACKFILL,
-        state=BatchState.ACKED,
         attempt=2,
-        token="t",
-        owner=Owner("h", 1),
-        heartbeat_at=now,
-        created_at=now,
-        updated_at=now,
+        at=now,
         prepared_at=now,
         committed_at=now,
         table_version=4,
-        error=None,
         ranges=(OffsetRange("t", 0, 0, 100),),
         metrics={
             "records_read": 100,

@@ -10,7 +10,6 @@ import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
 from orchestration.stuck_sensor import Cursor, decide_ack, decide_blocked, decide_stuck
 from resources.config import parse_config
+from tests.fixtures.batches import a_batch
 from tests.fixtures.fakes import FakePublisher, FakeSource, FakeStager
 from tests.test_two_phase import dead_pid, plan_as
 
@@ -240,27 +240,7 @@ def batch(
     batch_id: int, state: BatchState, in_state_s: float, metrics: dict[str, Any] | None = None
 ) -> Batch:
     """A batch that entered `state` `in_state_s` seconds ago (every timestamp that far back)."""
-    now = utcnow()
-    then = now - timedelta(seconds=in_state_s)
-    return Batch(
-        app_id="pv",
-        batch_id=batch_id,
-        pipeline="pv",
-        kind="live",  # type: ignore[arg-type]
-        state=state,
-        attempt=1,
-        token="t",
-        owner=Owner("h", 1),
-        heartbeat_at=then,
-        created_at=then,
-        updated_at=then,
-        prepared_at=then if state is S.PREPARED else None,
-        committed_at=then if state is S.COMMITTED else None,
-        table_version=None,
-        error=None,
-        ranges=(),
-        metrics=metrics or {},
-    )
+    return a_batch(batch_id, state, in_state_s=in_state_s, metrics=metrics or {})
 
 
 @pytest.mark.parametrize("state", [S.PLANNED, S.STAGED, S.PREPARED, S.COMMITTED])

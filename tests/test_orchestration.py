@@ -19,10 +19,11 @@ from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from ledger.batch import Batch, utcnow
-from ledger.protocol import BatchState, Owner
+from ledger.protocol import BatchState
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.stuck_sensor import decide_stuck
 from orchestration.tags import BATCH_TAG
+from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run, save_config
 from tests.test_restage_pipeline import delete_one_voted_file
 
@@ -262,23 +263,12 @@ def test_failed_runs_alert_through_the_same_sinks(
 
 def _batch(batch_id: int, state: BatchState, prepared_ago_s: float | None) -> Batch:
     now = utcnow()
-    return Batch(
-        app_id="pv",
-        batch_id=batch_id,
-        pipeline="pv",
-        kind="live",
-        state=state,
-        attempt=1,
-        token="t",
-        owner=Owner("h", 1),
-        heartbeat_at=now,
-        created_at=now,
-        updated_at=now,
+    return a_batch(
+        batch_id,
+        state,
+        at=now,
         prepared_at=None if prepared_ago_s is None else now - timedelta(seconds=prepared_ago_s),
         committed_at=None,
-        table_version=None,
-        error=None,
-        ranges=(),
     )
 
 

@@ -17,10 +17,11 @@ import pytest
 import yaml
 
 from jobs.spark_stager import SparkStager, stage_failure
-from ledger.batch import Batch, BatchKind, this_owner, utcnow
+from ledger.batch import this_owner
 from ledger.errors import AuthenticationError, UnreachableError
 from ledger.protocol import BatchState, OffsetRange
 from resources.config import load_config
+from tests.fixtures.batches import a_batch
 
 BOOTSTRAP = "127.0.0.1:9"
 STORE = "s3://lake/pageviews"
@@ -140,23 +141,12 @@ def test_the_stager_raises_the_one_line_error_and_keeps_the_cause(tmp_path: Path
     }
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
     stager = SparkStager(load_config(tmp_path / "p.yaml"), lambda: _DeadKafkaSession())
-    now = utcnow()
-    batch = Batch(
+    batch = a_batch(
+        7,
+        BatchState.PLANNED,
         app_id="pageviews",
-        batch_id=7,
-        pipeline="pageviews",
-        kind=BatchKind.LIVE,
-        state=BatchState.PLANNED,
-        attempt=1,
         token="t0ken",
         owner=this_owner(),
-        heartbeat_at=now,
-        created_at=now,
-        updated_at=now,
-        prepared_at=None,
-        committed_at=None,
-        table_version=None,
-        error=None,
         ranges=(OffsetRange("t", 0, 0, 10),),
     )
     with pytest.raises(UnreachableError) as raised:

@@ -13,7 +13,7 @@ import dagster as dg
 import yaml
 
 from ledger.batch import Batch, utcnow
-from ledger.protocol import BatchState, OffsetRange, Owner
+from ledger.protocol import BatchState, OffsetRange
 from orchestration.checks_sensor import decide_checks
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.table_checks import (
@@ -28,6 +28,7 @@ from orchestration.table_checks import (
     judge_stuck,
     other_incarnations,
 )
+from tests.fixtures.batches import a_batch
 
 S = BatchState
 CHECKS = [NO_STUCK_BATCH, CONSUMER_LAG, LAST_BATCH_COMPLETE, QUARANTINE_RATIO]
@@ -38,22 +39,11 @@ def batch(
 ) -> Batch:
     """A batch of pipeline `pv` that entered `state` `in_state_s` seconds ago."""
     then = utcnow() - timedelta(seconds=in_state_s)
-    return Batch(
-        app_id="pv",
-        batch_id=batch_id,
-        pipeline="pv",
-        kind="live",  # type: ignore[arg-type]
-        state=state,
-        attempt=1,
-        token="t",
-        owner=Owner("h", 1),
-        heartbeat_at=then,
-        created_at=then,
-        updated_at=then,
-        prepared_at=then if state is S.PREPARED else None,
+    return a_batch(
+        batch_id,
+        state,
+        at=then,
         committed_at=then if state in (S.COMMITTED, S.ACKED) else None,
-        table_version=None,
-        error=None,
         ranges=(OffsetRange("pv", 0, 100, 200),),
         metrics=metrics or {},
     )
