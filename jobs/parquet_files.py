@@ -7,14 +7,21 @@ publishing never touches the data files again.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from ledger.batch import StagedFile
 from resources import storage
 from resources.delta import delta_stats
 
 
-def describe(folder: str, table_root: str, target: str) -> list[StagedFile]:
-    """The Parquet files in one attempt's own staging folder, as the vote records them."""
+def describe(
+    folder: str, table_root: str, target: str, columns: Sequence[str] | None = None
+) -> list[StagedFile]:
+    """The Parquet files in one attempt's own staging folder, as the vote records them.
+
+    With `columns`, the statistics cover those columns only: a file may hold columns its
+    table does not have (jobs/stage.py: `routed`), and Delta's statistics name the table's.
+    """
     files = []
     for info in storage.list_data_files(folder):
         meta = storage.read_parquet_metadata(info.uri)
@@ -25,7 +32,7 @@ def describe(folder: str, table_root: str, target: str) -> list[StagedFile]:
                 size=info.size,
                 records=meta.num_rows,
                 modification_time=info.modification_time_ms,
-                stats=json.dumps(delta_stats(meta), separators=(",", ":")),
+                stats=json.dumps(delta_stats(meta, columns), separators=(",", ":")),
             )
         )
     return files

@@ -28,6 +28,14 @@ from resources.delta import encode_schema
 
 COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_batch_id")
 TABLE, QUARANTINE = "table", "quarantine"
+#: The column that routes each row to its output in the stage's one write. Spark writes the
+#: rows of each value into a folder of their own (`exactly_output=table/`, `=quarantine/`),
+#: never into the files. Not `_`-prefixed: Delta's VACUUM treats such folders as hidden.
+ROUTE = "exactly_output"
+#: Columns the stage adds to the transform's output; a transform may not return them.
+RESERVED = ("_raw_value", ROUTE)
+#: The key of the Spark schema Spark stores in every Parquet footer it writes.
+_SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 _RECORDS_READ = "records_read"
 #: how long the observed count may lag behind the job that produced it (listener bus)
 _OBSERVATION_WAIT_S = 10.0
@@ -103,12 +111,19 @@ def with_coordinates(records: DataFrame, batch_id: int) -> DataFrame:
 
 
 def check_output(out: DataFrame, transform_name: str) -> None:
-    """A transform must keep what the commit and the quarantine need."""
+    """A transform must keep what the commit and the quarantine need, and leave the
+    columns the stage adds to it."""
     missing = [c for c in (*COORDINATES, "value", "_error") if c not in out.columns]
     if missing:
         raise ConfigError(
             f"transform {transform_name} returned no column(s) {missing}: a transform must "
             "keep the _kafka_* and _batch_id columns and `value`, and add `_error`"
+        )
+    taken = [c for c in out.columns if c.lower() in RESERVED]
+    if taken:
+        raise ConfigError(
+            f"transform {transform_name} returned column(s) {taken}, which the stage adds "
+            f"itself ({', '.join(RESERVED)}): rename them"
         )
 
 
@@ -120,6 +135,65 @@ def split_outputs(out: DataFrame) -> tuple[DataFrame, DataFrame]:
         *COORDINATES, "_error", F.col("value").alias("_raw_value")
     )
     return good, bad
+
+
+def routed(out: DataFrame) -> DataFrame:
+    """Both outputs' rows in one frame, for one write routed by ROUTE.
+
+    A row keeps the transform's columns and `_error`; the raw value (`_raw_value`) is kept
+    on quarantined rows only. So a table file also holds `_error` and `_raw_value`, always
+    null there: readers go by the table's schema (the vote records `split_outputs`'s) and
+    never see them, and a compaction drops them. A quarantine file holds the transform's
+    columns too, which `move_quarantine` drops.
+    """
+    error = F.col("_error").isNotNull()
+    kept = [c for c in out.columns if c not in ("value", "_error")]
+    return out.select(
+        *kept,
+        "_error",
+        F.when(error, F.col("value")).alias("_raw_value"),
+        F.when(error, F.lit(QUARANTINE)).otherwise(F.lit(TABLE)).alias(ROUTE),
+    )
+
+
+def routed_folder(attempt_dir: str, target: str) -> str:
+    """Where the one write puts the rows of output `target` below the table's attempt folder."""
+    return storage.join(attempt_dir, f"{ROUTE}={target}")
+
+
+def write_routed(rows: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
+    """Write both outputs in one Spark job into the table's attempt folder (never over
+    anything, as `write_outputs`); the seconds taken. The rows of each output land in a
+    folder of their own (`routed_folder`)."""
+    started = time.perf_counter()
+    rows.write.mode("error").partitionBy(ROUTE).parquet(storage.spark_uri(attempt_dirs[TABLE]))
+    return time.perf_counter() - started
+
+
+def move_quarantine(bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
+    """Rewrite the quarantined rows the one write left below the table's attempt folder
+    into the quarantine's own attempt folder, with the quarantine's columns only; the
+    seconds taken.
+
+    The two tables may live anywhere (another bucket, another file system), so this is a
+    rewrite through pyarrow, file by file, not a rename: quarantined rows are few, and a
+    file of them is read only once. What it leaves behind is never voted: a crash halfway
+    leaves a new attempt to stage the batch again into new folders, the originals are
+    deleted once copied, and the cleaner deletes whatever a crash kept (invariant 18).
+    The copies carry Spark's schema for the quarantine's columns, as a file Spark wrote.
+    """
+    started = time.perf_counter()
+    source = routed_folder(attempt_dirs[TABLE], QUARANTINE)
+    columns = bad.columns
+    spark_schema = bad.schema.json().encode()
+    for info in storage.list_data_files(source):
+        rows = storage.read_parquet(info.uri, columns)
+        rows = rows.replace_schema_metadata({_SPARK_SCHEMA_KEY: spark_schema})
+        name = info.uri.rsplit("/", 1)[-1]
+        storage.write_parquet(rows, storage.join(attempt_dirs[QUARANTINE], name))
+    for info in storage.list_files(source):
+        storage.delete_file(info.uri)
+    return time.perf_counter() - started
 
 
 def write_outputs(good: DataFrame, bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
@@ -145,16 +219,22 @@ def staged_output(
     table_roots: Mapping[str, str],
     seconds: dict[str, float],
 ) -> StageOutput:
-    """Describe what the attempt wrote: the vote's input. `check_coordinates` then proves
-    every coordinate read is in it exactly once."""
+    """Describe what the attempt wrote into `attempt_dirs` (per output, the folder holding
+    its files): the vote's input. `check_coordinates` then proves every coordinate read is
+    in it exactly once. The vote's schemas are the outputs' own, whatever else the files
+    hold (`routed`), and so are the files' statistics."""
     started = time.perf_counter()
     schemas = {
         TABLE: encode_schema(to_arrow_schema(good.schema, timezone="UTC")),
         QUARANTINE: encode_schema(to_arrow_schema(bad.schema, timezone="UTC")),
     }
     files = [
-        *parquet_files.describe(attempt_dirs[TABLE], table_roots[TABLE], TABLE),
-        *parquet_files.describe(attempt_dirs[QUARANTINE], table_roots[QUARANTINE], QUARANTINE),
+        *parquet_files.describe(
+            attempt_dirs[TABLE], table_roots[TABLE], TABLE, columns=good.columns
+        ),
+        *parquet_files.describe(
+            attempt_dirs[QUARANTINE], table_roots[QUARANTINE], QUARANTINE, columns=bad.columns
+        ),
     ]
     seconds["describe"] = time.perf_counter() - started
     table_records = sum(f.records for f in files if f.target == TABLE)
@@ -179,11 +259,13 @@ def stage(
     Every record read ends up in exactly one of the two outputs (invariant 9): the counts
     are checked before the vote.
 
-    The records are read and transformed once: the count of records read is observed inside
-    the job that writes the table, and only the transformed frame is cached for the
-    quarantine write, with `value` kept only on the rows that need it. (The former plan,
-    which cached and counted the source first, survives only in the benchmark, which
-    compares the two: bench/two_pass.py, BENCHMARKS.md.)
+    The records are read, transformed and written once, in one Spark job and without a
+    cache: the rows of both outputs go through one write that routes each row to its
+    output's folder (`routed`), the count and fingerprint of the records read and the
+    fingerprint of the rows written are observed inside that job, and the quarantined rows
+    are then moved to the quarantine's folder (`move_quarantine`). (The former plans, which
+    cached the batch to write the two outputs in two jobs, survive only in the benchmark,
+    which compares them: bench/, BENCHMARKS.md.)
     """
     seconds: dict[str, float] = {}
     observation = Observation()
@@ -192,27 +274,26 @@ def stage(
     ).observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ), coordinates.fingerprint())
     out = transform(source)
     check_output(out, transform_name)
-    # the table drops `value`; only quarantined rows need it, so only they cache it
-    out = out.withColumn("value", F.when(F.col("_error").isNotNull(), F.col("value"))).persist()
-    try:
-        good, bad = split_outputs(out)
-        written = {TABLE: Observation(), QUARANTINE: Observation()}
-        good = good.observe(written[TABLE], coordinates.fingerprint())
-        bad = bad.observe(written[QUARANTINE], coordinates.fingerprint())
-        seconds["write"] = write_outputs(good, bad, attempt_dirs)
-        records_read = _observed_records(observation)
-        if records_read is None:
-            # the transform's output does not derive from its input (or the metrics did not
-            # arrive): count the source in a job of its own rather than trust nothing
-            records_read = source.count()
-    finally:
-        out.unpersist()
+    good, bad = split_outputs(out)
+    written = Observation()
+    rows = routed(out).observe(written, coordinates.fingerprint())
+    seconds["write"] = write_routed(rows, attempt_dirs)
+    crashpoint("during_stage")
+    seconds["move"] = move_quarantine(bad, attempt_dirs)
+    records_read = _observed_records(observation)
+    if records_read is None:
+        # the transform's output does not derive from its input (or the metrics did not
+        # arrive): count the source in a job of its own rather than trust nothing
+        records_read = source.count()
     output = staged_output(
         good,
         bad,
         batch_id=batch_id,
         records_read=records_read,
-        attempt_dirs=attempt_dirs,
+        attempt_dirs={
+            TABLE: routed_folder(attempt_dirs[TABLE], TABLE),
+            QUARANTINE: attempt_dirs[QUARANTINE],
+        },
         table_roots=table_roots,
         seconds=seconds,
     )
@@ -226,7 +307,7 @@ def stage(
         table_roots=table_roots,
         # the count above already waited for this observation: do not wait twice
         read_fingerprint=_observed_fingerprint(observation, wait_s=0.0),
-        written=written,
+        written={"both": written},
     )
     return output
 

@@ -66,16 +66,18 @@ def _json_value(value: Any) -> Any:
     return None
 
 
-def delta_stats(meta: pq.FileMetaData) -> dict[str, Any]:
+def delta_stats(meta: pq.FileMetaData, columns: Sequence[str] | None = None) -> dict[str, Any]:
     """Delta `stats` for one file from its footer: numRecords, and min/max/nullCount for
-    top-level primitive columns whose every row group carries statistics."""
+    top-level primitive columns (of `columns`, if given) whose every row group carries
+    statistics."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     schema = meta.schema
+    wanted = None if columns is None else set(columns)
     for col_index in range(meta.num_columns):
         path = schema.column(col_index).path
-        if "." in path:
+        if "." in path or (wanted is not None and path not in wanted):
             continue
         lo = hi = None
         null_count = 0

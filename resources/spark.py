@@ -48,6 +48,9 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.compression.codec": "snappy",
+    # the stage's one write routes rows to two folders (jobs/stage.py: write_routed); with
+    # a writer per folder open at once, Spark need not sort each task's rows by folder first
+    "spark.sql.maxConcurrentOutputFileWriters": "2",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",

@@ -6,6 +6,7 @@ Crash tests, which kill real child processes, are in test_crash.py.
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 import threading
@@ -237,3 +238,63 @@ def test_offsets_deleted_from_kafka_fail_loudly_and_commit_nothing(
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "offsets [50, 120) are no longer in Kafka" in lines[0], lines
     assert DeltaTable(config.delta.table_uri).version() == version
+
+
+def test_each_output_s_files_hold_its_own_columns_and_statistics(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """The stage writes both outputs in one routed write (jobs/stage.py): the quarantine's
+    files must end up in the quarantine's folder with its columns only, nothing may stay
+    behind in the table's folder, and no reader or statistic may see the columns the
+    table's files carry for the route (`_error`, `_raw_value`)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from jobs.stage import ROUTE
+
+    config = pipeline_factory(2, max_records=500)
+    kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=9))
+    assert run_until_caught_up(build(config, spark_factory=lambda: spark))
+    table_rows, quarantined = assert_exactly_once(config, kafka_client)
+    assert quarantined > 0 and table_rows + quarantined == 400
+
+    table, quarantine = DeltaTable(config.delta.table_uri), DeltaTable(config.delta.quarantine_uri)
+    assert "_raw_value" not in table.schema().to_arrow().names
+    assert "_error" not in table.schema().to_arrow().names
+    quarantine_columns = set(quarantine.schema().to_arrow().names)
+    for add in pa.table(quarantine.get_add_actions(flatten=True)).to_pylist():
+        path = Path(config.delta.quarantine_uri, add["path"])
+        assert set(pq.read_schema(path).names) == quarantine_columns, path
+        assert ROUTE not in add["path"]
+    adds = [
+        json.loads(line)["add"]
+        for entry in sorted(Path(config.delta.table_uri, "_delta_log").glob("*.json"))
+        for line in entry.read_text().splitlines()
+        if '"add"' in line
+    ]
+    assert adds
+    for add in adds:
+        assert f"{ROUTE}=table/" in add["path"]
+        stats = json.loads(add["stats"])
+        assert set(stats["nullCount"]) <= set(table.schema().to_arrow().names), stats
+        assert "app" in stats["nullCount"]
+    left = [p for p in Path(config.delta.table_uri).rglob(f"{ROUTE}=quarantine/*") if p.is_file()]
+    assert left == []
+    # delta-spark reads the table's columns, not the files'
+    columns = spark.read.format("delta").load(config.delta.table_uri).columns
+    assert columns == table.schema().to_arrow().names
+    assert spark.read.format("delta").load(config.delta.table_uri).count() == table_rows
+
+
+def test_a_transform_may_not_return_the_columns_the_stage_adds(spark: Any) -> None:
+    from jobs.stage import check_output
+    from ledger.errors import ConfigError
+
+    frame = spark.createDataFrame(
+        [("t", 0, 0, None, 1, b"v", None, b"x")],
+        "_kafka_topic string, _kafka_partition int, _kafka_offset long, "
+        "_kafka_timestamp timestamp, _batch_id long, value binary, _error string, "
+        "_raw_value binary",
+    )
+    with pytest.raises(ConfigError, match=r"returned column\(s\) \['_raw_value'\]"):
+        check_output(frame, "t")
