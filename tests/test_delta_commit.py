@@ -209,6 +209,48 @@ def test_concurrent_replaces_of_one_batch_rewrite_once(tmp_path: Path) -> None:
     assert {v for (_p, o, v) in rows(root) if not 10 <= o < 20} == {f"{APP}/1 attempt 1"}
 
 
+def test_a_replace_rewrites_a_staged_file_with_the_table_s_columns_only(tmp_path: Path) -> None:
+    """A file the stage's routed write produced holds `_error` and `_raw_value` (always
+    null) beside the table's columns; the file a replace rewrites from it holds only the
+    table's, and its statistics name only those."""
+    root = tmp_path / "table"
+    first = staged(root, APP, 1, 1, OffsetRange(TOPIC, 0, 0, 20))
+    path = root / first.path
+    extra = pq.read_table(path)
+    extra = extra.append_column("_error", pa.nulls(extra.num_rows, pa.string()))
+    extra = extra.append_column("_raw_value", pa.nulls(extra.num_rows, pa.binary()))
+    pq.write_table(extra, path)
+    info = storage.file_info(str(path))
+    meta = pq.read_metadata(path)
+    first = StagedFile(
+        "table",
+        first.path,
+        info.size,
+        first.records,
+        info.modification_time_ms,
+        json.dumps(delta_stats(meta, SCHEMA.names), separators=(",", ":")),
+    )
+    target = DeltaTarget(str(root))
+    common = {"schema": SCHEMA, "metadata": {}}
+    assert target.publish(app_id=APP, batch_id=1, files=[first], **common).published
+    rng = OffsetRange(TOPIC, 0, 5, 10)
+    backfill = f"{APP}.backfill"
+    outcome = target.replace(
+        app_id=backfill,
+        batch_id=1,
+        files=[staged(root, backfill, 1, 1, rng)],
+        ranges=[rng],
+        rewrite_dir=str(root / "_staged" / backfill / "batch-1-attempt-1-rewrites"),
+        **common,
+    )
+    assert outcome.published
+    assert coordinates(root) == Counter({(0, o): 1 for o in range(20)})
+    rewritten = list((root / "_staged" / backfill).glob("*-rewrites/*.parquet"))
+    assert len(rewritten) == 1
+    assert pq.read_schema(rewritten[0]).names == SCHEMA.names
+    assert set(delta_stats(pq.read_metadata(rewritten[0]))["nullCount"]) == set(SCHEMA.names)
+
+
 # -- the table kept open between batches -------------------------------------------------------
 
 
