@@ -679,9 +679,13 @@ class DeltaTarget:
     ) -> list[Any]:
         actions: list[Any] = []
         now_ms = int(time.time() * 1000)
+        # a staged file may hold columns the table does not have (jobs/stage.py: `routed`);
+        # the rewrite keeps only the table's
+        columns = {f.name for f in table.schema().fields}
         for entry in _files_touching(table, ranges):
             path = entry["path"]
             data = storage.read_parquet(storage.join(self.uri, path))
+            data = data.select([c for c in data.column_names if c in columns])
             hit = _in_ranges(data, ranges)
             removed = pc.sum(hit.cast(pa.int64())).as_py() or 0
             if removed == 0:
