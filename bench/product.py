@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from bench.two_pass import TwoPassStager
+from bench.cached_plan import CachedStager
 from jobs.pipeline import build
 from ledger.errors import ExactlyError
 from ledger.two_phase import BatchReport
@@ -98,8 +98,8 @@ def run_cli_path(
     """
     tpc = build(config, spark_factory=lambda: spark)
     if not single_pass:
-        # the former stage plan, for the before/after comparison (bench/two_pass.py)
-        tpc.stager = TwoPassStager(config, lambda: spark)
+        # the former stage plan, for the before/after comparison (bench/cached_plan.py)
+        tpc.stager = CachedStager(config, lambda: spark)
     reports: list[BatchReport] = []
     started = time.perf_counter()
     tpc.recover_and_commit()

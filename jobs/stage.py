@@ -36,7 +36,7 @@ ROUTE = "exactly_output"
 RESERVED = ("_raw_value", ROUTE)
 #: The key of the Spark schema Spark stores in every Parquet footer it writes.
 _SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
-_RECORDS_READ = "records_read"
+RECORDS_READ = "records_read"
 #: how long the observed count may lag behind the job that produced it (listener bus)
 _OBSERVATION_WAIT_S = 10.0
 
@@ -162,9 +162,12 @@ def routed_folder(attempt_dir: str, target: str) -> str:
 
 
 def write_routed(rows: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
-    """Write both outputs in one Spark job into the table's attempt folder (never over
-    anything, as `write_outputs`); the seconds taken. The rows of each output land in a
-    folder of their own (`routed_folder`)."""
+    """Write both outputs in one Spark job into the table's attempt folder; the seconds
+    taken. The rows of each output land in a folder of their own (`routed_folder`).
+
+    Save mode "error" (= "errorifexists" in a classic session, the only spelling Spark
+    Connect's client accepts): a folder that exists already fails the write, never merges.
+    """
     started = time.perf_counter()
     rows.write.mode("error").partitionBy(ROUTE).parquet(storage.spark_uri(attempt_dirs[TABLE]))
     return time.perf_counter() - started
@@ -193,19 +196,6 @@ def move_quarantine(bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
         storage.write_parquet(rows, storage.join(attempt_dirs[QUARANTINE], name))
     for info in storage.list_files(source):
         storage.delete_file(info.uri)
-    return time.perf_counter() - started
-
-
-def write_outputs(good: DataFrame, bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
-    """Write both outputs into the attempt's folders (never over anything); the seconds taken.
-
-    Save mode "error" (= "errorifexists" in a classic session, the only spelling Spark
-    Connect's client accepts): a folder that exists already fails the write, never merges.
-    """
-    started = time.perf_counter()
-    good.write.mode("error").parquet(storage.spark_uri(attempt_dirs[TABLE]))
-    crashpoint("during_stage")
-    bad.write.mode("error").parquet(storage.spark_uri(attempt_dirs[QUARANTINE]))
     return time.perf_counter() - started
 
 
@@ -271,7 +261,7 @@ def stage(
     observation = Observation()
     source = with_coordinates(
         read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
-    ).observe(observation, F.count(F.lit(1)).alias(_RECORDS_READ), coordinates.fingerprint())
+    ).observe(observation, F.count(F.lit(1)).alias(RECORDS_READ), coordinates.fingerprint())
     out = transform(source)
     check_output(out, transform_name)
     good, bad = split_outputs(out)
@@ -280,7 +270,7 @@ def stage(
     seconds["write"] = write_routed(rows, attempt_dirs)
     crashpoint("during_stage")
     seconds["move"] = move_quarantine(bad, attempt_dirs)
-    records_read = _observed_records(observation)
+    records_read = observed_records(observation)
     if records_read is None:
         # the transform's output does not derive from its input (or the metrics did not
         # arrive): count the source in a job of its own rather than trust nothing
@@ -306,7 +296,7 @@ def stage(
         batch_id=batch_id,
         table_roots=table_roots,
         # the count above already waited for this observation: do not wait twice
-        read_fingerprint=_observed_fingerprint(observation, wait_s=0.0),
+        read_fingerprint=observed_fingerprint(observation, wait_s=0.0),
         written={"both": written},
     )
     return output
@@ -332,7 +322,7 @@ def check_coordinates(
     second time only to name an example when a mismatch is already proven.
     """
     started = time.perf_counter()
-    parts = [_observed_fingerprint(o) for o in (written or {}).values()]
+    parts = [observed_fingerprint(o) for o in (written or {}).values()]
     staged_fingerprint = None if not parts or None in parts else coordinates.combine(*parts)
 
     def read_again() -> pa.Table:
@@ -352,7 +342,7 @@ def check_coordinates(
     output.seconds["check"] = time.perf_counter() - started
 
 
-def _observed_fingerprint(
+def observed_fingerprint(
     observation: Observation | None, wait_s: float = _OBSERVATION_WAIT_S
 ) -> int | None:
     """The coordinates' fingerprint observed, 0 for no rows, None if none was reported."""
@@ -362,9 +352,9 @@ def _observed_fingerprint(
     return coordinates.combine(metrics[coordinates.FINGERPRINT])
 
 
-def _observed_records(observation: Observation | None) -> int | None:
+def observed_records(observation: Observation | None) -> int | None:
     """The records counted by `observation`, or None if no finished job reported them."""
-    value = (_observed_metrics(observation) or {}).get(_RECORDS_READ)
+    value = (_observed_metrics(observation) or {}).get(RECORDS_READ)
     return None if value is None else int(value)
 
 
