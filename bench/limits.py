@@ -6,6 +6,7 @@ they say how much of the time is the unavoidable part.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from deltalake import DeltaTable
 
+from bench.memory import PeakMemory
 from bench.product import BenchError
 from devtools.jvm_process import java_executable
 from resources.jars import kafka_classpath
@@ -71,8 +73,9 @@ def consume_confluent(bootstrap: str, topic: str, partitions: int, records: int)
 
 def _run_measured(
     command: list[str], timeout: float
-) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run `command` and return its output with the CPU seconds that process itself used.
+) -> tuple[subprocess.CompletedProcess[str], float, int]:
+    """Run `command` and return its output with the CPU seconds that process itself used
+    and its peak resident memory in KiB (the whole life of that process is the limit's run).
 
     Read from the child's own rusage (wait4), not from RUSAGE_CHILDREN: the latter also
     takes in any other child reaped meanwhile, such as a Spark JVM that died of
@@ -92,7 +95,7 @@ def _run_measured(
         result = subprocess.CompletedProcess(
             command, process.returncode, out.read().decode(), err.read().decode()
         )
-    return result, usage.ru_utime + usage.ru_stime
+    return result, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
 
 
 def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
@@ -117,7 +120,7 @@ def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
         "120000",
     ]
     started = time.perf_counter()
-    result, cpu_s = _run_measured(command, timeout=600)
+    result, cpu_s, peak_kib = _run_measured(command, timeout=600)
     wall = time.perf_counter() - started
     lines = [line for line in result.stdout.splitlines() if line.count(",") >= 9]
     if result.returncode != 0 or len(lines) < 2:
@@ -135,6 +138,7 @@ def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
         "with_group_join_seconds": fetch_ms / 1000.0 + float(row["rebalance.time.ms"]) / 1000.0,
         "jvm_wall_seconds": wall,
         "child_cpu_s": cpu_s,
+        "child_peak_kib": peak_kib,
         "tool": dict(row),
     }
 
@@ -181,6 +185,7 @@ def spark_floors(
     records: int,
     folder: Path,
     meter: Callable[[], dict[str, float]] | None = None,
+    memory: Callable[[], PeakMemory] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """What Spark itself costs for this data, in the session every contender uses.
 
@@ -188,7 +193,8 @@ def spark_floors(
     Kafka source and discard it (`noop` sink); read and apply the transform; read, transform
     and write the table's rows as Parquet (one output, no cache). The product's stage does
     the last, plus the quarantine output and the cache that lets it read Kafka only once.
-    `meter` (CPU seconds per process so far) gives each pass its CPU seconds.
+    `meter` (CPU seconds per process so far) gives each pass its CPU seconds, and `memory`
+    (a new meter of peak resident memory) the driver's peak while it ran.
     """
     from jobs.examples.pageviews import transform
     from jobs.stage import read_ranges, with_coordinates
@@ -215,9 +221,14 @@ def spark_floors(
     found: dict[str, dict[str, Any]] = {}
     for name, action in passes.items():
         before = meter() if meter else {}
-        started = time.perf_counter()
-        action()
-        found[name] = {"records": records, "seconds": time.perf_counter() - started}
+        peak = memory() if memory else contextlib.nullcontext()
+        with peak:
+            started = time.perf_counter()
+            action()
+            seconds = time.perf_counter() - started
+        found[name] = {"records": records, "seconds": seconds}
+        if isinstance(peak, PeakMemory):
+            found[name]["memory"] = peak.result()
         if meter:
             after = meter()
             found[name]["cpu_s"] = {k: max(0.0, after[k] - before[k]) for k in after}

@@ -21,8 +21,10 @@ says how much that was).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -65,6 +67,45 @@ def spark_jvm_pid(session: Any) -> int | None:
     with contextlib.suppress(Exception):
         return int(session.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
     return None
+
+
+#: How long `collect_garbage` waits at most for the JVM to hand freed heap back (G1 in
+#: JDK 17 uncommits concurrently, in steps, after the collection returns).
+SETTLE_TIMEOUT_S = 1.0
+
+
+def collect_garbage(session: Any) -> None:
+    """A full collection in the Spark JVM (System.gc) and in Python, then a short wait until
+    the JVM's resident size stops falling.
+
+    Why: the JVM keeps the heap it grew for an earlier contender, so without this every
+    contender's JVM peak would be at least the largest heap of those run before it, and the
+    figures would say more about the order of the contenders than about them. After a full
+    collection G1 shrinks the heap to what is live (within -Xms and MaxHeapFreeRatio), so
+    each contender's peak is the heap it grows itself. Run before the contender's clock
+    starts; a contender then pays for growing its heap, as it would in a process of its own.
+    """
+    gc.collect()
+    pid = spark_jvm_pid(session)
+    if pid is None:
+        return
+    with contextlib.suppress(Exception):  # a dead JVM has nothing to collect
+        session.sparkContext._jvm.java.lang.System.gc()
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    last = status_kib(pid, "VmRSS")
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(SAMPLE_INTERVAL_S)
+        now = status_kib(pid, "VmRSS")
+        if now is None or now >= last - 1024:
+            return
+        last = now
+
+
+def driver_meter(session: Any, **others: int | None) -> PeakMemory:
+    """Collect garbage (see `collect_garbage`), then a meter of the session's driver (this
+    process and its JVM) and of the `others` named (e.g. the broker), not started yet."""
+    collect_garbage(session)
+    return PeakMemory(driver_pids(spark_jvm_pid(session), **others))
 
 
 def _mib(kib: float | None) -> float | None:
