@@ -291,6 +291,7 @@ def render(figures: dict[str, Any] | None) -> list[str]:
                 str(f["commits"]),
                 *(f"{f[k]:.2f}" for k in ("p50_s", "p95_s", "p99_s", "max_s")),
                 *(_mib(peaks.get(k)) for k in ("python", "jvm")),
+                _grew(f.get("memory", {})),
                 _mib(f.get("memory", {}).get("driver_sum_of_peaks_mib")),
             ]
         )
@@ -299,7 +300,7 @@ def render(figures: dict[str, Any] | None) -> list[str]:
         shown = " ".join(f"{k}={v:.2f}" for k, v in phases.items())
         out.append(f"exactly's median batch, seconds: {shown}")
     header = ["system", "produced/s", "commits", "p50 s", "p95 s", "p99 s", "max s"]
-    header += ["py MiB", "JVM MiB", "py+JVM MiB*"]
+    header += ["py MiB", "JVM MiB", "(JVM grew)", "py+JVM MiB*"]
     widths = [
         max(len(str(r[i])) for r in [header, *rows] if i < len(r)) for i in range(len(header))
     ]
@@ -314,6 +315,13 @@ def render(figures: dict[str, Any] | None) -> list[str]:
 
 def _mib(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
+
+
+def _grew(memory: dict[str, Any]) -> str:
+    """The JVM's peak minus its size at the start (see bench/report.py)."""
+    peak = memory.get("peak_mib", {}).get("jvm")
+    start = memory.get("start_mib", {}).get("jvm")
+    return "-" if peak is None or start is None else f"+{max(peak - start, 0.0):,.0f}"
 
 
 def main() -> None:

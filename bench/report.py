@@ -95,10 +95,18 @@ def memory_medians(good: Sequence[dict[str, Any]]) -> dict[str, Any]:
             k: median(m["start_mib"].get(k) for m in measured)
             for k in sorted({k for m in measured for k in m["start_mib"]})
         },
+        "rise_mib": {k: median(_rise(m, k) for m in measured) for k in processes},
         "driver_sum_of_peaks_mib": median(m["driver_sum_of_peaks_mib"] for m in measured),
         "driver_sampled_peak_mib": median(m["driver_sampled_peak_mib"] for m in measured),
         "memory_method": next((m["method"] for m in measured if m["method"]), None),
     }
+
+
+def _rise(memory: dict[str, Any], process: str) -> float | None:
+    """How much a process grew during a contender: its peak minus its size at the start.
+    Zero means the contender fitted in what the process already held."""
+    peak, start = memory["peak_mib"].get(process), memory["start_mib"].get(process)
+    return None if peak is None or start is None else peak - start
 
 
 def memory_method(summary: dict[str, Any]) -> str | None:
@@ -335,7 +343,7 @@ def _runs(row: dict[str, Any]) -> str:
 
 
 #: The driver's peak resident memory columns: this process, Spark's JVM, their sum.
-PEAK_HEADER = ("py MiB", "JVM MiB", "py+JVM MiB*")
+PEAK_HEADER = ("py MiB", "JVM MiB", "(JVM grew)", "py+JVM MiB*")
 
 
 def _peaks(row: dict[str, Any]) -> list[str]:
@@ -344,8 +352,13 @@ def _peaks(row: dict[str, Any]) -> list[str]:
     return [
         _n(peaks.get("python")),
         _n(peaks.get("jvm")),
+        _grew(row.get("rise_mib", {}).get("jvm")),
         _n(row.get("driver_sum_of_peaks_mib")),
     ]
+
+
+def _grew(value: float | None) -> str:
+    return "-" if value is None else f"+{max(value, 0.0):,.0f}"
 
 
 def _memory_note(method: str | None) -> list[str]:
@@ -353,6 +366,9 @@ def _memory_note(method: str | None) -> list[str]:
         f"py MiB, JVM MiB: peak resident memory of the driver while the contender ran "
         f"(this Python process; Spark's JVM, its child), by {method or 'no method'}, after a "
         f"full GC in both; a peak includes what was still held then (JSON: start_mib)",
+        "(JVM grew): the JVM's peak minus its size at the start; +0: the contender fitted in "
+        "the heap the JVM kept from the contenders before it (G1 gives little back), so its "
+        "own need is at most the JVM figure, not that figure",
         "* the sum of the two peaks: an upper bound of their combined peak "
         "(the JSON's driver_sampled_peak_mib, their sum sampled, is a lower bound)",
     ]
