@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from deltalake import DeltaTable
 
-from bench.memory import PeakMemory
+from bench.memory import SAMPLE_INTERVAL_S, PeakMemory, status_kib
 from bench.product import BenchError
 from devtools.jvm_process import java_executable
 from resources.jars import kafka_classpath
@@ -73,29 +73,61 @@ def consume_confluent(bootstrap: str, topic: str, partitions: int, records: int)
 
 def _run_measured(
     command: list[str], timeout: float
-) -> tuple[subprocess.CompletedProcess[str], float, int]:
+) -> tuple[subprocess.CompletedProcess[str], float, int | None]:
     """Run `command` and return its output with the CPU seconds that process itself used
     and its peak resident memory in KiB (the whole life of that process is the limit's run).
 
     Read from the child's own rusage (wait4), not from RUSAGE_CHILDREN: the latter also
     takes in any other child reaped meanwhile, such as a Spark JVM that died of
     OutOfMemoryError earlier, and once charged hundreds of its CPU seconds to this tool.
+    The peak is not rusage's ru_maxrss, which exec carries over from the process it
+    replaced: Python starts the child by vfork, so that is this (large) process's peak.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         watchdog = threading.Timer(timeout, process.kill)
         watchdog.start()
+        peak = _ChildPeak(process.pid, command[0])
         try:
             _pid, status, usage = os.wait4(process.pid, 0)
         finally:
             watchdog.cancel()
+            peak.stop()
         process.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait
         out.seek(0)
         err.seek(0)
         result = subprocess.CompletedProcess(
             command, process.returncode, out.read().decode(), err.read().decode()
         )
-    return result, usage.ru_utime + usage.ru_stime, usage.ru_maxrss
+    return result, usage.ru_utime + usage.ru_stime, peak.kib
+
+
+class _ChildPeak:
+    """The largest VmHWM of a child seen while it runs (its own, after the exec of
+    `executable`: before that it shares this process's memory), read every 50 ms."""
+
+    def __init__(self, pid: int, executable: str) -> None:
+        self.pid = pid
+        self.executable = os.path.realpath(executable)
+        self.kib: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="child-peak", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            try:
+                if os.path.realpath(f"/proc/{self.pid}/exe") != self.executable:
+                    continue  # not yet exec'd (or gone)
+            except OSError:
+                continue
+            hwm = status_kib(self.pid, "VmHWM")
+            if hwm is not None:
+                self.kib = max(self.kib or 0, hwm)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:

@@ -176,10 +176,10 @@ class PeakMemory:
 
     def add(self, name: str, peak_kib: int | None) -> None:
         """Record the peak of a process measured otherwise: a child of a contender, whose
-        whole life is the contender, gives its own peak (wait4's ru_maxrss)."""
+        whole life is the contender, gives its own peak (bench/limits.py reads it)."""
         if peak_kib is not None:
             self.peak_kib[name] = peak_kib
-            self.methods[name] = "ru_maxrss of the child (its whole life)"
+            self.methods[name] = "VmHWM of the child, its whole life, sampled"
 
     def result(self) -> dict[str, Any]:
         """The figures in MiB, as the JSON holds them: each process's peak and resident size

@@ -111,3 +111,20 @@ def test_a_child_measured_apart_is_added(child: Child) -> None:
     figures = meter.result()
     assert figures["peak_mib"]["child"] == 512
     assert figures["driver_sum_of_peaks_mib"] == figures["peak_mib"]["python"]
+
+
+def test_a_child_tools_peak_is_its_own_not_this_process() -> None:
+    """ConsumerPerformance's JVM is measured by bench/limits.py; rusage's ru_maxrss would
+    carry this process's peak over the (v)fork and exec, so a big parent made it look big."""
+    from bench.limits import _run_measured
+
+    ballast = bytearray(300 << 20)
+    for i in range(0, len(ballast), 4096):
+        ballast[i] = 1
+    small = "import time; time.sleep(0.3)"
+    big = f"b = bytearray({ALLOCATE_MIB} << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n{small}"
+    _, _, small_kib = _run_measured([sys.executable, "-c", small], timeout=30)
+    _, _, big_kib = _run_measured([sys.executable, "-c", big], timeout=30)
+    del ballast
+    assert small_kib is not None and small_kib / 1024 < 100, small_kib
+    assert big_kib is not None and big_kib / 1024 >= ALLOCATE_MIB * 0.75, big_kib
