@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 
 from bench import peer, product
 from bench.data import MALFORMED_EVERY
+from bench.memory import driver_meter
 from jobs.continuous import Cadence, run_continuously
 from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build
@@ -244,7 +245,8 @@ def _records_in(table: Path) -> int:
 
 
 def compare(spark: Any, root: Path, bootstrap: str, s: FreshnessSettings) -> dict[str, Any]:
-    """Each contender under the same steady load, one after the other; their latencies."""
+    """Each contender under the same steady load, one after the other; their latencies, and
+    the driver's peak resident memory while it ran (not the producer's: it is the load)."""
     results: dict[str, Any] = {"rate": s.rate, "seconds": s.seconds, "interval": s.min_interval}
     contenders = {"exactly": _exactly, "structured_streaming": _structured_streaming}
     with KafkaClient(bootstrap, timeout=60) as client:
@@ -252,13 +254,15 @@ def compare(spark: Any, root: Path, bootstrap: str, s: FreshnessSettings) -> dic
             topic = f"{root.name}-{name.replace('_', '-')}"
             client.create_topic(topic, s.partitions)
             try:
-                produced, tables, commits = contender(spark, root / name, bootstrap, topic, s)
+                with driver_meter(spark) as memory:
+                    produced, tables, commits = contender(spark, root / name, bootstrap, topic, s)
                 lat = latencies(tables)
                 if lat.size != produced["records"]:
                     raise RuntimeError(
                         f"{lat.size} records committed, not the {produced['records']} produced"
                     )
                 results[name] = _figures(lat, produced, commits)
+                results[name]["memory"] = memory.result()
             except Exception as exc:  # recorded, and the run goes on (harness.py)
                 results[name] = {"failed": f"{type(exc).__name__}: {exc}"}
     return results
@@ -279,12 +283,16 @@ def render(figures: dict[str, Any] | None) -> list[str]:
         if "failed" in f:
             rows.append([label, f"FAILED: {f['failed']}"])
             continue
+        peaks = f.get("memory", {}).get("peak_mib", {})
         rows.append(
             [
                 label,
                 f"{f['produced_per_s']:,.0f}",
                 str(f["commits"]),
                 *(f"{f[k]:.2f}" for k in ("p50_s", "p95_s", "p99_s", "max_s")),
+                *(_mib(peaks.get(k)) for k in ("python", "jvm")),
+                _grew(f.get("memory", {})),
+                _mib(f.get("memory", {}).get("driver_sum_of_peaks_mib")),
             ]
         )
     phases = figures.get("exactly", {}).get("batch_phases_median_s")
@@ -292,10 +300,28 @@ def render(figures: dict[str, Any] | None) -> list[str]:
         shown = " ".join(f"{k}={v:.2f}" for k, v in phases.items())
         out.append(f"exactly's median batch, seconds: {shown}")
     header = ["system", "produced/s", "commits", "p50 s", "p95 s", "p99 s", "max s"]
-    widths = [max(len(str(r[i])) for r in [header, *rows] if i < len(r)) for i in range(7)]
+    header += ["py MiB", "JVM MiB", "(JVM grew)", "py+JVM MiB*"]
+    widths = [
+        max(len(str(r[i])) for r in [header, *rows] if i < len(r)) for i in range(len(header))
+    ]
     for row in [header, *rows]:
-        out.append("  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)))
+        out.append("  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)).rstrip())
+    out.append(
+        "* peak resident memory of the driver (this Python process, Spark's JVM) while each "
+        "contender ran; py+JVM is the sum of the two peaks, an upper bound of their combined peak"
+    )
     return out
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _grew(memory: dict[str, Any]) -> str:
+    """The JVM's peak minus its size at the start (see bench/report.py)."""
+    peak = memory.get("peak_mib", {}).get("jvm")
+    start = memory.get("start_mib", {}).get("jvm")
+    return "-" if peak is None or start is None else f"+{max(peak - start, 0.0):,.0f}"
 
 
 def main() -> None:

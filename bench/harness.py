@@ -26,6 +26,7 @@ from typing import Any
 from bench import commits, freshness, limits, peer, product, spark_profile
 from bench.data import produce, split
 from bench.freshness import FreshnessSettings
+from bench.memory import PeakMemory, driver_meter, spark_jvm_pid
 from bench.report import S3_PLAN, batch_label, summarize
 from devtools.broker import EmbeddedBroker
 from devtools.jvm_process import free_port, java_executable
@@ -216,9 +217,13 @@ class SparkHolder:
         self.restarts = 0
 
     def _jvm_pid(self) -> int | None:
-        with contextlib.suppress(Exception):
-            return int(self.session.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-        return None
+        return spark_jvm_pid(self.session)
+
+    def memory(self) -> PeakMemory:
+        """A meter of the driver's peak resident memory (and the broker's, apart) for one
+        contender: this process and the current JVM, which a restart replaces; garbage is
+        collected first, so the contender does not start with the last one's heap."""
+        return driver_meter(self.session, broker=self.broker_pid)
 
     def cpu(self) -> dict[str, float]:
         """CPU seconds used so far by Spark's JVM, the broker and this process: less
@@ -463,12 +468,14 @@ def _contend(
 ) -> dict[str, Any]:
     """Run one contender on the current session; a failure is recorded, not raised.
 
-    Its figures get the CPU seconds each process spent on it, and the 1-minute load
-    average when it finished (how busy the shared machine was).
+    Its figures get the CPU seconds each process spent on it, the peak resident memory of
+    the driver while it ran (bench/memory.py), and the 1-minute load average when it
+    finished (how busy the shared machine was).
     """
+    memory = spark.memory()
     before = spark.cpu()
     try:
-        with _described(spark.session, what):
+        with _described(spark.session, what), memory:
             figures = action(spark.session)
         after = spark.cpu()
     except Exception as exc:
@@ -482,6 +489,8 @@ def _contend(
         figures["cpu_s"] = {k: max(0.0, after[k] - before[k]) for k in after}
         if "child_cpu_s" in figures:
             figures["cpu_s"]["child"] = figures.pop("child_cpu_s")
+        memory.add("child", figures.pop("child_peak_kib", None))
+        figures["memory"] = memory.result()
         figures["load_1m"] = float(_load().split()[0])
         log(_line(tag, what, figures))
     return figures
@@ -572,7 +581,14 @@ def _repetition(
         tag,
         "spark floors",
         lambda session: limits.spark_floors(
-            session, bootstrap, TOPIC, settings.partitions, records, root / "floors", spark.cpu
+            session,
+            bootstrap,
+            TOPIC,
+            settings.partitions,
+            records,
+            root / "floors",
+            spark.cpu,
+            spark.memory,
         ),
         log,
     )
@@ -647,6 +663,9 @@ def _line(tag: str, what: str, figures: dict[str, Any]) -> str:
     extra = ""
     if "cpu_s" in figures:
         extra += f", {sum(figures['cpu_s'].values()):.1f} CPU s"
+    peaks = figures.get("memory", {}).get("peak_mib", {})
+    if peaks.get("python") is not None:
+        extra += f", peak py {peaks['python']:,.0f} + JVM {peaks.get('jvm') or 0:,.0f} MiB"
     if figures.get("load_1m") is not None:
         extra += f", load {figures['load_1m']:.1f}"
     return (

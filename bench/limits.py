@@ -6,6 +6,7 @@ they say how much of the time is the unavoidable part.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import tempfile
@@ -22,6 +23,7 @@ import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from deltalake import DeltaTable
 
+from bench.memory import SAMPLE_INTERVAL_S, PeakMemory, status_kib
 from bench.product import BenchError
 from devtools.jvm_process import java_executable
 from resources.jars import kafka_classpath
@@ -71,28 +73,61 @@ def consume_confluent(bootstrap: str, topic: str, partitions: int, records: int)
 
 def _run_measured(
     command: list[str], timeout: float
-) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run `command` and return its output with the CPU seconds that process itself used.
+) -> tuple[subprocess.CompletedProcess[str], float, int | None]:
+    """Run `command` and return its output with the CPU seconds that process itself used
+    and its peak resident memory in KiB (the whole life of that process is the limit's run).
 
     Read from the child's own rusage (wait4), not from RUSAGE_CHILDREN: the latter also
     takes in any other child reaped meanwhile, such as a Spark JVM that died of
     OutOfMemoryError earlier, and once charged hundreds of its CPU seconds to this tool.
+    The peak is not rusage's ru_maxrss, which exec carries over from the process it
+    replaced: Python starts the child by vfork, so that is this (large) process's peak.
     """
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         watchdog = threading.Timer(timeout, process.kill)
         watchdog.start()
+        peak = _ChildPeak(process.pid, command[0])
         try:
             _pid, status, usage = os.wait4(process.pid, 0)
         finally:
             watchdog.cancel()
+            peak.stop()
         process.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait
         out.seek(0)
         err.seek(0)
         result = subprocess.CompletedProcess(
             command, process.returncode, out.read().decode(), err.read().decode()
         )
-    return result, usage.ru_utime + usage.ru_stime
+    return result, usage.ru_utime + usage.ru_stime, peak.kib
+
+
+class _ChildPeak:
+    """The largest VmHWM of a child seen while it runs (its own, after the exec of
+    `executable`: before that it shares this process's memory), read every 50 ms."""
+
+    def __init__(self, pid: int, executable: str) -> None:
+        self.pid = pid
+        self.executable = os.path.realpath(executable)
+        self.kib: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="child-peak", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_INTERVAL_S):
+            try:
+                if os.path.realpath(f"/proc/{self.pid}/exe") != self.executable:
+                    continue  # not yet exec'd (or gone)
+            except OSError:
+                continue
+            hwm = status_kib(self.pid, "VmHWM")
+            if hwm is not None:
+                self.kib = max(self.kib or 0, hwm)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
@@ -117,7 +152,7 @@ def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
         "120000",
     ]
     started = time.perf_counter()
-    result, cpu_s = _run_measured(command, timeout=600)
+    result, cpu_s, peak_kib = _run_measured(command, timeout=600)
     wall = time.perf_counter() - started
     lines = [line for line in result.stdout.splitlines() if line.count(",") >= 9]
     if result.returncode != 0 or len(lines) < 2:
@@ -135,6 +170,7 @@ def consume_java(bootstrap: str, topic: str, records: int) -> dict[str, Any]:
         "with_group_join_seconds": fetch_ms / 1000.0 + float(row["rebalance.time.ms"]) / 1000.0,
         "jvm_wall_seconds": wall,
         "child_cpu_s": cpu_s,
+        "child_peak_kib": peak_kib,
         "tool": dict(row),
     }
 
@@ -181,6 +217,7 @@ def spark_floors(
     records: int,
     folder: Path,
     meter: Callable[[], dict[str, float]] | None = None,
+    memory: Callable[[], PeakMemory] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """What Spark itself costs for this data, in the session every contender uses.
 
@@ -188,7 +225,8 @@ def spark_floors(
     Kafka source and discard it (`noop` sink); read and apply the transform; read, transform
     and write the table's rows as Parquet (one output, no cache). The product's stage does
     the last, plus the quarantine output and the cache that lets it read Kafka only once.
-    `meter` (CPU seconds per process so far) gives each pass its CPU seconds.
+    `meter` (CPU seconds per process so far) gives each pass its CPU seconds, and `memory`
+    (a new meter of peak resident memory) the driver's peak while it ran.
     """
     from jobs.examples.pageviews import transform
     from jobs.stage import read_ranges, with_coordinates
@@ -215,9 +253,14 @@ def spark_floors(
     found: dict[str, dict[str, Any]] = {}
     for name, action in passes.items():
         before = meter() if meter else {}
-        started = time.perf_counter()
-        action()
-        found[name] = {"records": records, "seconds": time.perf_counter() - started}
+        peak = memory() if memory else contextlib.nullcontext()
+        with peak:
+            started = time.perf_counter()
+            action()
+            seconds = time.perf_counter() - started
+        found[name] = {"records": records, "seconds": seconds}
+        if isinstance(peak, PeakMemory):
+            found[name]["memory"] = peak.result()
         if meter:
             after = meter()
             found[name]["cpu_s"] = {k: max(0.0, after[k] - before[k]) for k in after}

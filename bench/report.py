@@ -80,7 +80,39 @@ def _rates(runs: Sequence[Any], mean_bytes: float) -> dict[str, Any]:
             k: median(cpu_per_m(r, k) for r in good) for k in processes
         },
         "load_1m": median(r.get("load_1m") for r in good),
+        **memory_medians(good),
     }
+
+
+def memory_medians(good: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Median peak resident memory per process (MiB) over the runs, and how it was taken:
+    see bench/memory.py."""
+    measured = [r["memory"] for r in good if "memory" in r]
+    processes = sorted({k for m in measured for k in m["peak_mib"]})
+    return {
+        "peak_mib": {k: median(m["peak_mib"].get(k) for m in measured) for k in processes},
+        "start_mib": {
+            k: median(m["start_mib"].get(k) for m in measured)
+            for k in sorted({k for m in measured for k in m["start_mib"]})
+        },
+        "rise_mib": {k: median(_rise(m, k) for m in measured) for k in processes},
+        "driver_sum_of_peaks_mib": median(m["driver_sum_of_peaks_mib"] for m in measured),
+        "driver_sampled_peak_mib": median(m["driver_sampled_peak_mib"] for m in measured),
+        "memory_method": next((m["method"] for m in measured if m["method"]), None),
+    }
+
+
+def _rise(memory: dict[str, Any], process: str) -> float | None:
+    """How much a process grew during a contender: its peak minus its size at the start.
+    Zero means the contender fitted in what the process already held."""
+    peak, start = memory["peak_mib"].get(process), memory["start_mib"].get(process)
+    return None if peak is None or start is None else peak - start
+
+
+def memory_method(summary: dict[str, Any]) -> str | None:
+    """How the driver's peaks of a run were taken (the first contender that says)."""
+    rows = [*summary["throughput"], summary["dagster"], *summary["limits"].values()]
+    return next((r["memory_method"] for r in rows if r.get("memory_method")), None)
 
 
 def _product_row(runs: Sequence[Any], plan: str, label: str, mean_bytes: float) -> dict[str, Any]:
@@ -310,6 +342,38 @@ def _runs(row: dict[str, Any]) -> str:
     return f"{row['runs']}/{row['runs'] + failed}"
 
 
+#: The driver's peak resident memory columns: this process, Spark's JVM, their sum.
+PEAK_HEADER = ("py MiB", "JVM MiB", "(JVM grew)", "py+JVM MiB*")
+
+
+def _peaks(row: dict[str, Any]) -> list[str]:
+    """A row's median peaks of the driver, as PEAK_HEADER names them."""
+    peaks = row.get("peak_mib", {})
+    return [
+        _n(peaks.get("python")),
+        _n(peaks.get("jvm")),
+        _grew(row.get("rise_mib", {}).get("jvm")),
+        _n(row.get("driver_sum_of_peaks_mib")),
+    ]
+
+
+def _grew(value: float | None) -> str:
+    return "-" if value is None else f"+{max(value, 0.0):,.0f}"
+
+
+def _memory_note(method: str | None) -> list[str]:
+    return [
+        f"py MiB, JVM MiB: peak resident memory of the driver while the contender ran "
+        f"(this Python process; Spark's JVM, its child), by {method or 'no method'}, after a "
+        f"full GC in both; a peak includes what was still held then (JSON: start_mib)",
+        "(JVM grew): the JVM's peak minus its size at the start; +0: the contender fitted in "
+        "the heap the JVM kept from the contenders before it (G1 gives little back), so its "
+        "own need is at most the JVM figure, not that figure",
+        "* the sum of the two peaks: an upper bound of their combined peak "
+        "(the JSON's driver_sampled_peak_mib, their sum sampled, is a lower bound)",
+    ]
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
@@ -358,6 +422,7 @@ def render(result: dict[str, Any]) -> str:
                 _n(t["cpu_s_per_m_records"], 1),
                 _n(t["cpu_s_per_m_records_by_process"].get("broker"), 1),
                 _n(t["load_1m"], 1),
+                *_peaks(t),
             ]
         )
     d = s["dagster"]
@@ -374,11 +439,13 @@ def render(result: dict[str, Any]) -> str:
             _n(d["cpu_s_per_m_records"], 1),
             _n(d["cpu_s_per_m_records_by_process"].get("broker"), 1),
             _n(d["load_1m"], 1),
+            *_peaks(d),
         ]
     )
     header = ["system", "plan", "batch", "batches", "runs ok", "seconds", "records/s", "MiB/s"]
-    header += ["CPU s/M rec", "(broker)", "load"]
+    header += ["CPU s/M rec", "(broker)", "load", *PEAK_HEADER]
     out += _table(header, rows)
+    out += _memory_note(memory_method(s))
 
     out += ["", "Time per phase, mean seconds per batch (exactly, CLI path)"]
     rows = []
@@ -420,10 +487,17 @@ def render(result: dict[str, Any]) -> str:
             _n(figures["records_per_s"]),
             _n(figures["mib_per_s"], 1),
             _n(figures["cpu_s_per_m_records"], 1),
+            *_peaks(figures),
+            _n(figures["peak_mib"].get("child")),
         ]
         for key, figures in lim.items()
     ]
-    out += _table(["limit", "runs ok", "records/s", "MiB/s", "CPU s/M rec"], rows)
+    header = ["limit", "runs ok", "records/s", "MiB/s", "CPU s/M rec", *PEAK_HEADER]
+    out += _table([*header, "own JVM MiB"], rows)
+    out += [
+        "peaks as above; a Python-only limit still shows the Spark JVM's resident size, "
+        "which it holds idle; ConsumerPerformance's own JVM is apart (own JVM)"
+    ]
 
     out += ["", "Ratios of records/s (median of the per-repetition ratios)"]
     rows = [

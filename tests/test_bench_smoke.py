@@ -37,8 +37,9 @@ def _numbers(value: Any, path: str = "") -> Iterator[tuple[str, float]]:
 
 def _may_be_zero(where: str) -> bool:
     """The Dagster overhead is a difference of two times, which noise can make negative;
-    a per-process CPU split is zero for a process a contender does not use."""
-    return "overhead" in where or "by_process" in where
+    a per-process CPU split is zero for a process a contender does not use; a process's
+    growth during a contender is zero when it fitted in what the process already held."""
+    return "overhead" in where or "by_process" in where or "rise_mib" in where
 
 
 @pytest.mark.integration
@@ -69,6 +70,19 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     assert "loopback S3 server (s3proxy) over local disk" in result.stdout
     for t in summary["throughput"]:
         assert t["records_per_s"] > 0 and t["mib_per_s"] > 0 and t["batches"] >= 1
+
+    # the driver's peak resident memory per contender: this process and Spark's JVM, apart
+    # and summed, in every table where a driver runs (bench/memory.py)
+    assert "py+JVM MiB*" in result.stdout and "(JVM grew)" in result.stdout
+    assert "upper bound of their combined peak" in result.stdout
+    for row in [*summary["throughput"], summary["dagster"], *summary["limits"].values()]:
+        peaks = row["peak_mib"]
+        assert peaks["python"] > 0 and peaks["jvm"] > 0, row
+        assert row["driver_sum_of_peaks_mib"] == pytest.approx(peaks["python"] + peaks["jvm"])
+        assert 0 < row["driver_sampled_peak_mib"] <= row["driver_sum_of_peaks_mib"] * 1.001
+        assert row["memory_method"], row
+        assert row["rise_mib"]["jvm"] > -16, row  # a peak is never below the start, noise aside
+    assert summary["limits"]["consume_java"]["peak_mib"]["child"] > 0
     for t in summary["throughput"]:
         if t["system"] == "exactly":
             assert set(t["phases_per_batch_s"]) == {"plan", "stage", "prepare", "commit", "ack"}
@@ -114,3 +128,4 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
         f = fresh[contender]
         assert f["records"] > 0 and f["commits"] >= 1, f
         assert 0 < f["p50_s"] <= f["p95_s"] <= f["p99_s"] <= f["max_s"], f
+        assert f["memory"]["peak_mib"]["python"] > 0 and f["memory"]["peak_mib"]["jvm"] > 0, f
