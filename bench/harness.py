@@ -507,14 +507,14 @@ def _repetition(
 ) -> dict[str, Any]:
     """Every contender once. Run folders are removed as soon as their figures are taken."""
     tag = f"[{index + 1}/{settings.repeat}]"
-    out: dict[str, Any] = {"product": {"single-pass": {}, "two-pass": {}}, "peer": {}}
+    out: dict[str, Any] = {"product": {"routed": {}, "cached": {}}, "peer": {}}
     plans = [True, False] if index % 2 == 0 else [False, True]
     rows: list[Any] = []
     for position, batch_records in enumerate(settings.batch_records):
         label = batch_label(batch_records)
         per_partition = _per_partition(batch_records, records, settings.partitions)
-        for single_pass in plans:
-            plan = "single-pass" if single_pass else "two-pass"
+        for routed in plans:
+            plan = "routed" if routed else "cached"
             name = f"bench_{plan.replace('-', '_')}_{label}"
             config = product.pipeline_config(root / name, name, bootstrap, TOPIC, per_partition)
 
@@ -522,7 +522,7 @@ def _repetition(
                 _cli_path,
                 config=config,
                 records=records,
-                single_pass=single_pass,
+                routed=routed,
                 empty_batches=settings.empty_batches if position == 0 else 0,
                 rows=rows,
             )
@@ -614,7 +614,7 @@ def _repetition(
 
     def parquet(_session: Any) -> dict[str, Any]:
         if not rows:
-            raise product.BenchError("no single-pass run left its rows for the Parquet limit")
+            raise product.BenchError("no routed run left its rows for the Parquet limit")
         return limits.parquet_write(rows[0], root / "parquet-limit")
 
     out["limits"]["parquet"] = _contend(spark, tag, "limit: Parquet write (pyarrow)", parquet, log)
@@ -640,20 +640,20 @@ def _cli_path(
     *,
     config: Any,
     records: int,
-    single_pass: bool,
+    routed: bool,
     empty_batches: int,
     rows: list[Any],
 ) -> dict[str, Any]:
-    """One CLI-path run; the first single-pass run also keeps its table's rows, the input
+    """One CLI-path run; the first routed run also keeps its table's rows, the input
     of the Parquet limit."""
     figures = product.run_cli_path(
         session,
         config,
         expected_records=records,
-        single_pass=single_pass,
+        routed=routed,
         empty_batches=empty_batches,
     )
-    if single_pass and not rows:
+    if routed and not rows:
         rows.append(limits.table_rows(config.delta.table_uri))
     return figures
 

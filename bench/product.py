@@ -88,7 +88,7 @@ def run_cli_path(
     config: PipelineConfig,
     *,
     expected_records: int,
-    single_pass: bool = True,
+    routed: bool = True,
     empty_batches: int = 0,
 ) -> dict[str, Any]:
     """`exactly run --until-caught-up` in this process: recover, then batches until caught up.
@@ -97,7 +97,7 @@ def run_cli_path(
     cost every batch pays whatever its size.
     """
     tpc = build(config, spark_factory=lambda: spark)
-    if not single_pass:
+    if not routed:
         # the former stage plan, for the before/after comparison (bench/cached_plan.py)
         tpc.stager = CachedStager(config, lambda: spark)
     reports: list[BatchReport] = []

@@ -15,9 +15,9 @@ from bench import freshness
 from bench.product import PHASES
 
 MIB = float(1 << 20)
-#: The single-pass plan with both tables on the loopback S3 server (s3proxy): the same
-#: pipeline as "single-pass" on local disk, in the same repetitions.
-S3_PLAN = "single-pass on S3"
+#: The routed plan with both tables on the loopback S3 server (s3proxy): the same
+#: pipeline as "routed" on local disk, in the same repetitions.
+S3_PLAN = "routed on S3"
 
 
 def median(values: Iterable[float | None]) -> float | None:
@@ -160,7 +160,7 @@ def _dagster(reps: Sequence[dict[str, Any]], labels: list[str], label: str, mean
 
     def overhead(rep: dict[str, Any]) -> float | None:
         """What a run costs beyond the same batches through the CLI path, per batch."""
-        cli = rep["product"]["single-pass"].get(label)
+        cli = rep["product"]["routed"].get(label)
         if label not in labels or not ok(rep["dagster"]) or not ok(cli):
             return None
         return (rep["dagster"]["seconds"] - cli["seconds"]) / len(rep["dagster"]["runs"])
@@ -192,7 +192,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
     throughput = []
     for label in labels:
-        for plan in ("single-pass", "two-pass"):
+        for plan in ("routed", "cached"):
             runs = [product(r, plan, label) for r in reps]
             throughput.append(_product_row(runs, plan, label, mean_bytes))
         on_s3 = [
@@ -205,7 +205,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
     dagster = _dagster(reps, labels, dagster_label, mean_bytes)
 
     empty: dict[str, Any] = {}
-    for plan in ("single-pass", "two-pass"):
+    for plan in ("routed", "cached"):
         runs = [product(r, plan, labels[0]) for r in reps]
         batches = [b for run in runs if ok(run) for b in run["empty_batches"]]
         empty[plan] = {
@@ -275,7 +275,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
     ratios = []
     for label in labels:
-        after, before = product_rate("single-pass", label), product_rate("two-pass", label)
+        after, before = product_rate("routed", label), product_rate("cached", label)
         ratios.append(
             {
                 "batch": label,
@@ -288,15 +288,15 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 "structured_streaming_over_consume_limit": per_rep_ratio(
                     peer_rate(label), consume_limit
                 ),
-                "single_pass_over_two_pass": per_rep_ratio(after, before),
+                "routed_over_cached": per_rep_ratio(after, before),
                 "s3_over_local_disk": per_rep_ratio(s3_rate(label), after),
-                "two_pass_over_structured_streaming": per_rep_ratio(before, peer_rate(label)),
+                "cached_over_structured_streaming": per_rep_ratio(before, peer_rate(label)),
                 # CPU spent per record, the other way round (above 1: exactly spends less)
-                "cpu_two_pass_over_single_pass": per_rep_ratio(
-                    product_cpu("two-pass", label), product_cpu("single-pass", label)
+                "cpu_cached_over_routed": per_rep_ratio(
+                    product_cpu("cached", label), product_cpu("routed", label)
                 ),
                 "cpu_structured_streaming_over_product": per_rep_ratio(
-                    peer_cpu(label), product_cpu("single-pass", label)
+                    peer_cpu(label), product_cpu("routed", label)
                 ),
             }
         )
@@ -429,7 +429,7 @@ def render(result: dict[str, Any]) -> str:
     rows.append(
         [
             "exactly (Dagster run)",
-            "single-pass",
+            "routed",
             d["batch"],
             _n(d["batches"]),
             _runs(d),
@@ -508,8 +508,8 @@ def render(result: dict[str, Any]) -> str:
             _x(r["product_over_parquet_limit"]),
             _x(r["product_over_spark_floor"]),
             _x(r["structured_streaming_over_consume_limit"]),
-            _x(r["single_pass_over_two_pass"]),
-            _x(r["two_pass_over_structured_streaming"]),
+            _x(r["routed_over_cached"]),
+            _x(r["cached_over_structured_streaming"]),
         ]
         for r in s["ratios"]
     ]
@@ -517,7 +517,7 @@ def render(result: dict[str, Any]) -> str:
         [
             r["batch"],
             _x(r["cpu_structured_streaming_over_product"]),
-            _x(r["cpu_two_pass_over_single_pass"]),
+            _x(r["cpu_cached_over_routed"]),
         ]
         for r in s["ratios"]
     ]
@@ -529,8 +529,8 @@ def render(result: dict[str, Any]) -> str:
             "exactly/parquet",
             "exactly/Spark floor",
             "SSS/consume",
-            "improvement (after/before)",
-            "before/SSS",
+            "routed/cached",
+            "cached/SSS",
         ],
         rows,
     )
@@ -539,7 +539,7 @@ def render(result: dict[str, Any]) -> str:
         shown = ", ".join(f"{r['batch']}: {_x(r['s3_over_local_disk'])}" for r in on_s3)
         out += [f"tables on the loopback S3 server (s3proxy) over local disk, records/s: {shown}"]
     out += ["", "CPU seconds per record, the other way round (above 1: exactly spends less)"]
-    out += _table(["batch", "SSS/exactly", "improvement (before/after)"], cpu_rows)
+    out += _table(["batch", "SSS/exactly", "cached/routed"], cpu_rows)
 
     commit = s["delta_commit"]
     files = "  ".join(f"{n} files: {_ms(v['median_s'])}" for n, v in commit["files"].items())

@@ -61,11 +61,11 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     systems = {(t["system"], t["plan"], t["batch"]) for t in summary["throughput"]}
     batches = {"all"}
     for batch in batches:
-        assert ("exactly", "single-pass", batch) in systems
-        assert ("exactly", "two-pass", batch) in systems
+        assert ("exactly", "routed", batch) in systems
+        assert ("exactly", "cached", batch) in systems
         assert ("structured-streaming", "delta sink", batch) in systems
         # the same pipeline with its tables on the loopback S3 server, in the same run
-        assert ("exactly", "single-pass on S3", batch) in systems
+        assert ("exactly", "routed on S3", batch) in systems
     assert all(r["s3_over_local_disk"] > 0 for r in summary["ratios"])
     assert "loopback S3 server (s3proxy) over local disk" in result.stdout
     for t in summary["throughput"]:
@@ -89,8 +89,8 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     assert summary["dagster"]["records_per_s"] > 0 and summary["dagster"]["batches"] == 1
     assert summary["dagster"]["idle_run_s"] > 0
     assert set(summary["empty_batch"]) == {
-        "single-pass",
-        "two-pass",
+        "routed",
+        "cached",
         "structured-streaming idle run",
         "dagster idle run",
     }
