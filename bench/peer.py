@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from bench.product import BenchError
 from jobs.examples.pageviews import transform
-from jobs.stage import with_coordinates
+from jobs.stage import FETCH_MAX_WAIT_MS, with_coordinates
 from resources import storage
 
 
@@ -33,6 +33,9 @@ def streaming_frame(spark: Any, *, bootstrap: str, topic: str, max_offsets: int 
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
         .option("failOnDataLoss", "true")
+        # the product's stage reads with this too (jobs/stage.py): the same consumer
+        # settings on both sides, so the figures compare plans, not a fetch option
+        .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
     )
     if max_offsets is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets))
