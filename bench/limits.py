@@ -223,8 +223,9 @@ def spark_floors(
 
     Three single-job passes over the whole topic, each adding one step: read it through the
     Kafka source and discard it (`noop` sink); read and apply the transform; read, transform
-    and write the table's rows as Parquet (one output, no cache). The product's stage does
-    the last, plus the quarantine output and the cache that lets it read Kafka only once.
+    and write the table's rows as Parquet (one output). The product's stage does the last,
+    plus the quarantine's rows routed to a folder of their own in the same write and then
+    moved, and the exactly-once observations.
     `meter` (CPU seconds per process so far) gives each pass its CPU seconds, and `memory`
     (a new meter of peak resident memory) the driver's peak while it ran.
     """
