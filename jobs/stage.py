@@ -32,6 +32,14 @@ _RECORDS_READ = "records_read"
 #: how long the observed count may lag behind the job that produced it (listener bus)
 _OBSERVATION_WAIT_S = 10.0
 
+#: How long the broker may hold a fetch of a Spark Kafka task that has no data to return
+#: yet (the Java consumer's default is 500 ms). Every task of a batch read is a consumer of
+#: one partition, and each paid that half second: with two cores, a quarter of a second of
+#: every batch per partition, 17 s to read 64 partitions of 31 records against 1.5 s with
+#: 10 ms (BENCHMARKS.md, "Scale with partitions"). Which records are read does not depend
+#: on it: the ranges are fixed, and a poll still waits its whole timeout for its records.
+FETCH_MAX_WAIT_MS = "10"
+
 KAFKA_SCHEMA = T.StructType(
     [
         T.StructField("key", T.BinaryType()),
@@ -84,7 +92,9 @@ def read_ranges(
         .option("endingOffsets", json.dumps(ending))
         .option("kafka.isolation.level", "read_committed")
         .option("failOnDataLoss", "true")
+        .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
     )
+    # the config's options come last: an operator's fetch.max.wait.ms wins over ours
     for key, value in (options or {}).items():
         reader = reader.option(f"kafka.{key}", value)
     return reader.load()
