@@ -53,20 +53,34 @@ def _values(start: int, count: int, record_bytes: int, sizes: list[int]) -> Iter
 
 
 def produce(
-    client: KafkaClient, topic: str, *, records: int, partitions: int, record_bytes: int
+    client: KafkaClient,
+    topic: str,
+    *,
+    records: int,
+    partitions: int,
+    record_bytes: int,
+    first: int = 0,
 ) -> DataSet:
     """Create `topic` and fill each partition with its share of deterministic page views.
 
     Partition p holds events [start_p, start_p + n_p), so the whole set is the same on every
-    run with the same size; records are generated lazily, never all held in memory.
+    run with the same size; records are generated lazily, never all held in memory. The
+    events are [first, first + records): a data set split over several topics (the scale
+    section's four pipelines) is then exactly the one topic's events, cut in slices.
     """
     client.create_topic(topic, partitions)
     sizes: list[int] = []
     started = time.perf_counter()
-    start = 0
+    by_partition: dict[int, Iterator[bytes]] = {}
+    start = first
     for partition, count in enumerate(split(records, partitions)):
-        client.produce(topic, _values(start, count, record_bytes, sizes), partition=partition)
+        by_partition[partition] = _values(start, count, record_bytes, sizes)
         start += count
+    # one producer for every partition: a producer per partition costs its start-up (about
+    # half a second here) per partition, minutes for the scale section's 256 partitions
+    client.produce_to_partitions(topic, by_partition)
     seconds = time.perf_counter() - started
-    malformed = sum(1 for i in range(records) if i % MALFORMED_EVERY == MALFORMED_EVERY - 1)
+    malformed = sum(
+        1 for i in range(first, first + records) if i % MALFORMED_EVERY == MALFORMED_EVERY - 1
+    )
     return DataSet(topic, partitions, records, sum(sizes), malformed, seconds)

@@ -23,11 +23,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import commits, freshness, limits, peer, product, spark_profile
+from bench import commits, freshness, limits, peer, product, scale, spark_profile
 from bench.data import produce, split
 from bench.freshness import FreshnessSettings
 from bench.memory import PeakMemory, driver_meter, spark_jvm_pid
 from bench.report import S3_PLAN, batch_label, summarize
+from bench.scale import ScaleSettings
 from devtools.broker import EmbeddedBroker
 from devtools.jvm_process import free_port, java_executable
 from devtools.s3_server import S3Server, start_s3_server
@@ -63,6 +64,21 @@ class Settings:
     freshness_rate: int = 20_000
     freshness_seconds: float = 180.0
     freshness_interval: float = 1.0
+    #: the scale section (bench/scale.py): partition counts of the same data, records per
+    #: batch there, and pipelines run at once; `records` and `record_bytes` are shared
+    scale_partitions: tuple[int, ...] = (8, 64, 256)
+    scale_batch_records: int = 100_000
+    scale_pipelines: int = 4
+
+    def scale(self) -> ScaleSettings:
+        return ScaleSettings(
+            records=self.records,
+            record_bytes=self.record_bytes,
+            partition_counts=self.scale_partitions,
+            batch_records=self.scale_batch_records,
+            empty_batches=self.empty_batches,
+            pipelines=self.scale_pipelines,
+        )
 
     def freshness(self) -> FreshnessSettings:
         return FreshnessSettings(
@@ -86,6 +102,10 @@ SMOKE = Settings(
     history=20,
     freshness_rate=1_000,
     freshness_seconds=5.0,
+    # 256 partitions would double the section's time in CI; 8 against 64 already shows
+    # whether a per-partition cost is there
+    scale_partitions=(8, 64),
+    scale_batch_records=500,
 )
 
 
@@ -144,7 +164,9 @@ def _per_partition(batch_records: int | None, records: int, partitions: int) -> 
 WARM_UP_RECORDS = 200_000
 
 
-def warm_up(spark: Any, root: Path, bootstrap: str, records: int, partitions: int) -> float:
+def warm_up(
+    spark: Any, root: Path, bootstrap: str, records: int, partitions: int, topic: str = TOPIC
+) -> float:
     """Run the product's stage and a delta-spark write over the first records of the topic,
     in a throwaway pipeline; return how long it took.
 
@@ -162,10 +184,10 @@ def warm_up(spark: Any, root: Path, bootstrap: str, records: int, partitions: in
     try:
         count = min(records, WARM_UP_RECORDS)
         per_partition = _per_partition(count, records, partitions)
-        config = product.pipeline_config(folder, "warm_up", bootstrap, TOPIC, per_partition)
+        config = product.pipeline_config(folder, "warm_up", bootstrap, topic, per_partition)
         build(config, spark_factory=lambda: spark).run_batch()
         ranges = [
-            OffsetRange(TOPIC, p, 0, min(n, per_partition))
+            OffsetRange(topic, p, 0, min(n, per_partition))
             for p, n in enumerate(split(records, partitions))
         ]
         frame = transform(with_coordinates(read_ranges(spark, bootstrap, ranges), 0))
@@ -332,6 +354,7 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
                     )
                     for i in range(settings.repeat)
                 ]
+                result["scale"] = _scale(spark, root / "scale", bootstrap, settings, log)
                 log(f"bench: delta-rs history of {settings.history} commits")
                 result["history"] = commits.commit_vs_history(root / "history", settings.history)
                 result["freshness"] = _freshness(spark.session, root, bootstrap, settings, log)
@@ -360,6 +383,78 @@ def _freshness(
         f"{settings.freshness_seconds:g} s per contender"
     )
     return freshness.compare(spark, root / "freshness", bootstrap, settings.freshness())
+
+
+def _scale(
+    spark: SparkHolder,
+    root: Path,
+    bootstrap: str,
+    settings: Settings,
+    log: Callable[[str], None],
+    data: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The scale section (bench/scale.py) on the run's broker and Spark session; its topics
+    are produced first unless given."""
+    wanted = settings.scale()
+    if data is None:
+        t = time.perf_counter()
+        data = scale.produce_topics(bootstrap, wanted)
+        log(f"bench: produced the scale section's topics in {time.perf_counter() - t:.1f} s")
+        os.sync()
+
+    def contend(what: str, action: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+        return _contend(spark, "[scale]", what, action, log)
+
+    return scale.run(contend, root, bootstrap, wanted, data, log)
+
+
+def run_scale_only(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Only the scale section, on a broker and a Spark session of its own (warmed on the
+    section's smallest-partition topic, as a full run warms on its data set)."""
+    started = time.perf_counter()
+    result: dict[str, Any] = {
+        "machine": describe_machine(),
+        "load_before": _load(),
+        "command": " ".join(sys.argv),
+    }
+    root = Path(tempfile.mkdtemp(prefix="exactly-bench-", dir=settings.work_dir))
+    log(f"bench: working in {root}")
+    broker = EmbeddedBroker(root / "kafka", port=free_port())
+    try:
+        bootstrap = broker.start(timeout=BROKER_START_TIMEOUT)
+        t = time.perf_counter()
+        wanted = settings.scale()
+        data = scale.produce_topics(bootstrap, wanted)
+        os.sync()
+        log(f"bench: produced the scale section's topics in {time.perf_counter() - t:.1f} s")
+        first = min(wanted.partition_counts)
+        spark = SparkHolder(
+            settings.spark_master,
+            {},
+            functools.partial(
+                warm_up,
+                root=root,
+                bootstrap=bootstrap,
+                records=settings.records,
+                partitions=first,
+                topic=scale.partitions_topic(first),
+            ),
+        )
+        spark.broker_pid = broker.status().pid
+        try:
+            result["scale"] = _scale(spark, root / "scale", bootstrap, settings, log, data)
+            result["warm_up_s"] = spark.warm_up_seconds
+        finally:
+            spark.stop()
+    finally:
+        broker.stop()
+        if not settings.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    result["load_after"] = _load()
+    result["total_seconds"] = time.perf_counter() - started
+    result["failures"] = failures(result)
+    result["scale_summary"] = scale.summarize(result["scale"])
+    return result
 
 
 def run_freshness_only(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -399,7 +494,7 @@ def failures(result: dict[str, Any]) -> list[str]:
     for what, figures in (result.get("freshness") or {}).items():
         if isinstance(figures, dict) and "failed" in figures:
             found.append(f"freshness/{what}: {figures['failed']}")
-    return found
+    return found + scale.failures(result.get("scale"))
 
 
 def _contenders(rep: dict[str, Any]) -> Iterator[tuple[str, Any]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,16 +91,21 @@ def run_cli_path(
     expected_records: int,
     routed: bool = True,
     empty_batches: int = 0,
+    ready: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """`exactly run --until-caught-up` in this process: recover, then batches until caught up.
 
     Then `empty_batches` batches with nothing new (`run_batch(allow_empty=True)`): the fixed
-    cost every batch pays whatever its size.
+    cost every batch pays whatever its size. `ready` is called once the pipeline is built,
+    just before the clock starts: pipelines run side by side in threads (bench/scale.py)
+    wait there for each other, so none of them is charged for the others' set-up.
     """
     tpc = build(config, spark_factory=lambda: spark)
     if not routed:
         # the former stage plan, for the before/after comparison (bench/cached_plan.py)
         tpc.stager = CachedStager(config, lambda: spark)
+    if ready is not None:
+        ready()
     reports: list[BatchReport] = []
     started = time.perf_counter()
     tpc.recover_and_commit()

@@ -306,7 +306,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         for n in (file_runs[0] if file_runs else {})
     }
     history = {k: v for k, v in result["history"].items() if k != "seconds"}
+    from bench import scale  # bench.scale imports this module's helpers
+
     return {
+        "scale": scale.summarize(result["scale"]) if "scale" in result else None,
         "throughput": throughput,
         "dagster": dagster,
         "empty_batch": empty,
@@ -562,6 +565,12 @@ def render(result: dict[str, Any]) -> str:
         f"{_ms(h['median_checkpoint_commit_s'])} (median), "
         f"the others {_ms(h['median_other_commit_s'])}",
         *freshness.render(result.get("freshness")),
+    ]
+    if s.get("scale"):
+        from bench import scale
+
+        out += scale.render(result["scale"], s["scale"])
+    out += [
         "",
         f"total run time {result['total_seconds'] / 60:.1f} min",
     ]

@@ -101,6 +101,26 @@ def register(subparsers: Any) -> None:
         help="run only the freshness section (no data set, no throughput repetitions)",
     )
     parser.add_argument(
+        "--scale-partitions",
+        type=_counts,
+        help="partition counts of the scale section's topics (default 8,64,256)",
+    )
+    parser.add_argument(
+        "--scale-batch",
+        type=int,
+        help="records per batch in the scale section (default 100000)",
+    )
+    parser.add_argument(
+        "--scale-pipelines",
+        type=int,
+        help="pipelines run at once in the scale section (default 4)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("scale",),
+        help="run only this section, on --records records (scale: partitions and pipelines)",
+    )
+    parser.add_argument(
         "--smoke",
         action="store_true",
         help="tiny data (2,000 records), one repetition, 20-commit history: checks the harness",
@@ -128,6 +148,9 @@ def settings_from(args: argparse.Namespace) -> Any:
         "freshness_rate": args.freshness_rate,
         "freshness_seconds": args.freshness_seconds,
         "freshness_interval": args.freshness_interval,
+        "scale_partitions": args.scale_partitions,
+        "scale_batch_records": args.scale_batch,
+        "scale_pipelines": args.scale_pipelines,
     }
     changes = {k: v for k, v in given.items() if v is not None}
     if args.dagster_batch is not None:
@@ -135,7 +158,14 @@ def settings_from(args: argparse.Namespace) -> Any:
     if args.keep:
         changes["keep"] = True
     settings = dataclasses.replace(base, **changes)
-    for name in ("records", "partitions", "repeat", "history"):
+    for name in (
+        "records",
+        "partitions",
+        "repeat",
+        "history",
+        "scale_batch_records",
+        "scale_pipelines",
+    ):
         if getattr(settings, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
     if settings.freshness_rate < 1 or settings.freshness_seconds <= 0:
@@ -153,6 +183,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench.report import render
 
     settings = settings_from(args)
+    if args.only == "scale":
+        return _scale_only(settings, args.json_out)
     if args.freshness_only:
         from bench.freshness import render as render_freshness
         from bench.harness import run_freshness_only
@@ -177,5 +209,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"\nbench: figures written to {args.json_out}")
     if result["failures"]:
         print(f"bench: {len(result['failures'])} contender run(s) failed; see FAILED above")
+        return 1
+    return 0
+
+
+def _scale_only(settings: Any, json_out: Path | None) -> int:
+    """`--only scale`: the scale section alone (its own broker and Spark session)."""
+    from bench.harness import run_scale_only
+    from bench.scale import render
+
+    result = run_scale_only(settings, log=lambda line: print(line, flush=True))
+    print("\n".join(render(result["scale"], result["scale_summary"])), flush=True)
+    print(f"\ntotal run time {result['total_seconds'] / 60:.1f} min", flush=True)
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if result["failures"]:
+        print(f"bench: {len(result['failures'])} contender run(s) failed: {result['failures']}")
         return 1
     return 0

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from bench.product import PHASES
+
 REPO = Path(__file__).resolve().parent.parent
 SMOKE_TIMEOUT_S = 600
 
@@ -109,9 +111,35 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     history = summary["delta_commit"]["history"]
     assert history["commits"] == 20 and len(history["windows"]) == 4
 
+    # the scale section: the same data at 8 and 64 partitions, four pipelines against one
+    for heading in ("Scale with partitions", "Scale with pipelines", "at once / one alone"):
+        assert heading in result.stdout
+    scale = summary["scale"]
+    rows = {r["partitions"]: r for r in scale["partitions"]}
+    assert set(rows) == {8, 64}, rows
+    for row in rows.values():
+        assert row["records"] == 2_000 and row["batches"] >= 4, row
+        assert set(row["phases_per_batch_s"]) == set(PHASES), row
+        assert row["fixed_cost_s"] > 0 and set(row["fixed_cost_phases_s"]) == set(PHASES), row
+        assert row["vs_first"]["partitions"] == row["partitions"] / 8, row
+        assert isinstance(row["fixed_cost_within_partitions"], bool), row
+    pipelines = scale["pipelines"]
+    assert pipelines["alone"]["records"] == pipelines["together"]["records"] == 2_000
+    assert len(pipelines["together"]["each_records_per_s"]) == 4
+    assert pipelines["together_over_alone"] > 0
+    assert isinstance(pipelines["target_met"], bool)
+
     # every figure of every section is there and positive: a zero or a negative time or
     # rate means a section measured nothing
-    sections = ("throughput", "dagster", "empty_batch", "limits", "ratios", "delta_commit")
+    sections = (
+        "throughput",
+        "dagster",
+        "empty_batch",
+        "limits",
+        "ratios",
+        "delta_commit",
+        "scale",
+    )
     for section in sections:
         figures = list(_numbers(summary[section], section))
         assert figures, f"section {section} has no figures"
