@@ -629,8 +629,15 @@ def _repetition(
             # the same pipeline with its tables on the loopback S3 server, right after the
             # local-disk runs, so both see the same load
             name = f"bench_s3_{label}"
+            # a folder per repetition, as on local disk: the bucket outlives the repetition,
+            # and a table left by the one before would make this run find it caught up
             config = product.pipeline_config(
-                root / name, name, bootstrap, TOPIC, per_partition, f"s3://{BUCKET}/{name}"
+                root / name,
+                name,
+                bootstrap,
+                TOPIC,
+                per_partition,
+                f"s3://{BUCKET}/{root.name}/{name}",
             )
             s3_path = functools.partial(
                 product.run_cli_path, config=config, expected_records=records
