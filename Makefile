@@ -21,7 +21,9 @@ lint: setup
 	.venv/bin/ruff check .
 
 # The Dagster UI (webserver + daemon) on loopback, with this project's instance settings.
+# Runs stage on the host's shared Spark server (started as the code location loads, kept
+# between runs; `.venv/bin/exactly spark-server stop` stops it), not a JVM per run.
 DAGSTER_HOME ?= $(CURDIR)/.dagster_home
 ui: setup
 	mkdir -p $(DAGSTER_HOME) && cp orchestration/dagster.yaml $(DAGSTER_HOME)/dagster.yaml
-	DAGSTER_HOME=$(DAGSTER_HOME) .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+	EXACTLY_SPARK_SERVER=shared DAGSTER_HOME=$(DAGSTER_HOME) .venv/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000

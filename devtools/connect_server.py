@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from devtools.jvm_process import (
@@ -92,6 +92,8 @@ def start_connect_server(
     work_dir: Path | str | None = None,
     timeout: float = CONNECT_START_TIMEOUT,
     object_store: S3Access | None = None,
+    env: Mapping[str, str] | None = None,
+    on_launch: Callable[[int], None] | None = None,
 ) -> ConnectServer:
     """Start a Spark Connect server on 127.0.0.1:`port` and return once the port answers.
 
@@ -107,6 +109,10 @@ def start_connect_server(
     Nothing is downloaded. The log is `work_dir/connect-server.log` (a new temporary folder
     if `work_dir` is None), and the server's working directory, so a warehouse or metastore
     it creates stays there too.
+
+    `env` adds to (or overrides) this process's environment for the server; `on_launch` is
+    called with the JVM's pid as soon as it is launched, before it listens (a shared server's
+    record, resources/shared_spark.py, must name a server whose start outlives its starter).
 
     Raises UnreachableError, quoting the log, if the JVM exits or does not listen within
     `timeout` seconds; the JVM is stopped then, so a failed start leaves nothing behind.
@@ -142,15 +148,16 @@ def start_connect_server(
     command += ["--name", "exactly-connect", "--master", master]
     for key, value in settings.items():
         command += ["--conf", f"{key}={value}"]
-    env = {
+    process_env = {
         **os.environ,
+        **(env or {}),
         "SPARK_HOME": str(home),
         "SPARK_CONF_DIR": str(conf_dir),
         "SPARK_LOCAL_IP": LOOPBACK,
     }
-    env.setdefault("PYSPARK_PYTHON", sys.executable)
+    process_env.setdefault("PYSPARK_PYTHON", sys.executable)
     # a token would make the client insist on TLS for 127.0.0.1; this server is loopback-only
-    env.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+    process_env.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
 
     started = time.monotonic()
     process, log_offset = launch_detached(
@@ -158,10 +165,12 @@ def start_connect_server(
         folder / CONNECT_LOG,
         f"== exactly: starting Spark Connect on {LOOPBACK}:{port} at {time.ctime()}",
         cwd=folder,
-        env=env,
+        env=process_env,
     )
     server = ConnectServer(port, process, folder, log_offset)
     try:
+        if on_launch is not None:
+            on_launch(process.pid)
         server.await_listening(started + timeout)
     except BaseException:
         server.stop()

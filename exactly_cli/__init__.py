@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         kafka_cmd,
         pipeline_cmd,
         skip_cmd,
+        spark_cmd,
     )
 
     parser = argparse.ArgumentParser(
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill_cmd.register(sub)
     clean_cmd.register(sub)
     skip_cmd.register(sub)
+    spark_cmd.register(sub)
     return parser
 
 

@@ -4,6 +4,8 @@ run for one batch, in the process's one Spark session.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -13,7 +15,8 @@ from ledger.errors import AuthenticationError, ExactlyError, UnreachableError
 from ledger.two_phase import StageOutput
 from resources import storage
 from resources.config import PipelineConfig, load_transform
-from resources.spark import build_session
+from resources.shared_spark import ensure_server, server_mode
+from resources.spark import build_session, stop_session
 
 if TYPE_CHECKING:
     from resources.s3 import S3Access
@@ -58,15 +61,28 @@ QUOTED_CHARS = 300
 
 
 class SharedSpark:
-    """One Spark session per process, created only when a batch needs staging."""
+    """One Spark session per process, created only when a batch needs staging.
+
+    With `shared_server` the session is a Spark Connect session on the host's shared server
+    for these settings (resources/shared_spark.py), asked for again at every call: a server
+    that died or was stopped since the last batch is replaced then, and the next batch
+    stages on the new one instead of failing on the old session forever.
+    """
 
     def __init__(
-        self, master: str, conf: Mapping[str, str], object_store: S3Access | None = None
+        self,
+        master: str,
+        conf: Mapping[str, str],
+        object_store: S3Access | None = None,
+        *,
+        shared_server: bool = False,
     ) -> None:
         self.master = master
         self.conf = dict(conf)
         self.object_store = object_store
+        self.shared_server = shared_server
         self._session: Any = None
+        self._url: str | None = None
 
     @classmethod
     def for_config(cls, config: PipelineConfig) -> SharedSpark:
@@ -77,12 +93,53 @@ class SharedSpark:
         object_store = None
         if any(uri.startswith("s3://") for uri in uris):
             object_store = storage.s3_access()
-        return cls(config.spark.master, config.spark.resolved_conf(), object_store)
+        # EXACTLY_SPARK_SERVER=shared does not override an sc:// master: that pipeline has
+        # a server already (a config that asks for both is refused when it loads)
+        shared = server_mode(config.spark.server) == "shared"
+        shared = shared and not config.spark.master.startswith("sc://")
+        return cls(
+            config.spark.master,
+            config.spark.resolved_conf(),
+            object_store,
+            shared_server=shared,
+        )
 
     def __call__(self) -> Any:
+        if self.shared_server:
+            url = ensure_server(self.master, self.conf, self.object_store).url
+            if self._session is not None and url != self._url:
+                with contextlib.suppress(Exception):  # the old server is gone with it
+                    stop_session(self._session)
+                self._session = None
+            self._url = url
+            if self._session is None:
+                self._session = build_session(url, self.conf, object_store=self.object_store)
+            return self._session
         if self._session is None:
             self._session = build_session(self.master, self.conf, object_store=self.object_store)
         return self._session
+
+    def warm_in_background(self, log: Callable[[str], None]) -> threading.Thread | None:
+        """Start the shared server now, in a daemon thread, if this session uses one.
+
+        The code location calls this as it loads, so the first run after `dagster dev` (or
+        a deploy) finds the server up instead of starting it. A failure is only logged: the
+        first batch starts the server again and fails with the error where an operator sees
+        it. A process that exits mid-start leaves the start to finish on its own (the server
+        runs detached, and its record names it from launch on).
+        """
+        if not self.shared_server:
+            return None
+
+        def warm() -> None:
+            try:
+                ensure_server(self.master, self.conf, self.object_store)
+            except Exception as error:
+                log(f"the shared Spark server did not start: {error}")
+
+        thread = threading.Thread(target=warm, name="exactly-shared-spark", daemon=True)
+        thread.start()
+        return thread
 
 
 class SparkStager:

@@ -266,9 +266,25 @@ class LedgerSettings(_Strict):
 
 class SparkSettings(_Strict):
     master: str = "local[2]"
+    #: `local`: a Spark session in the process that stages (the CLI's default); `shared`: a
+    #: Spark Connect server on this host, started on first need and shared by every process
+    #: staging with the same settings, so a run launched by Dagster connects to a warm JVM
+    #: instead of starting one (resources/shared_spark.py). Unset: EXACTLY_SPARK_SERVER's
+    #: value, else `local`.
+    server: Literal["local", "shared"] | None = None
     #: Spark settings; a value may be `{env: NAME}` (Spark also hides settings whose names
     #: match its `spark.redaction.regex` from its UI and event logs)
     conf: dict[str, OptionValue] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _shared_server_starts_its_own(self) -> SparkSettings:
+        if self.server == "shared" and self.master.startswith("sc://"):
+            raise ValueError(
+                f"spark.master {self.master} is a Spark Connect server already; "
+                "spark.server: shared starts one of its own: give it a local[N] or "
+                "spark:// master, or drop spark.server"
+            )
+        return self
 
     def resolved_conf(self) -> dict[str, str]:
         return resolve_options(self.conf, "spark.conf")

@@ -1,0 +1,177 @@
+"""The shared Spark Connect server (`spark.server: shared`, resources/shared_spark.py): runs in
+separate processes stage on one server, a server that died is replaced, a pid that now
+belongs to another process is not taken for the server, and racing starts start one.
+
+Real broker, real Spark Connect servers started by the product itself, real Delta tables;
+each run is a separate `exactly run` process, as a daemon-launched Dagster run is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from devtools.jvm_process import free_port, process_args
+from jobs.examples.sample_data import pageviews
+from ledger.errors import ConfigError
+from resources.config import PipelineConfig, load_config
+from resources.kafka import KafkaClient
+from resources.shared_spark import (
+    STATE_ENV,
+    Server,
+    ensure_server,
+    server_mode,
+    servers,
+    stop_servers,
+)
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+
+RUN_TIMEOUT = 900
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A state folder of the module's own; every server started in it is stopped at the end."""
+    env = {**os.environ, STATE_ENV: str(tmp_path_factory.mktemp("state"))}
+    try:
+        yield env
+    finally:
+        stop_servers(env)
+        assert not [s for s in servers(env) if s.is_ours()]
+
+
+@pytest.fixture
+def shared_config(
+    pipeline_factory: Callable[..., PipelineConfig],
+) -> PipelineConfig:
+    config = pipeline_factory(2)
+    path = config_path(config)
+    doc = yaml.safe_load(path.read_text())
+    doc["spark"]["server"] = "shared"
+    path.write_text(yaml.safe_dump(doc))
+    shared = load_config(path)
+    object.__setattr__(shared, "_path", path)
+    return shared
+
+
+def run(config: PipelineConfig, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(config))],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def only_server(env: dict[str, str]) -> Server:
+    running = [s for s in servers(env) if s.is_ours()]
+    assert len(running) == 1, running
+    return running[0]
+
+
+def test_runs_in_separate_processes_share_one_server_and_a_dead_one_is_replaced(
+    shared_config: PipelineConfig, kafka_client: KafkaClient, state: dict[str, str]
+) -> None:
+    topic = shared_config.kafka.topic
+    kafka_client.produce(topic, pageviews(300, malformed_every=50))
+    run(shared_config, state)
+    first = only_server(state)
+
+    kafka_client.produce(topic, pageviews(200, start=300, malformed_every=50))
+    run(shared_config, state)
+    assert only_server(state) == first  # the second process connected; it started nothing
+    assert_exactly_once(shared_config, kafka_client)
+
+    # the server dies between runs (OOM killer, an operator): the next run starts another
+    os.killpg(first.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while first.is_ours() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    kafka_client.produce(topic, pageviews(100, start=500, malformed_every=50))
+    run(shared_config, state)
+    second = only_server(state)
+    assert second.pid != first.pid
+    table, quarantine = assert_exactly_once(shared_config, kafka_client)
+    assert table + quarantine == 600
+
+    # the operator's view and stop
+    status = cli(["spark-server", "status"], state)
+    assert f"pid {second.pid}" in status and "running" in status
+    assert "stopped 1 shared Spark server(s)" in cli(["spark-server", "stop"], state)
+    assert not second.is_ours()
+
+
+def cli(args: list[str], env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.mark.integration
+def test_a_pid_now_owned_by_another_process_is_not_taken_for_the_server(
+    state: dict[str, str], tmp_path: Path
+) -> None:
+    """The recorded pid was reused by an unrelated process: that process is neither used as
+    the server nor signalled, and a real server is started (a different settings key, so a
+    folder of its own)."""
+    conf = {"spark.sql.shuffle.partitions": "3"}
+    started = ensure_server("local[1]", conf, env=state)
+    record = started.folder / "server.json"
+    started.stop()
+    stranger = subprocess.Popen(["sleep", "600"])
+    try:
+        port = free_port()
+        record.write_text(
+            f'{{"pid": {stranger.pid}, "port": {port}, "started_at": 0, "master": "local[1]"}}'
+        )
+        replaced = ensure_server("local[1]", conf, env=state)
+        assert replaced.pid not in (stranger.pid, started.pid)
+        assert replaced.is_ours() and replaced.answers()
+        assert stranger.poll() is None, "an unrelated process was signalled"
+        assert process_args(stranger.pid)[0] == "sleep"
+    finally:
+        stranger.kill()
+        stranger.wait()
+        stop_servers(state)
+
+
+@pytest.mark.integration
+def test_processes_racing_to_start_the_server_start_one(state: dict[str, str]) -> None:
+    code = (
+        "from resources.shared_spark import ensure_server; "
+        "s = ensure_server('local[1]', {'spark.sql.shuffle.partitions': '5'}); "
+        "print(s.pid, s.port)"
+    )
+    racers = [
+        subprocess.Popen([sys.executable, "-c", code], env=state, stdout=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]
+    answers = {racer.communicate(timeout=RUN_TIMEOUT)[0].strip() for racer in racers}
+    assert all(racer.returncode == 0 for racer in racers)
+    assert len(answers) == 1, answers
+    stop_servers(state)
+
+
+def test_the_mode_comes_from_the_config_then_the_environment() -> None:
+    assert server_mode(None, env={}) == "local"
+    assert server_mode(None, env={"EXACTLY_SPARK_SERVER": "shared"}) == "shared"
+    assert server_mode("local", env={"EXACTLY_SPARK_SERVER": "shared"}) == "local"
+    with pytest.raises(ConfigError, match="EXACTLY_SPARK_SERVER='remote' is not"):
+        server_mode(None, env={"EXACTLY_SPARK_SERVER": "remote"})
