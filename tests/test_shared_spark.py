@@ -131,8 +131,11 @@ def test_a_pid_now_owned_by_another_process_is_not_taken_for_the_server(
     """The recorded pid was reused by an unrelated process: that process is neither used as
     the server nor signalled, and a real server is started (a different settings key, so a
     folder of its own)."""
-    conf = {"spark.sql.shuffle.partitions": "3"}
+    secret = "hunter2-never-on-a-command-line"
+    conf = {"spark.sql.shuffle.partitions": "3", "spark.hadoop.fs.s3a.secret.key": secret}
     started = ensure_server("local[1]", conf, env=state)
+    # any user of the host reads command lines (ps): settings, keys among them, stay off it
+    assert not [arg for arg in process_args(started.pid) if secret in arg]
     record = started.folder / "server.json"
     started.stop()
     stranger = subprocess.Popen(["sleep", "600"])
