@@ -84,6 +84,13 @@ class ConnectServer(LoopbackServer):
         return f"sc://{LOOPBACK}:{self.port}"
 
 
+def _escaped(value: str) -> str:
+    """`value` as java.util.Properties reads it back: backslashes and line breaks escaped,
+    a leading space kept."""
+    text = value.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+    return "\\" + text if text.startswith(" ") else text
+
+
 def start_connect_server(
     port: int,
     conf: Mapping[str, str] | None = None,
@@ -144,10 +151,20 @@ def start_connect_server(
         "spark.connect.grpc.port.maxRetries": "0",
     }
     home = _pyspark_home()
+    # settings (s3a keys among them) go in a file only this user reads, not on the command
+    # line every user of the host can list; only the port stays there, which
+    # resources/shared_spark.py matches to tell its server from a process that reused its pid
+    properties = conf_dir / "exactly.properties"
+    properties.touch(mode=0o600)
+    properties.chmod(0o600)
+    properties.write_text(
+        "".join(f"{key}={_escaped(value)}\n" for key, value in settings.items()),
+        encoding="utf-8",
+    )
     command = [str(home / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS]
     command += ["--name", "exactly-connect", "--master", master]
-    for key, value in settings.items():
-        command += ["--conf", f"{key}={value}"]
+    command += ["--properties-file", str(properties)]
+    command += ["--conf", f"spark.connect.grpc.binding.port={port}"]
     process_env = {
         **os.environ,
         **(env or {}),
