@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ledger.decisions import Decision
+from ledger.process import identity
 from ledger.protocol import BatchState, OffsetRange, Owner
 
 
@@ -46,8 +47,12 @@ def utcnow() -> datetime:
 
 
 def this_owner() -> Owner:
-    """The owner recorded for attempts started here, so recovery can tell if it is alive."""
-    return Owner(socket.gethostname(), os.getpid())
+    """The owner recorded for attempts started here, so recovery can tell if it is alive:
+    this host, this process's pid, and when and in which boot the process started, so a
+    process that later gets the pid is not taken for this one (ledger/process.py)."""
+    pid = os.getpid()
+    started, boot = identity(pid)
+    return Owner(socket.gethostname(), pid, started, boot)
 
 
 @dataclass(frozen=True)

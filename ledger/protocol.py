@@ -259,18 +259,45 @@ def worth_planning(
 
 @dataclass(frozen=True)
 class Owner:
-    """Who runs an attempt: enough to tell whether it can still be alive."""
+    """Who runs an attempt: enough to tell whether it can still be alive.
+
+    A pid is reused once its process exits, so the owner also records when its process
+    started (`started`: on Linux field 22 of /proc/PID/stat, clock ticks since boot) and
+    the boot it started in (`boot`: /proc/sys/kernel/random/boot_id), where the host can
+    tell (ledger/process.py). Stored in the ledger as `host:pid@started/boot`; owners
+    recorded before exactly stored start times read back as `host:pid` with both None.
+    """
 
     host: str
     pid: int
+    started: int | None = None
+    boot: str | None = None
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.pid}"
+        text = f"{self.host}:{self.pid}"
+        if self.started is not None:
+            text += f"@{self.started}"
+        if self.boot is not None:
+            text += f"/{self.boot}"
+        return text
 
     @classmethod
     def parse(cls, text: str) -> Owner:
-        host, _, pid = text.rpartition(":")
-        return cls(host, int(pid))
+        # The host may hold ':' (the last one ends it); what follows holds none.
+        host, _, tail = text.rpartition(":")
+        pid_started, _, boot = tail.partition("/")
+        pid, _, started = pid_started.partition("@")
+        return cls(host, int(pid), int(started) if started else None, boot or None)
+
+    def same_process(self, other: Owner) -> bool:
+        """Whether the two may name one process: the same host and pid, and the same start
+        time and boot wherever both record them (an owner recorded before start times were
+        stored is taken at its pid, as it always was)."""
+        if (self.host, self.pid) != (other.host, other.pid):
+            return False
+        if None not in (self.started, other.started) and self.started != other.started:
+            return False
+        return None in (self.boot, other.boot) or self.boot == other.boot
 
 
 def owner_may_be_alive(
@@ -282,7 +309,9 @@ def owner_may_be_alive(
 ) -> bool:
     """Whether a PLANNED/STAGED attempt may still be running and must not be abandoned yet.
 
-    On the same host the process table answers exactly; elsewhere the heartbeat lease does.
+    On the same host the process table answers exactly (`pid_alive`: a process runs with
+    the owner's pid, is not a zombie, and started when and in the boot the owner recorded;
+    ledger/process.py), and no lease applies; elsewhere the heartbeat lease does.
     Abandoning a live attempt is still safe (fencing stops it at its next transition), but it
     wastes its work and two processes could abandon each other forever.
     """

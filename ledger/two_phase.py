@@ -23,20 +23,19 @@ protocols below, so this module can be exercised with in-memory fakes and read a
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
 from ledger.crash import crashpoint
 from ledger.decisions import Decision, DecisionKind, resume_command
 from ledger.errors import BusyError, FencedError, InconsistencyError, RefusedBatchError
+from ledger.process import running
 from ledger.protocol import (
     ABANDONABLE,
     BLOCKS_PLANNING,
@@ -152,30 +151,6 @@ def _never(_batch: Batch) -> bool:
 
     def rows_reach(self, topic: str) -> dict[int, int]:
         """Per partition, one past the highest offset of `topic` in the published rows."""
-
-
-_PROCFS = Path("/proc")
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether a process runs at `pid` on this host. A zombie (killed, not yet reaped by
-    its parent) answers kill(pid, 0) but runs nothing: gone, so its batches are not waited
-    for until the parent reaps it, which may be never."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    if not (_PROCFS / "self").exists():
-        return True  # no procfs to ask: kill(pid, 0) answered
-    try:
-        stat = (_PROCFS / str(pid) / "stat").read_text()
-    except FileNotFoundError:
-        return False  # reaped meanwhile
-    except OSError:
-        return True
-    return stat.rpartition(") ")[2][:1] not in ("Z", "X")
 
 
 class TwoPhaseCommit:
@@ -849,7 +824,7 @@ class TwoPhaseCommit:
         (invariant 17): the owner's clock and ours are never compared.
         """
         me = this_owner()
-        if batch.owner == me:
+        if batch.owner.same_process(me):
             return False
         age = (self.store.now() - batch.heartbeat_at).total_seconds()
         return owner_may_be_alive(
@@ -857,7 +832,7 @@ class TwoPhaseCommit:
             age,
             self.lease_seconds,
             socket.gethostname(),
-            batch.owner.host == me.host and _pid_alive(batch.owner.pid),
+            batch.owner.host == me.host and running(batch.owner),
         )
 
     @contextmanager

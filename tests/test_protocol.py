@@ -289,6 +289,31 @@ def test_owner_round_trip() -> None:
     assert Owner.parse(str(owner)) == owner
 
 
+def test_owner_round_trip_with_start_time_and_boot() -> None:
+    boot = "6f1c0f0e-6a4e-4c1b-9d3e-2b7f0a1c5d42"
+    owner = Owner("host-a.example:1", 4242, started=987654, boot=boot)
+    assert str(owner).startswith("host-a.example:1:4242")
+    assert Owner.parse(str(owner)) == owner
+    assert Owner.parse(str(Owner("h", 7, started=5))) == Owner("h", 7, started=5)
+
+
+def test_owner_rows_written_before_start_times_still_parse() -> None:
+    assert Owner.parse("old-host:1") == Owner("old-host", 1)
+    assert Owner.parse("host-a.example:1:4242") == Owner("host-a.example:1", 4242)
+    assert Owner.parse("old-host:1").started is None
+
+
+def test_owner_same_process_compares_start_and_boot_where_both_record_them() -> None:
+    me = Owner("h", 7, started=500, boot="b1")
+    assert me.same_process(Owner("h", 7, started=500, boot="b1"))
+    assert not me.same_process(Owner("h", 7, started=499, boot="b1"))  # the pid was reused
+    assert not me.same_process(Owner("h", 7, started=500, boot="b2"))  # after a reboot
+    assert not me.same_process(Owner("h", 8, started=500, boot="b1"))
+    assert not me.same_process(Owner("g", 7, started=500, boot="b1"))
+    assert me.same_process(Owner("h", 7))  # recorded before start times: the pid decides
+    assert Owner("h", 7).same_process(me)
+
+
 def test_owner_same_host_uses_pid_table_not_heartbeat() -> None:
     owner = Owner("me", 10)
     assert owner_may_be_alive(owner, 10_000.0, 120.0, "me", pid_alive=True) is True

@@ -558,7 +558,26 @@ def test_malformed_url_error_hides_password() -> None:
 
 
 def test_this_owner_is_this_process() -> None:
-    assert this_owner() == Owner(socket.gethostname(), os.getpid())
+    owner = this_owner()
+    assert (owner.host, owner.pid) == (socket.gethostname(), os.getpid())
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Linux's /proc only")
+def test_this_owner_records_when_and_in_which_boot_this_process_started() -> None:
+    """So that a process that later gets this pid is not taken for this one."""
+    stat = Path(f"/proc/{os.getpid()}/stat").read_text().rpartition(") ")[2].split()
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    owner = this_owner()
+    assert (owner.started, owner.boot) == (int(stat[19]), boot)
+    assert Owner.parse(str(owner)) == owner
+    assert len(str(owner)) <= batches_table.c.owner.type.length
+
+
+def test_an_owner_is_stored_with_its_start_time(store: LedgerStore) -> None:
+    owner = Owner("host-x", 99, started=123456, boot="6f1c0f0e-0000-4000-8000-000000000001")
+    batch = plan(store, owner=owner)
+    assert batch.owner == owner
+    assert store.get(batch.app_id, batch.batch_id).owner == owner  # type: ignore[union-attr]
 
 
 def test_voted_paths_names_every_voted_file_of_the_given_apps(store: LedgerStore) -> None:

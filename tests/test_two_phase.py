@@ -333,6 +333,87 @@ def test_an_owner_killed_and_not_yet_reaped_is_gone(
         child.wait()
 
 
+LINUX_PROCFS = Path("/proc/self/stat").exists()
+
+
+def start_time(pid: int) -> int:
+    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rpartition(") ")[2].split()[19])
+
+
+def boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+@pytest.mark.skipif(not LINUX_PROCFS, reason="start times are read from Linux's /proc")
+@pytest.mark.parametrize("state", [S.PLANNED, S.STAGED, S.PREPARED])
+@pytest.mark.parametrize("reused", ["start time", "boot id"])
+def test_an_owner_whose_pid_was_reused_is_gone(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    publisher: FakePublisher,
+    state: BatchState,
+    reused: str,
+) -> None:
+    """The owner died and the OS gave its pid to an unrelated process (here a live child,
+    recorded with another start time, or as started in another boot): the pid answers, but
+    the owner is gone. Its unvoted batch is abandoned, its voted one finished, at once;
+    never waited for until the unrelated process exits (on this host no lease ends it)."""
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        started, boot = start_time(child.pid), boot_id()
+        if reused == "start time":
+            owner = Owner(socket.gethostname(), child.pid, started=started - 1, boot=boot)
+        else:
+            owner = Owner(socket.gethostname(), child.pid, started=started, boot=boot[::-1])
+        assert Owner.parse(str(owner)) == owner
+        if state is S.PREPARED:
+            theirs = store.takeover(voted(tpc), owner)
+            finished = tpc.recover_and_commit()
+            assert [(b.batch_id, b.state) for b in finished] == [(1, S.ACKED)]
+            assert finished[0].attempt == theirs.attempt + 1
+            assert publisher.published_ids() == [1]
+        else:
+            plan_as(store, owner, state)
+            finished = tpc.recover_and_commit()
+            assert [(b.batch_id, b.state) for b in finished] == [(1, S.ABORTED)]
+            assert "abandoned by recovery" in (finished[0].error or "")
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.skipif(not LINUX_PROCFS, reason="start times are read from Linux's /proc")
+def test_an_owner_with_its_own_start_time_is_alive(
+    tpc: TwoPhaseCommit, store: LedgerStore, publisher: FakePublisher
+) -> None:
+    """The same pid, start time and boot: the owner itself, still running; its vote is its
+    own to finish."""
+    child = subprocess.Popen(["sleep", "600"])
+    try:
+        owner = Owner(
+            socket.gethostname(), child.pid, started=start_time(child.pid), boot=boot_id()
+        )
+        store.takeover(voted(tpc), owner)
+        with pytest.raises(BusyError) as info:
+            tpc.recover_and_commit()
+        assert "PREPARED" in str(info.value)
+        assert publisher.commits == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_owner_recorded_without_start_time_on_this_pid_is_this_process(
+    tpc: TwoPhaseCommit, store: LedgerStore
+) -> None:
+    """A row written before owners carried start times (host:pid) keeps today's reading:
+    this process's pid there is this process, whose earlier attempt is over."""
+    plan_as(store, Owner(socket.gethostname(), os.getpid()), S.STAGED)
+    finished = tpc.recover_and_commit()
+    assert [(b.batch_id, b.state) for b in finished] == [(1, S.ABORTED)]
+
+
 def test_recover_refuses_batch_of_live_owner(tpc: TwoPhaseCommit, store: LedgerStore) -> None:
     owner = Owner(socket.gethostname(), os.getppid())
     plan_as(store, owner, S.STAGED)
