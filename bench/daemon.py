@@ -23,8 +23,8 @@ Each run's timeline comes from the instance's event log and splits into:
 Side by side, in the same invocation and with the same records per batch: the CLI path
 (`run_batch` in this process on a warm Spark session, as `exactly run --continuous` runs
 its batches) and the same `<pipeline>_next_batch` job executed in this process
-(`execute_in_process`, sharing that session). The daemon's runs go first, while this
-process has no JVM of its own, so they are not charged for one.
+(`execute_in_process`, sharing that session), the two interleaved run by run. The daemon's
+runs go first, while this process has no JVM of its own, so they are not charged for one.
 
 `spark_modes` runs the daemon part once per Spark session mode of the run processes (the
 pipeline config's `spark.server`: `local`, a JVM per process, or `shared`, one Spark
@@ -453,103 +453,145 @@ def _wait(instance: Any, run_id: str, dev: Any) -> Any:
     )
 
 
-def cli_runs(
-    spark: Any, root: Path, bootstrap: str, settings: DaemonSettings, log: Callable[[str], None]
+def _figures(
+    batch_id: int, records: int, tl: dict[str, Any], phases: dict[str, float], detail: dict
 ) -> dict[str, Any]:
-    """The CLI path on this process's warm session: one warm-up batch, then `runs` batches
-    of `batch_records` new records each (`run_batch`, as `exactly run` runs each batch)."""
-    from jobs.pipeline import build
+    return {
+        "batch_id": batch_id,
+        "records": records,
+        "timeline": tl,
+        "ledger": {
+            "phase_s": phases,
+            "stage_detail_s": detail,
+            "stage_outside_job": stage_outside_job(phases, detail),
+        },
+    }
 
-    name = "bench_daemon_cli"
-    topic = "bench-daemon-cli"
-    config = product.pipeline_config(root / name, name, bootstrap, topic, _per_partition(settings))
-    tpc = build(config, spark_factory=lambda: spark)
-    runs = []
-    for index in range(settings.runs + 1):
-        _produce(bootstrap, topic, settings, index * settings.batch_records)
+
+class CliPath:
+    """The CLI path on this process's warm session: `run_batch` of `batch_records` new
+    records, as `exactly run` runs each batch."""
+
+    label = "cli"
+
+    def __init__(self, spark: Any, root: Path, bootstrap: str, settings: DaemonSettings) -> None:
+        from jobs.pipeline import build
+
+        self.name = "bench_daemon_cli"
+        self.topic = "bench-daemon-cli"
+        self.bootstrap = bootstrap
+        self.settings = settings
+        config = product.pipeline_config(
+            root / self.name, self.name, bootstrap, self.topic, _per_partition(settings)
+        )
+        self.tpc = build(config, spark_factory=lambda: spark)
+
+    def one(self, index: int) -> tuple[dict[str, Any], str]:
+        _produce(self.bootstrap, self.topic, self.settings, index * self.settings.batch_records)
         t = time.perf_counter()
-        report = tpc.run_batch()
+        report = self.tpc.run_batch()
         wall = time.perf_counter() - t
         if report is None:
-            raise product.BenchError(f"{name}: nothing to read after producing")
-        _check_records(name, report.output.records_read, settings.batch_records)
+            raise product.BenchError(f"{self.name}: nothing to read after producing")
+        _check_records(self.name, report.output.records_read, self.settings.batch_records)
         phases = dict(report.seconds)
-        detail = dict(report.output.seconds)
         steps = {s: phases.get(s, 0.0) for s in STEPS}
         steps["commit"] += phases.get("ack", 0.0)  # the Dagster commit op also acks
         run_s = sum(phases.values())
-        figures = {
-            "batch_id": report.batch.batch_id,
-            "records": report.output.records_read,
-            "timeline": {"run": run_s, "total": wall, "steps": steps, "between_steps": 0.0},
-            "ledger": {
-                "phase_s": phases,
-                "stage_detail_s": detail,
-                "stage_outside_job": stage_outside_job(phases, detail),
-            },
-        }
-        what = "warm-up (discarded)" if index == 0 else f"batch {index}/{settings.runs}"
-        log(f"[daemon cli] {what}: {report.output.records_read:,} records in {run_s:.2f} s")
-        if index:
-            runs.append(figures)
-    return {"runs": runs}
+        tl = {"run": run_s, "total": wall, "steps": steps, "between_steps": 0.0}
+        figures = _figures(
+            report.batch.batch_id,
+            report.output.records_read,
+            tl,
+            phases,
+            dict(report.output.seconds),
+        )
+        return figures, f"{report.output.records_read:,} records in {run_s:.2f} s"
+
+    def close(self) -> None:
+        pass
 
 
-def in_process_runs(
-    root: Path, bootstrap: str, settings: DaemonSettings, log: Callable[[str], None]
-) -> dict[str, Any]:
+class InProcess:
     """The same next-batch job executed in this process (`execute_in_process`), whose
-    Pipeline opens this process's running Spark session: one warm-up run, then `runs`."""
-    import dagster as dg
+    Pipeline opens this process's running Spark session."""
 
-    from orchestration.pipeline_definitions import pipeline_definitions
+    label = "in_process"
 
-    name = "bench_daemon_inproc"
-    topic = "bench-daemon-inproc"
-    product.pipeline_config(
-        root / name,
-        name,
-        bootstrap,
-        topic,
-        _per_partition(settings),
-        spark={"master": settings.spark_master},
-    )
-    jobs = pipeline_definitions(product.config_file(root / name))
-    runs = []
-    with dg.DagsterInstance.ephemeral() as instance, contextlib.closing(jobs.resource):
-        for index in range(settings.runs + 1):
-            _produce(bootstrap, topic, settings, index * settings.batch_records)
-            t = time.perf_counter()
-            result = jobs.next_batch.execute_in_process(
-                run_config=product.QUIET_RUN_CONFIG, instance=instance, raise_on_error=True
-            )
-            wall = time.perf_counter() - t
-            batch = result.output_for_node(f"{name}_commit")
-            records = int(batch.metrics.get("records_read", 0))
-            _check_records(name, records, settings.batch_records)
-            tl = timeline(_events(instance, result.run_id), name)
-            tl["total"] = wall
-            phases = dict(batch.metrics.get("phase_s", {}))
-            detail = dict(batch.metrics.get("stage_detail_s", {}))
-            figures = {
-                "run_id": result.run_id,
-                "batch_id": batch.batch_id,
-                "records": records,
-                "timeline": tl,
-                "ledger": {
-                    "phase_s": phases,
-                    "stage_detail_s": detail,
-                    "stage_outside_job": stage_outside_job(phases, detail),
-                },
-            }
-            what = "warm-up (discarded)" if index == 0 else f"run {index}/{settings.runs}"
-            log(
-                f"[daemon in-process] {what}: {records:,} records, run {_f(tl['run'])} s "
-                f"(execute_in_process {wall:.2f} s)"
-            )
+    def __init__(self, root: Path, bootstrap: str, settings: DaemonSettings) -> None:
+        import dagster as dg
+
+        from orchestration.pipeline_definitions import pipeline_definitions
+
+        self.name = "bench_daemon_inproc"
+        self.topic = "bench-daemon-inproc"
+        self.bootstrap = bootstrap
+        self.settings = settings
+        product.pipeline_config(
+            root / self.name,
+            self.name,
+            bootstrap,
+            self.topic,
+            _per_partition(settings),
+            spark={"master": settings.spark_master},
+        )
+        self.jobs = pipeline_definitions(product.config_file(root / self.name))
+        self.stack = contextlib.ExitStack()
+        self.instance = self.stack.enter_context(dg.DagsterInstance.ephemeral())
+        # the Pipeline is closed before the section's files are removed
+        self.stack.enter_context(contextlib.closing(self.jobs.resource))
+
+    def one(self, index: int) -> tuple[dict[str, Any], str]:
+        _produce(self.bootstrap, self.topic, self.settings, index * self.settings.batch_records)
+        t = time.perf_counter()
+        result = self.jobs.next_batch.execute_in_process(
+            run_config=product.QUIET_RUN_CONFIG, instance=self.instance, raise_on_error=True
+        )
+        wall = time.perf_counter() - t
+        batch = result.output_for_node(f"{self.name}_commit")
+        records = int(batch.metrics.get("records_read", 0))
+        _check_records(self.name, records, self.settings.batch_records)
+        tl = timeline(_events(self.instance, result.run_id), self.name)
+        tl["total"] = wall
+        figures = _figures(
+            batch.batch_id,
+            records,
+            tl,
+            dict(batch.metrics.get("phase_s", {})),
+            dict(batch.metrics.get("stage_detail_s", {})),
+        )
+        figures["run_id"] = result.run_id
+        return (
+            figures,
+            f"{records:,} records, run {_f(tl['run'])} s (execute_in_process {wall:.2f} s)",
+        )
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+def side_by_side(contenders: Sequence[Any], runs: int, log: Callable[[str], None]) -> dict:
+    """One warm-up batch each (discarded), then `runs` batches each, interleaved and in
+    turns of alternating order, so neither is the one that always runs on a JVM the other
+    has just warmed (or on the load of the moment). A contender that fails is recorded as
+    failed and left out of the remaining turns."""
+    out: dict[str, Any] = {c.label: {"runs": []} for c in contenders}
+    for index in range(runs + 1):
+        turn = contenders if index % 2 == 0 else list(reversed(contenders))
+        for contender in turn:
+            if "failed" in out[contender.label]:
+                continue
+            what = "warm-up (discarded)" if index == 0 else f"run {index}/{runs}"
+            try:
+                figures, line = contender.one(index)
+            except Exception as exc:
+                out[contender.label] = {"failed": _reason(exc)}
+                log(f"[daemon {contender.label}] {what}: FAILED: {_reason(exc)}")
+                continue
+            log(f"[daemon {contender.label}] {what}: {line}")
             if index:
-                runs.append(figures)
-    return {"runs": runs}
+                out[contender.label]["runs"].append(figures)
+    return out
 
 
 #: A new process's Spark session, as a run process starts it: build_session, then a first
@@ -586,20 +628,23 @@ def session_start(master: str) -> dict[str, Any]:
     return figures
 
 
+def _reason(exc: BaseException) -> str:
+    first = next((line for line in str(exc).splitlines() if line.strip()), "")
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
 def _attempt(what: str, action: Callable[[], dict[str, Any]], log: Callable[[str], None]) -> Any:
     """A contender's figures, or its failure recorded (the section goes on)."""
     try:
         return action()
     except Exception as exc:
-        first = next((line for line in str(exc).splitlines() if line.strip()), "")
-        reason = f"{type(exc).__name__}: {first[:300]}"
-        log(f"[daemon] {what}: FAILED: {reason}")
-        return {"failed": reason}
+        log(f"[daemon] {what}: FAILED: {_reason(exc)}")
+        return {"failed": _reason(exc)}
 
 
 def run(settings: DaemonSettings, root: Path, bootstrap: str, log: Callable[[str], None]) -> dict:
     """Every contender of the section: the daemon's runs per Spark mode first (no JVM in this
-    process yet), then the CLI path and the in-process run on one warm session."""
+    process yet), then the in-process run and the CLI path, interleaved, on one session."""
     from resources.spark import build_session
 
     out: dict[str, Any] = {"settings": asdict(settings), "contenders": {}}
@@ -624,14 +669,24 @@ def run(settings: DaemonSettings, root: Path, bootstrap: str, log: Callable[[str
     t = time.perf_counter()
     spark = build_session(settings.spark_master, {})
     out["spark_session_start_s"] = time.perf_counter() - t
+    contenders: list[Any] = []
     try:
-        out["contenders"]["in_process"] = _attempt(
-            "in-process Dagster", lambda: in_process_runs(root, bootstrap, settings, log), log
-        )
-        out["contenders"]["cli"] = _attempt(
-            "CLI path", lambda: cli_runs(spark, root, bootstrap, settings, log), log
-        )
+        for label, make in (
+            ("in_process", lambda: InProcess(root, bootstrap, settings)),
+            ("cli", lambda: CliPath(spark, root, bootstrap, settings)),
+        ):
+            try:
+                contenders.append(make())
+            except Exception as exc:
+                out["contenders"][label] = {"failed": _reason(exc)}
+                log(f"[daemon] {label}: FAILED: {_reason(exc)}")
+        found = side_by_side(contenders, settings.runs, log)
+        for contender in contenders:
+            out["contenders"][contender.label] = found[contender.label]
     finally:
+        for contender in contenders:
+            with contextlib.suppress(Exception):
+                contender.close()
         with contextlib.suppress(Exception):
             spark.stop()
     return out

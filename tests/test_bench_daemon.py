@@ -10,6 +10,7 @@ import pytest
 from bench.daemon import (
     Event,
     render,
+    side_by_side,
     spark_modes,
     spark_section,
     stage_outside_job,
@@ -123,3 +124,28 @@ def test_spark_modes_and_sections() -> None:
     # `local` is left unsaid: a config without the `server` key stays valid
     assert spark_section("local[2]", "local") == {"master": "local[2]"}
     assert spark_section("local[2]", "shared") == {"master": "local[2]", "server": "shared"}
+
+
+class FakeContender:
+    def __init__(self, label: str, calls: list[str], fail_at: int | None = None) -> None:
+        self.label = label
+        self.calls = calls
+        self.fail_at = fail_at
+
+    def one(self, index: int) -> tuple[dict, str]:
+        self.calls.append(f"{self.label}{index}")
+        if index == self.fail_at:
+            raise RuntimeError("broker gone\nsecond line")
+        return {"index": index}, "ok"
+
+
+def test_side_by_side_interleaves_alternating_and_discards_the_warm_up() -> None:
+    calls: list[str] = []
+    lines: list[str] = []
+    out = side_by_side(
+        [FakeContender("a", calls), FakeContender("b", calls, fail_at=2)], 3, lines.append
+    )
+    assert calls == ["a0", "b0", "b1", "a1", "a2", "b2", "a3"]
+    assert out["a"] == {"runs": [{"index": 1}, {"index": 2}, {"index": 3}]}
+    assert out["b"] == {"failed": "RuntimeError: broker gone"}
+    assert "[daemon b] run 2/3: FAILED: RuntimeError: broker gone" in lines
