@@ -12,4 +12,5 @@ figures move with its load). Modules:
     commits.py   delta-rs commit latency against file count and against table history
     report.py    medians over repetitions, ratios, the printed table and the JSON
     harness.py   one whole run, with every broker and Spark session stopped at the end
+    daemon.py    runs launched by the Dagster daemon (`--only daemon`), against the CLI path
 """

@@ -42,9 +42,11 @@ def pipeline_config(
     topic: str,
     max_records_per_partition: int,
     tables: str | None = None,
+    spark: dict[str, Any] | None = None,
 ) -> PipelineConfig:
     """A pipeline of its own under `root` on the shared topic, with the product's defaults;
-    its tables under `tables` (an `s3://` URI) when given, else under `root`.
+    its tables under `tables` (an `s3://` URI) when given, else under `root`; `spark`, when
+    given, is the config's `spark` section as written (e.g. `{"master": ..., "server": ...}`).
 
     Written to `config_file(root)` and read back, as a user's config is (the Dagster code
     location reads pipelines from their files). Spark settings are left at the defaults on
@@ -60,6 +62,8 @@ def pipeline_config(
         "ledger": {"url": f"sqlite:///{root / 'ledger.db'}"},
         "batch": {"max_records_per_partition": max_records_per_partition},
     }
+    if spark is not None:
+        doc["spark"] = dict(spark)
     path = config_file(root)
     path.write_text(yaml.safe_dump(doc))
     return load_config(path)

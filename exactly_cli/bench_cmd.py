@@ -40,6 +40,15 @@ def _counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def _spark_modes(text: str) -> tuple[str, ...]:
+    from bench.daemon import spark_modes
+
+    try:
+        return spark_modes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: Any) -> None:
     """Add `bench` to the top-level sub-command parsers."""
     parser = subparsers.add_parser(
@@ -117,8 +126,25 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=("scale",),
-        help="run only this section, on --records records (scale: partitions and pipelines)",
+        choices=("scale", "daemon"),
+        help="run only this section (scale: partitions and pipelines, on --records records; "
+        "daemon: runs launched by the Dagster daemon, against the CLI path and an in-process run)",
+    )
+    parser.add_argument(
+        "--daemon-runs", type=int, default=5, help="measured runs per daemon contender (default 5)"
+    )
+    parser.add_argument(
+        "--daemon-batch",
+        type=int,
+        default=5000,
+        help="records per daemon-section run (default 5000)",
+    )
+    parser.add_argument(
+        "--daemon-spark",
+        type=_spark_modes,
+        default=("local",),
+        help="Spark session modes of the daemon-launched runs, comma-separated: local (a JVM "
+        "per run process), shared (the host's Spark Connect server) (default local)",
     )
     parser.add_argument(
         "--smoke",
@@ -185,6 +211,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     if args.only == "scale":
         return _scale_only(settings, args.json_out)
+    if args.only == "daemon":
+        return _daemon_only(args, settings)
     if args.freshness_only:
         from bench.freshness import render as render_freshness
         from bench.harness import run_freshness_only
@@ -226,5 +254,35 @@ def _scale_only(settings: Any, json_out: Path | None) -> int:
         json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
     if result["failures"]:
         print(f"bench: {len(result['failures'])} contender run(s) failed: {result['failures']}")
+        return 1
+    return 0
+
+
+def _daemon_only(args: argparse.Namespace, settings: Any) -> int:
+    """`--only daemon`: runs launched by the Dagster daemon against the CLI path and an
+    in-process run (bench/daemon.py), on a broker of its own."""
+    from bench.daemon import DaemonSettings, render, run_daemon_only
+
+    if args.daemon_runs < 1 or args.daemon_batch < 1:
+        raise ConfigError("--daemon-runs and --daemon-batch must be at least 1")
+    wanted = DaemonSettings(
+        runs=args.daemon_runs,
+        batch_records=args.daemon_batch,
+        partitions=settings.partitions,
+        record_bytes=settings.record_bytes,
+        spark_modes=args.daemon_spark,
+        spark_master=settings.spark_master,
+    )
+    result = run_daemon_only(
+        wanted, settings.work_dir, settings.keep, log=lambda line: print(line, flush=True)
+    )
+    print("\n".join(render(result["daemon"], result["daemon_summary"])), flush=True)
+    print(f"\ntotal run time {result['total_seconds'] / 60:.1f} min", flush=True)
+    if args.json_out:
+        args.json_out.parent.mkdir(parents=True, exist_ok=True)
+        args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        print(f"bench: figures written to {args.json_out}")
+    if result["failures"]:
+        print(f"bench: {len(result['failures'])} contender(s) failed: {result['failures']}")
         return 1
     return 0
