@@ -68,7 +68,7 @@ class DaemonSettings:
     batch_records: int = 5_000
     partitions: int = 8
     record_bytes: int = 500
-    spark_modes: tuple[str, ...] = ("local",)
+    spark_modes: tuple[str, ...] = ("local", "shared")
     spark_master: str = "local[2]"
 
 
@@ -278,18 +278,17 @@ def failures(raw: dict[str, Any] | None) -> list[str]:
 # -- the measurements ----------------------------------------------------------------------
 
 
-def stop_shared_spark_server() -> None:
-    """HOOK(shared Spark server): stop the host's shared Spark Connect server that runs with
-    `spark.server: shared` started on first need. The main engineer is adding that server and
-    the function that stops it; until then this does nothing. Called once at the end of the
-    section whenever a `shared` mode ran (or tried to)."""
-    try:
-        from resources import spark as spark_resources
-    except ImportError:
-        return
-    stop = getattr(spark_resources, "stop_shared_server", None)  # HOOK: its final name
-    if stop is not None:
-        stop()
+def shared_state(root: Path) -> Path:
+    """The bench's own state folder for shared Spark servers: never the operator's."""
+    return root / "shared-spark-state"
+
+
+def stop_shared_spark_server(root: Path) -> None:
+    """Stop the shared Spark Connect server the `shared` mode's runs started (it outlives
+    runs by design); called once at the end of the section whenever that mode ran."""
+    from resources.shared_spark import STATE_ENV, stop_servers
+
+    stop_servers({STATE_ENV: str(shared_state(root))})
 
 
 def spark_section(master: str, mode: str) -> dict[str, Any]:
@@ -385,7 +384,11 @@ def daemon_runs(
     home = root / name / "dagster_home"
     dev = DagsterDev(
         home,
-        {"EXACTLY_PIPELINES_DIR": str(folder), "EXACTLY_SPARK_SERVER": mode},
+        {
+            "EXACTLY_PIPELINES_DIR": str(folder),
+            "EXACTLY_SPARK_SERVER": mode,
+            "EXACTLY_STATE_DIR": str(shared_state(root)),
+        },
         root / name / "dagster-dev.log",
     )
     runs: list[dict[str, Any]] = []
@@ -657,7 +660,7 @@ def run(settings: DaemonSettings, root: Path, bootstrap: str, log: Callable[[str
             )
     finally:
         if any(m != "local" for m in settings.spark_modes):
-            _attempt("stopping the shared Spark server", _stopped, log)
+            _attempt("stopping the shared Spark server", lambda: _stopped(root), log)
     out["session_start"] = _attempt(
         "a new process's Spark session", lambda: session_start(settings.spark_master), log
     )
@@ -692,8 +695,8 @@ def run(settings: DaemonSettings, root: Path, bootstrap: str, log: Callable[[str
     return out
 
 
-def _stopped() -> dict[str, Any]:
-    stop_shared_spark_server()
+def _stopped(root: Path) -> dict[str, Any]:
+    stop_shared_spark_server(root)
     return {}
 
 

@@ -142,9 +142,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--daemon-spark",
         type=_spark_modes,
-        default=("local",),
+        default=("local", "shared"),
         help="Spark session modes of the daemon-launched runs, comma-separated: local (a JVM "
-        "per run process), shared (the host's Spark Connect server) (default local)",
+        "per run process), shared (the host's Spark Connect server) (default local,shared)",
     )
     parser.add_argument(
         "--smoke",
