@@ -22,6 +22,7 @@ import yaml
 from devtools.jvm_process import free_port, process_args
 from jobs.examples.sample_data import pageviews
 from ledger.errors import ConfigError
+from ledger.store import LedgerStore
 from resources.config import PipelineConfig, load_config
 from resources.kafka import KafkaClient
 from resources.shared_spark import (
@@ -35,6 +36,8 @@ from resources.shared_spark import (
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 
 RUN_TIMEOUT = 900
+#: How long a run may go on after its server died (generous; the default client waits 10+ min).
+STALL_LIMIT = 180
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +125,48 @@ def cli(args: list[str], env: dict[str, str]) -> str:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
+
+
+def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_stalls(
+    shared_config: PipelineConfig, kafka_client: KafkaClient, state: dict[str, str]
+) -> None:
+    """The server dies while a run's stage waits on it. Spark Connect's client would retry
+    an unavailable server for over ten minutes, holding the batch PLANNED by a live owner:
+    instead the run fails in one line (exit 2), and the next run starts a server and lands
+    the batch once."""
+    topic = shared_config.kafka.topic
+    kafka_client.produce(topic, pageviews(100))
+    run(shared_config, state)  # a warm server; batch 1
+    kafka_client.produce(topic, pageviews(300_000, start=100))
+    store = LedgerStore(shared_config.ledger.url)
+    try:
+        doomed = subprocess.Popen(
+            [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(shared_config))],
+            env=state,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + RUN_TIMEOUT
+        while store.get(shared_config.app_id, 2) is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # planned: its stage is being sent to the server
+        time.sleep(2)
+        server = only_server(state)
+        os.killpg(server.pid, signal.SIGKILL)
+        try:
+            _, err = doomed.communicate(timeout=STALL_LIMIT)
+        except subprocess.TimeoutExpired:
+            doomed.kill()
+            doomed.communicate()
+            pytest.fail(f"the run still waited on the dead server {STALL_LIMIT} s later")
+        assert doomed.returncode == 2, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and "Spark Connect server" in lines[0], err
+        assert "nothing was voted" in lines[0]
+    finally:
+        store.dispose()
+    run(shared_config, state)
+    assert sum(assert_exactly_once(shared_config, kafka_client)) == 300_100
 
 
 @pytest.mark.integration
