@@ -47,6 +47,9 @@ STORE_UNREACHABLE = (
     "java.net.SocketTimeoutException",
     "java.net.UnknownHostException",
 )
+#: What the Spark Connect client says once a server stops answering (its retries spent):
+#: `status = StatusCode.UNAVAILABLE`, then `details = "failed to connect to all addresses ..."`.
+CONNECT_UNREACHABLE = ("StatusCode.UNAVAILABLE",)
 #: A line blames the store only if it also names s3a or the AWS SDK: java.net exceptions
 #: come from anything Spark connects to (a standalone cluster's lost executor says
 #: "java.net.ConnectException: Connection refused" too).
@@ -104,11 +107,20 @@ class SharedSpark:
             shared_server=shared,
         )
 
+    @property
+    def url(self) -> str:
+        """Where the session's queries go: the shared server's URL once connected, else the
+        master."""
+        return self._url or self.master
+
     def __call__(self) -> Any:
         if self.shared_server:
             url = ensure_server(self.master, self.conf, self.object_store).url
             if self._session is not None and url != self._url:
-                with contextlib.suppress(Exception):  # the old server is gone with it
+                # the old server is gone: asking it to release the session would only wait
+                # out the retries; closing our end is enough
+                self._session.release_session_on_close = False
+                with contextlib.suppress(Exception):
                     stop_session(self._session)
                 self._session = None
             self._url = url
@@ -173,6 +185,7 @@ class SparkStager:
                 bootstrap=self.config.kafka.bootstrap_servers,
                 store=self.config.delta.table_uri,
                 label=batch.label,
+                spark=getattr(self.spark_factory, "url", None) or self.config.spark.master,
             )
             if error is None:
                 raise  # the transform's own bug or Spark's: its traceback is the diagnosis
@@ -205,7 +218,7 @@ class SparkStager:
 
 
 def stage_failure(
-    exc: BaseException, *, bootstrap: str, store: str, label: str
+    exc: BaseException, *, bootstrap: str, store: str, label: str, spark: str = ""
 ) -> ExactlyError | None:
     """The one-line error for a Spark failure caused by Kafka or the object store, or None
     for any other.
@@ -216,9 +229,17 @@ def stage_failure(
     cut to QUOTED_CHARS. Kafka is looked for first: a Kafka error never names s3a, while a
     store error can carry java.net exceptions that are not specific to either, which is
     why a store's line must also name its client (STORE_CLIENT).
-    `store` names the table root the stage writes under.
+    `store` names the table root the stage writes under, `spark` the session's master (a
+    Spark Connect server that stopped answering is named by it, and its gRPC details quoted).
     """
     lines = [line.strip() for line in str(exc).splitlines()]
+    if any(any(name in line for name in CONNECT_UNREACHABLE) for line in lines):
+        details = next((ln for ln in lines if ln.startswith("details =")), lines[0])
+        return UnreachableError(
+            f"the Spark Connect server at {spark} stopped answering while Spark staged "
+            f"{label}: {details.removeprefix('details = ').strip(chr(34))[:QUOTED_CHARS]}; "
+            "nothing was voted, the next run plans the range again"
+        )
     kafka, any_line = f"Kafka at {bootstrap}", ("",)
     store_is = f"the object store holding {store}"
     for names, client, kind, what in (

@@ -27,6 +27,7 @@ import os
 import socket
 import sys
 import threading
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
@@ -294,8 +295,33 @@ def _remote_session(url: str, settings: Mapping[str, str]) -> SparkSession:
                 f"Spark Connect server at {url} did not answer: "
                 f"{(str(error).splitlines() or [type(error).__name__])[0]}"
             ) from error
+        _bound_retries(session)
         _remote_sessions[key] = session
         return session
+
+
+#: How long a Connect session retries a server that does not answer: about 45 s (backoffs
+#: of 0.05, 0.2, 0.8, 3.2 s, then 10 s each, plus jitter), enough for a brief outage.
+CONNECT_RETRIES = 8
+CONNECT_MAX_BACKOFF_MS = 10_000
+
+
+def _bound_retries(session: Any) -> None:
+    """Give up on an unavailable server after about 45 s, not pyspark's 10+ minutes.
+
+    While a stage waits on a server that died, its batch stays PLANNED by a live owner,
+    which every other run must wait for. Failing the stage loses nothing (it has not
+    voted; the next run plans the range again) and the next run can start or reach a
+    server, so waiting ten minutes only stalls the pipeline.
+    """
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    # pyspark warns as its retries run out, then raises: the raised error is the one the
+    # stage turns into a line that names the server and the batch (jobs/spark_stager.py)
+    warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
+    session.client.set_retry_policies(
+        [DefaultPolicy(max_retries=CONNECT_RETRIES, max_backoff=CONNECT_MAX_BACKOFF_MS)]
+    )
 
 
 def _require_listening(url: str) -> None:

@@ -65,9 +65,11 @@ def shared_config(
     return shared
 
 
-def run(config: PipelineConfig, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+def run(
+    config: PipelineConfig, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(config))],
+        [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(config)), *args],
         env=env,
         capture_output=True,
         text=True,
@@ -165,7 +167,7 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
         assert "nothing was voted" in lines[0]
     finally:
         store.dispose()
-    run(shared_config, state)
+    run(shared_config, state, "--until-caught-up")
     assert sum(assert_exactly_once(shared_config, kafka_client)) == 300_100
 
 

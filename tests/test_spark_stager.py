@@ -153,3 +153,28 @@ def test_the_stager_raises_the_one_line_error_and_keeps_the_cause(tmp_path: Path
         stager.stage(batch)
     assert isinstance(raised.value.__cause__, Py4JJavaError)
     assert BOOTSTRAP in str(raised.value) and batch.label in str(raised.value)
+
+
+#: pyspark's SparkConnectGrpcException once its retries of a dead server are spent
+CONNECT_GONE = (
+    "<_MultiThreadedRendezvous of RPC that terminated with:\n"
+    "\tstatus = StatusCode.UNAVAILABLE\n"
+    '\tdetails = "failed to connect to all addresses; last error: UNKNOWN: '
+    'ipv4:127.0.0.1:36885: Failed to connect to remote host: Connection refused"\n'
+    '\tdebug_error_string = "UNAVAILABLE:failed to connect to all addresses"\n>'
+)
+
+
+def test_a_connect_server_that_stopped_answering_is_named_with_its_details() -> None:
+    error = stage_failure(
+        Exception(CONNECT_GONE),
+        bootstrap=BOOTSTRAP,
+        store=STORE,
+        label=LABEL,
+        spark="sc://127.0.0.1:36885",
+    )
+    assert isinstance(error, UnreachableError)
+    text = str(error)
+    assert "\n" not in text, text
+    assert "Spark Connect server at sc://127.0.0.1:36885 stopped answering" in text
+    assert LABEL in text and "Connection refused" in text and "nothing was voted" in text
