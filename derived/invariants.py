@@ -9,37 +9,18 @@ this is pyarrow only: no JVM in a check.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from derived.partials import _STAGE_ONLY
-from derived.spec import WINDOW_END, WINDOW_START, AggregateOutput
-
-_UNIT_US = {
-    "microsecond": 1,
-    "millisecond": 1_000,
-    "second": 1_000_000,
-    "minute": 60_000_000,
-    "hour": 3_600_000_000,
-    "day": 86_400_000_000,
-    "week": 7 * 86_400_000_000,
-}
-
-
-def window_micros(size: str) -> int:
-    """A window size ("1 minute") in microseconds, as Spark's `window` reads it."""
-    number, unit = size.split()
-    unit = re.sub(r"s$", "", unit.lower())
-    return int(number) * _UNIT_US[unit]
+from derived.spec import STAGE_ONLY, WINDOW_END, WINDOW_START, AggregateOutput
 
 
 def _window_starts(times: pa.ChunkedArray, size_us: int) -> tuple[pa.Array, pa.Array]:
-    """Epoch-aligned tumbling windows, as Spark's `window` with no start offset: the start is
-    the time rounded down (towards minus infinity, also before 1970) to a multiple of the
-    size."""
+    """Epoch-aligned tumbling windows, as derived/partials.py computes them: the start is the
+    time rounded down (towards minus infinity, also before 1970) to a multiple of the size;
+    a null time has a null window."""
     as_utc = times.cast(pa.timestamp("us", tz="UTC"))
     micros = as_utc.cast(pa.int64())
     quotient = pc.divide(micros, size_us)  # truncates towards zero
@@ -58,10 +39,10 @@ def recompute_aggregate(raw_rows: pa.Table, spec: AggregateOutput) -> pa.Table:
     rows = raw_rows
     if "_error" in rows.column_names:
         rows = rows.filter(pc.is_null(rows["_error"]))
-    rows = rows.drop_columns([c for c in _STAGE_ONLY if c in rows.column_names])
+    rows = rows.drop_columns([c for c in STAGE_ONLY if c in rows.column_names])
     keys = list(spec.group_by)
     if spec.window is not None:
-        start, end = _window_starts(rows[spec.window.column], window_micros(spec.window.size))
+        start, end = _window_starts(rows[spec.window.column], spec.window.micros)
         rows = rows.append_column(WINDOW_START, start).append_column(WINDOW_END, end)
         keys += [WINDOW_START, WINDOW_END]
     aggregations: list[tuple[Any, ...]] = []

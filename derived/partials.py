@@ -31,15 +31,13 @@ from derived.spec import (
     DELETED,
     OFFSET,
     PARTITION,
+    STAGE_ONLY,
     WINDOW_END,
     WINDOW_START,
     AggregateOutput,
     UpsertOutput,
 )
 from ledger.errors import ConfigError
-
-#: Columns of the stage's frame that never reach a derived output (jobs/stage.py).
-_STAGE_ONLY = ("value", "_error", "_raw_value", "exactly_output")
 
 
 def good_rows(df: DataFrame) -> DataFrame:
@@ -67,9 +65,12 @@ def aggregate_partial(df: DataFrame, spec: AggregateOutput) -> DataFrame:
     """The batch's partial aggregate: one row per group (and window), its measures over the
     batch's good rows only. Merged into the table by derived/merge.py `merge_aggregate`.
 
-    A window is tumbling and aligned to the epoch (Spark's `window` with no start offset):
-    columns `window_start` (inclusive) and `window_end` (exclusive). A row whose event time
-    is null falls in no window: its window columns are null, a group of its own.
+    A window is tumbling and aligned to the epoch, as Spark's `window` with no start offset
+    aligns it: columns `window_start` (inclusive) and `window_end` (exclusive). A row whose
+    event time is null falls in no window: its window columns are null, a group of its own.
+    Not Spark's `window` itself, which drops such rows from the aggregate without a word
+    (tests/test_derived_partials.py found it): here every good row is counted somewhere.
+    The bounds are integer microseconds (pmod), exact where a floating division is not.
     """
     needed = [*spec.group_by, *(m.column for m in spec.measures if m.column)]
     if spec.window is not None:
@@ -78,10 +79,12 @@ def aggregate_partial(df: DataFrame, spec: AggregateOutput) -> DataFrame:
     rows = good_rows(df)
     keys: list[Column] = [F.col(c) for c in spec.group_by]
     if spec.window is not None:
-        rows = rows.withColumn("_window", F.window(F.col(spec.window.column), spec.window.size))
+        size = F.lit(spec.window.micros).cast("long")
+        micros = F.unix_micros(F.col(spec.window.column).cast("timestamp"))
+        start = micros - F.pmod(micros, size)
         keys += [
-            F.col("_window.start").alias(WINDOW_START),
-            F.col("_window.end").alias(WINDOW_END),
+            F.timestamp_micros(start).alias(WINDOW_START),
+            F.timestamp_micros(start + size).alias(WINDOW_END),
         ]
     measures = [_measure(m.fn, m.column).alias(m.name) for m in spec.measures]
     return rows.groupBy(*keys).agg(*measures)
@@ -113,7 +116,7 @@ def latest_per_key(df: DataFrame, spec: UpsertOutput) -> DataFrame:
     order = Window.partitionBy(*[F.col(k) for k in spec.key]).orderBy(
         F.col(PARTITION).desc(), F.col(OFFSET).desc()
     )
-    kept = [c for c in df.columns if c not in (*_STAGE_ONLY, DELETED)]
+    kept = [c for c in df.columns if c not in (*STAGE_ONLY, DELETED)]
     return (
         rows.withColumn("_rank", F.row_number().over(order))
         .where(F.col("_rank") == 1)

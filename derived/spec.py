@@ -21,10 +21,22 @@ _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _DURATION = re.compile(
     r"^\s*\d+\s+(microsecond|millisecond|second|minute|hour|day|week)s?\s*$", re.IGNORECASE
 )
+_UNIT_US = {
+    "microsecond": 1,
+    "millisecond": 1_000,
+    "second": 1_000_000,
+    "minute": 60_000_000,
+    "hour": 3_600_000_000,
+    "day": 86_400_000_000,
+    "week": 7 * 86_400_000_000,
+}
 #: The columns an aggregate table gets for its window.
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 #: Columns the partials add; an output may not use them for anything else.
 DELETED = "_deleted"
+#: Columns of the stage's frame that never reach a derived output (jobs/stage.py: Kafka's
+#: value, the transform's error, the routed write's columns).
+STAGE_ONLY = ("value", "_error", "_raw_value", "exactly_output")
 #: The coordinates every partial reads (jobs/coordinates.py KEY, jobs/stage.py COORDINATES).
 PARTITION, OFFSET = "_kafka_partition", "_kafka_offset"
 
@@ -75,7 +87,16 @@ class Window(_Strict):
     def _duration(cls, value: str) -> str:
         if not _DURATION.match(value):
             raise ValueError(f"{value!r} is not a duration like '1 minute' or '30 seconds'")
-        return value.strip()
+        if int(value.split()[0]) == 0:
+            raise ValueError("a window of size 0 holds nothing")
+        return " ".join(value.split())
+
+    @property
+    def micros(self) -> int:
+        """The size in microseconds: fixed units only (no months), so every window of a
+        spec is equally long and aligned to the epoch, as Spark's `window` aligns them."""
+        number, unit = self.size.split()
+        return int(number) * _UNIT_US[unit.lower().removesuffix("s")]
 
 
 class _Output(_Strict):
