@@ -199,6 +199,7 @@ def _apply(
         version = table.transaction_version(app_id)
         if version is not None and version >= batch_id:
             return MergeOutcome(False, table.version(), tries, time.perf_counter() - started)
+        before = table.version()
         _check_schema(table, schema, target.uri, name)
         properties = CommitProperties(
             app_transactions=[Transaction(app_id, batch_id)],
@@ -210,6 +211,8 @@ def _apply(
         try:
             with target.commit_scope():
                 metrics = plan(table, properties).execute()
+                if table.version() == before:
+                    _record_only(table, properties)
         except CommitFailedError as exc:
             last_error = exc
             time.sleep(min(0.05 * tries, 1.0))
@@ -234,6 +237,18 @@ def _apply(
         f"{target.uri}: derived output {name}, batch {app_id}/{batch_id}, lost {max_tries} "
         f"commit races in a row; last error: {last_error}"
     )
+
+
+def _record_only(table: DeltaTable, properties: CommitProperties) -> None:
+    """Commit the app transaction alone, for a MERGE that changed no row.
+
+    delta-rs makes no commit at all for such a MERGE (an empty partial, or an upsert whose
+    records are all older than the table's), so its app transaction would never be written:
+    the output would not show it holds the batch, and a recovery would take it for
+    unfinished. An empty append carries the transaction (and the commit info) instead.
+    """
+    table.create_write_transaction([], "append", table.schema(), commit_properties=properties)
+    table.update_incremental()
 
 
 def _check_schema(table: DeltaTable, schema: pa.Schema, uri: str, name: str) -> None:

@@ -355,3 +355,28 @@ def test_two_writers_racing_one_upsert_batch_apply_it_once(tmp_path: Path) -> No
     history = DeltaTable(uri).history()
     merges = [h for h in history if h.get("operation") == "MERGE"]
     assert len(merges) == 2  # batch 1 and one of the two writers of batch 2
+
+
+def test_a_batch_that_changes_no_row_is_recorded_all_the_same(tmp_path: Path) -> None:
+    """delta-rs commits nothing for a MERGE that changes no row; the batch's app transaction
+    must land all the same, or the output would never show it holds the batch."""
+    uri = str(tmp_path / "views")
+    spec = aggregate_spec(uri)
+    target = DeltaTarget(uri)
+    partial = recompute_aggregate(BATCH_1, spec)
+    merge_aggregate(target, spec, partial, app_id=APP, batch_id=1)
+    empty = merge_aggregate(target, spec, partial.slice(0, 0), app_id=APP, batch_id=2)
+    assert empty.applied and empty.table_version == 2
+    assert DeltaTable(uri).transaction_version(APP) == 2
+    assert not merge_aggregate(target, spec, partial, app_id=APP, batch_id=2).applied
+
+    uri = str(tmp_path / "users")
+    users_spec = upsert_spec(uri)
+    target = DeltaTarget(uri)
+    app = "pageviews.derived.users"
+    record = users([("u1", "Ann", 0, 10, False)])
+    merge_upsert(target, users_spec, record, app_id=app, batch_id=1)
+    stale = merge_upsert(target, users_spec, record, app_id=app, batch_id=2)
+    assert stale.applied
+    assert DeltaTable(uri).transaction_version(app) == 2
+    assert DeltaTable(uri).history(1)[0]["operation"] == "WRITE"
