@@ -182,6 +182,23 @@ def test_a_partial_of_another_type_is_refused(tmp_path: Path) -> None:
         merge_aggregate(target, spec, widened, app_id=APP, batch_id=2)
 
 
+def first_tries_meet(wait: Any) -> Any:
+    """A `before_commit` hook that holds the first try of each of two writers at `wait` (a
+    barrier) and lets every later try (a retry goes on alone) through."""
+    lock = threading.Lock()
+    calls = 0
+
+    def hook() -> None:
+        nonlocal calls
+        with lock:
+            calls += 1
+            first = calls <= 2
+        if first:
+            wait()
+
+    return hook
+
+
 def race(uri: str, apply: Any) -> list[Any]:
     """Two writers, each with its own DeltaTarget, apply the same batch: both read the
     table's version before either commits (a barrier), so both MERGE."""
@@ -212,16 +229,11 @@ def test_two_writers_racing_one_batch_add_it_once(tmp_path: Path) -> None:
         DeltaTarget(uri), spec, recompute_aggregate(BATCH_1, spec), app_id=APP, batch_id=1
     )
     partial = recompute_aggregate(BATCH_2, spec)
-    calls = 0
+    hooks: dict[str, Any] = {}
 
     def apply(target: DeltaTarget, wait: Any) -> Any:
-        def once() -> None:
-            nonlocal calls
-            calls += 1
-            if calls <= 2:  # the first try of each writer; a retry goes on alone
-                wait()
-
-        return merge_aggregate(target, spec, partial, app_id=APP, batch_id=2, before_commit=once)
+        hook = hooks.setdefault("hook", first_tries_meet(wait))
+        return merge_aggregate(target, spec, partial, app_id=APP, batch_id=2, before_commit=hook)
 
     outcomes = race(uri, apply)
     assert sorted(o.applied for o in outcomes) == [False, True]
@@ -338,16 +350,11 @@ def test_two_writers_racing_one_upsert_batch_apply_it_once(tmp_path: Path) -> No
         DeltaTarget(uri), spec, users([("u1", "Ann", 0, 1, False)]), app_id=app, batch_id=1
     )
     partial = users([("u1", None, 0, 2, True), ("u2", "Bob", 0, 3, False)])
-    calls = 0
+    hooks: dict[str, Any] = {}
 
     def apply(target: DeltaTarget, wait: Any) -> Any:
-        def once() -> None:
-            nonlocal calls
-            calls += 1
-            if calls <= 2:
-                wait()
-
-        return merge_upsert(target, spec, partial, app_id=app, batch_id=2, before_commit=once)
+        hook = hooks.setdefault("hook", first_tries_meet(wait))
+        return merge_upsert(target, spec, partial, app_id=app, batch_id=2, before_commit=hook)
 
     outcomes = race(uri, apply)
     assert sorted(o.applied for o in outcomes) == [False, True]
