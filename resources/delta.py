@@ -631,6 +631,18 @@ class DeltaTarget:
             if self.load() is None:
                 raise
 
+    def ensure_table(self, schema: pa.Schema) -> None:
+        """Create the table with `schema` unless it exists; a concurrent creator wins
+        harmlessly. For writers other than `publish` (derived/merge.py), which create the
+        table the same way before their first commit."""
+        self._create(schema)
+
+    def commit_scope(self) -> contextlib.AbstractContextManager[None]:
+        """Around a commit another module makes through the table `load` returned
+        (derived/merge.py's MERGE): if it raises, the kept table is dropped and the next
+        load is fresh, for the reasons `_commit` gives."""
+        return self._dropped_if_raises()
+
     def publish(
         self,
         *,

@@ -1,0 +1,265 @@
+"""Applying a batch's partial to a derived output's Delta table, idempotently (delta-rs MERGE).
+
+The same compare-and-set as the raw table's commit (resources/delta.py `_commit`, invariant
+2), on the output's own application id: read the table's app-transaction version, skip if it
+is at or past the batch id, else MERGE with the app transaction (app id, batch id) and no
+automatic retry. Two writers of one batch race for one table version: one commits, the
+other fails with CommitFailedError, re-reads, finds the batch applied, and adds nothing.
+
+Retries must stay off: delta-rs retrying a MERGE rebases it onto the newer version, and the
+MERGE it re-runs was planned before the other commit, so a batch's counts could be added
+twice (the app transaction is checked by delta-rs only against a concurrent commit of the
+same app id, never against the stored version). Every decision is ours, on a fresh read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.table import TableMerger
+
+from derived.spec import DELETED, OFFSET, PARTITION, AggregateOutput, UpsertOutput
+from ledger.errors import InconsistencyError, RefusedBatchError
+from resources.delta import (
+    MAX_UNKNOWN_OUTCOMES,
+    METADATA_KEY,
+    DeltaTarget,
+    store_failure,
+    widen_schema,
+)
+
+SOURCE, TARGET = "s", "t"
+
+
+@dataclass(frozen=True)
+class MergeOutcome:
+    """What one apply did. `applied` is False when the table held the batch already."""
+
+    applied: bool
+    table_version: int
+    tries: int
+    seconds: float
+    #: delta-rs's metrics of the MERGE that applied the batch (rows inserted, updated,
+    #: deleted, files rewritten); empty when this call applied nothing
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _q(alias: str, column: str) -> str:
+    """A column in the MERGE's SQL, quoted: Delta names keep their case, SQL's do not."""
+    return f"{alias}.`{column}`"
+
+
+def _keys_match(keys: list[str]) -> str:
+    """Null-safe equality: a group or key whose value is null is one row, not a new row on
+    every batch (`=` is never true for null). Each comparison in parentheses: the SQL parser
+    delta-rs uses binds `IS NOT DISTINCT FROM` looser than AND (`a IS NOT DISTINCT FROM b AND
+    c` compares a with `b AND c`; tests/test_derived_merge.py's windowed test found it)."""
+    return " AND ".join(f"({_q(TARGET, k)} IS NOT DISTINCT FROM {_q(SOURCE, k)})" for k in keys)
+
+
+def _combined(fn: str, column: str) -> str:
+    """How a measure of the table and the batch's partial combine; a null (a sum, min or max
+    over nulls only) is no contribution."""
+    t, s = _q(TARGET, column), _q(SOURCE, column)
+    if fn == "count":
+        return f"{t} + {s}"
+    if fn == "sum":
+        both = f"{t} + {s}"
+    else:
+        pick = "<" if fn == "min" else ">"
+        both = f"CASE WHEN {s} {pick} {t} THEN {s} ELSE {t} END"
+    return f"CASE WHEN {t} IS NULL THEN {s} WHEN {s} IS NULL THEN {t} ELSE {both} END"
+
+
+def _newer() -> str:
+    """The batch's record comes later in Kafka order than the table's (derived/partials.py
+    says why the order is (partition, offset))."""
+    sp, tp = _q(SOURCE, PARTITION), _q(TARGET, PARTITION)
+    so, to = _q(SOURCE, OFFSET), _q(TARGET, OFFSET)
+    return f"({sp} > {tp} OR ({sp} = {tp} AND {so} > {to}))"
+
+
+def merge_aggregate(
+    target: DeltaTarget,
+    spec: AggregateOutput,
+    partial: pa.Table,
+    *,
+    app_id: str,
+    batch_id: int,
+    metadata: Mapping[str, Any] | None = None,
+    max_tries: int = 20,
+    before_commit: Callable[[], None] | None = None,
+) -> MergeOutcome:
+    """Add the batch's partial aggregate (derived/partials.py `aggregate_partial`) to the
+    table: counts and sums add, min and max combine, new groups are inserted."""
+    measures = {m.name: _combined(m.fn, m.name) for m in spec.measures}
+
+    def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
+        return (
+            _merger(table, partial, spec.key_columns, properties)
+            .when_matched_update(updates=measures)
+            .when_not_matched_insert_all()
+        )
+
+    return _apply(
+        target, spec.name, partial, partial.schema, plan, app_id, batch_id, metadata,
+        max_tries, before_commit,
+    )  # fmt: skip
+
+
+def merge_upsert(
+    target: DeltaTarget,
+    spec: UpsertOutput,
+    partial: pa.Table,
+    *,
+    app_id: str,
+    batch_id: int,
+    metadata: Mapping[str, Any] | None = None,
+    max_tries: int = 20,
+    before_commit: Callable[[], None] | None = None,
+) -> MergeOutcome:
+    """Apply the batch's latest record per key (derived/partials.py `latest_per_key`): a
+    record later in Kafka order than the table's replaces it, a later tombstone deletes the
+    key, an earlier record or tombstone changes nothing (a fill backfill of older offsets
+    never overwrites newer ones), and a key the table lacks is inserted unless tombstoned.
+
+    The table's columns are the partial's without `_deleted`; it keeps the coordinates, which
+    the next batches' order is compared with.
+    """
+    if DELETED not in partial.column_names:
+        raise InconsistencyError(
+            f"derived output {spec.name}: the partial has no {DELETED} column "
+            "(derived/partials.py latest_per_key adds it)"
+        )
+    schema = partial.schema.remove(partial.schema.get_field_index(DELETED))
+    columns = {c: _q(SOURCE, c) for c in schema.names}
+    tomb = _q(SOURCE, DELETED)
+
+    def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
+        return (
+            _merger(table, partial, spec.key_columns, properties)
+            .when_matched_delete(predicate=f"{_newer()} AND {tomb}")
+            .when_matched_update(updates=columns, predicate=f"{_newer()} AND NOT {tomb}")
+            .when_not_matched_insert(updates=columns, predicate=f"NOT {tomb}")
+        )
+
+    return _apply(
+        target, spec.name, partial, schema, plan, app_id, batch_id, metadata, max_tries,
+        before_commit,
+    )  # fmt: skip
+
+
+def _merger(
+    table: DeltaTable, partial: pa.Table, keys: list[str], properties: CommitProperties
+) -> TableMerger:
+    return table.merge(
+        partial,
+        predicate=_keys_match(keys),
+        source_alias=SOURCE,
+        target_alias=TARGET,
+        commit_properties=properties,
+    )
+
+
+def _apply(
+    target: DeltaTarget,
+    name: str,
+    partial: pa.Table,
+    schema: pa.Schema,
+    plan: Callable[[DeltaTable, CommitProperties], TableMerger],
+    app_id: str,
+    batch_id: int,
+    metadata: Mapping[str, Any] | None,
+    max_tries: int,
+    before_commit: Callable[[], None] | None,
+) -> MergeOutcome:
+    """The compare-and-set loop (module docstring).
+
+    A try whose outcome is unknown (a DeltaError other than a lost race, an OSError: the
+    store may have written the entry and lost the answer) is decided the same way, by the
+    next read of the app-transaction version, which lands in the same commit as the MERGE's
+    rows: the version says whether the rows are there. `before_commit` runs between the
+    read and the MERGE (tests use it to make two writers race).
+    """
+    started = time.perf_counter()
+    last_error: Exception | None = None
+    unknown = 0
+    custom = {METADATA_KEY: {**(metadata or {}), "app_id": app_id, "batch_id": batch_id}}
+    for tries in range(1, max_tries + 1):
+        table = target.load()
+        if table is None:
+            target.ensure_table(schema)
+            continue
+        version = table.transaction_version(app_id)
+        if version is not None and version >= batch_id:
+            return MergeOutcome(False, table.version(), tries, time.perf_counter() - started)
+        before = table.version()
+        _check_schema(table, schema, target.uri, name)
+        properties = CommitProperties(
+            app_transactions=[Transaction(app_id, batch_id)],
+            custom_metadata=custom,
+            max_commit_retries=0,
+        )
+        if before_commit is not None:
+            before_commit()
+        try:
+            with target.commit_scope():
+                metrics = plan(table, properties).execute()
+                if table.version() == before:
+                    _record_only(table, properties)
+        except CommitFailedError as exc:
+            last_error = exc
+            time.sleep(min(0.05 * tries, 1.0))
+            continue
+        except (DeltaError, OSError) as exc:
+            unknown += 1
+            if unknown > MAX_UNKNOWN_OUTCOMES:
+                if isinstance(exc, OSError):
+                    raise store_failure(target.uri, exc) from exc
+                # a MERGE that cannot be planned fails the same way every time
+                raise InconsistencyError(
+                    f"derived output {name}: the MERGE of batch {app_id}/{batch_id} failed "
+                    f"{unknown} times in a row: {store_failure(target.uri, exc)}"
+                ) from exc
+            last_error = exc
+            time.sleep(min(0.05 * tries, 1.0))
+            continue
+        return MergeOutcome(
+            True, table.version(), tries, time.perf_counter() - started, dict(metrics)
+        )
+    raise InconsistencyError(
+        f"{target.uri}: derived output {name}, batch {app_id}/{batch_id}, lost {max_tries} "
+        f"commit races in a row; last error: {last_error}"
+    )
+
+
+def _record_only(table: DeltaTable, properties: CommitProperties) -> None:
+    """Commit the app transaction alone, for a MERGE that changed no row.
+
+    delta-rs makes no commit at all for such a MERGE (an empty partial, or an upsert whose
+    records are all older than the table's), so its app transaction would never be written:
+    the output would not show it holds the batch, and a recovery would take it for
+    unfinished. An empty append carries the transaction (and the commit info) instead.
+    """
+    table.create_write_transaction([], "append", table.schema(), commit_properties=properties)
+    table.update_incremental()
+
+
+def _check_schema(table: DeltaTable, schema: pa.Schema, uri: str, name: str) -> None:
+    """The partial must fit the table as it is (invariant 14's rules). A partial that brings
+    new columns is refused too: MERGE with schema evolution is not wired yet."""
+    where = f"derived output {name} ({uri})"
+    widened = widen_schema(table.schema(), schema, where=where)
+    if widened is not None:
+        known = {f.name for f in table.schema().fields}
+        new = [f.name for f in widened.fields if f.name not in known]
+        raise RefusedBatchError(
+            f"{where}: the partial brings new column(s) {', '.join(new)}; a derived output's "
+            "schema cannot grow yet (rebuild it with the new columns)"
+        )
