@@ -28,6 +28,7 @@ from resources.kafka import KafkaClient
 from resources.shared_spark import (
     STATE_ENV,
     Server,
+    ServerKey,
     ensure_server,
     server_mode,
     servers,
@@ -225,3 +226,26 @@ def test_the_mode_comes_from_the_config_then_the_environment() -> None:
     assert server_mode("local", env={"EXACTLY_SPARK_SERVER": "shared"}) == "local"
     with pytest.raises(ConfigError, match="EXACTLY_SPARK_SERVER='remote' is not"):
         server_mode(None, env={"EXACTLY_SPARK_SERVER": "remote"})
+
+
+def test_other_credentials_or_settings_get_a_server_of_their_own() -> None:
+    """A process never stages through a server that holds another process's keys (or a
+    rotated key), nor one started with other settings; the key holds secrets only hashed."""
+    from resources.s3 import S3Access
+
+    def key(conf: dict[str, str], secret: str | None) -> ServerKey:
+        access = S3Access(
+            region="us-east-1",
+            endpoint_url="http://127.0.0.1:9000",
+            access_key_id="exactly" if secret else None,
+            secret_access_key=secret,
+            allow_http=True,
+        )
+        return ServerKey.of("local[2]", conf, access)
+
+    base = key({}, "old-secret")
+    assert key({}, "old-secret").digest == base.digest
+    assert key({}, "rotated-secret").digest != base.digest
+    assert key({"spark.sql.shuffle.partitions": "8"}, "old-secret").digest != base.digest
+    assert ServerKey.of("local[2]", {}, None).digest != base.digest
+    assert "old-secret" not in base.credentials
