@@ -9,9 +9,9 @@ later one connects in about a second and finds its JVM warm. The CLI's default s
 local session: nothing to start, nothing left behind.
 
 What is shared is keyed by everything that shapes the server (`ServerKey`): the master its
-tasks run on, the Spark settings, the jars and the object store it reaches, pyspark and the
-Python its workers run. Two pipelines with the same settings share a server; a changed
-setting starts another. Each server has a folder under the state directory
+tasks run on, the Spark settings, the jars, the object store it reaches and the credentials
+it reaches it with, pyspark and the Python its workers run. Two pipelines with the same
+settings share a server; a changed setting starts another. Each server has a folder under the state directory
 (EXACTLY_STATE_DIR, else `$XDG_STATE_HOME/exactly`, else `~/.local/state/exactly`):
 `spark-connect/<key>/` with `server.json` (pid, port, when), a lock file and the server's log.
 
@@ -110,6 +110,10 @@ class ServerKey:
     python: str
     python_path: str
     pyspark: str
+    #: a hash of the object-store credentials the server's JVM inherits or is given: a
+    #: process with other (or rotated) credentials never writes through a server holding
+    #: someone else's, it gets a server of its own (the old one stays until stopped)
+    credentials: str
 
     @classmethod
     def of(cls, master: str, conf: Mapping[str, str], object_store: S3Access | None) -> ServerKey:
@@ -123,6 +127,7 @@ class ServerKey:
             python=sys.executable,
             python_path=_python_path(),
             pyspark=pyspark.__version__,
+            credentials=_credentials_hash(object_store),
         )
 
     @property
@@ -130,6 +135,18 @@ class ServerKey:
         """A name for the server's folder; settings (keys included) enter only hashed."""
         text = json.dumps(self.__dict__, sort_keys=True, default=list)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _credentials_hash(object_store: S3Access | None) -> str:
+    if object_store is None:
+        return ""
+    parts = (
+        object_store.access_key_id,
+        object_store.secret_access_key,
+        object_store.session_token,
+        object_store.profile,
+    )
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def _python_path() -> str:
