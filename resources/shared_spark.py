@@ -11,9 +11,10 @@ local session: nothing to start, nothing left behind.
 What is shared is keyed by everything that shapes the server (`ServerKey`): the master its
 tasks run on, the Spark settings, the jars, the object store it reaches and the credentials
 it reaches it with, pyspark and the Python its workers run. Two pipelines with the same
-settings share a server; a changed setting starts another. Each server has a folder under the state directory
-(EXACTLY_STATE_DIR, else `$XDG_STATE_HOME/exactly`, else `~/.local/state/exactly`):
-`spark-connect/<key>/` with `server.json` (pid, port, when), a lock file and the server's log.
+settings share a server; a changed setting starts another. Each server has a folder under
+the state directory (EXACTLY_STATE_DIR, else `$XDG_STATE_HOME/exactly`, else
+`~/.local/state/exactly`): `spark-connect/<key>/` with `server.json` (pid, port, when), a
+lock file and the server's log.
 
 The cases `ensure_server` handles:
 
