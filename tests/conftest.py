@@ -50,6 +50,7 @@ LONGEST_FIRST = (
     "test_kill_restart.py",
     "test_s3_pipeline.py",
     "test_service_restarts.py",
+    "test_shared_spark.py",
     "test_backfill.py",
     "test_clean.py",
     "test_ui.py",

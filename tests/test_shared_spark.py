@@ -140,7 +140,7 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     topic = shared_config.kafka.topic
     kafka_client.produce(topic, pageviews(100))
     run(shared_config, state)  # a warm server; batch 1
-    kafka_client.produce(topic, pageviews(300_000, start=100))
+    kafka_client.produce(topic, pageviews(150_000, start=100))
     store = LedgerStore(shared_config.ledger.url)
     try:
         doomed = subprocess.Popen(
@@ -169,7 +169,7 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     finally:
         store.dispose()
     run(shared_config, state, "--until-caught-up")
-    assert sum(assert_exactly_once(shared_config, kafka_client)) == 300_100
+    assert sum(assert_exactly_once(shared_config, kafka_client)) == 150_100
 
 
 @pytest.mark.integration
