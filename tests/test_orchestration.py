@@ -82,6 +82,20 @@ def test_definitions_load_for_the_demo_pipeline() -> None:
     assert defs.resolve_assets_def("pageviews_table") is not None
 
 
+def test_the_code_location_loads_when_its_shared_spark_server_cannot_be_set_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Warming the shared Spark server is a convenience of the code location's load: a bad
+    EXACTLY_SPARK_SERVER or object-store environment must fail the runs that stage (one
+    line each), not take every job, sensor and asset of the UI down with it."""
+    from orchestration.definitions import build_definitions
+
+    monkeypatch.setenv("EXACTLY_SPARK_SERVER", "remote")
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    defs = build_definitions()
+    assert defs.resolve_job_def("pageviews_micro_batch") is not None
+
+
 def test_dagster_validates_the_workspace() -> None:
     dagster = Path(sys.executable).parent / "dagster"
     result = subprocess.run(
