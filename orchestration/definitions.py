@@ -14,8 +14,11 @@ import logging
 import dagster as dg
 
 from jobs.spark_stager import SharedSpark
+from ledger.errors import ExactlyError
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.pipelines import config_files
+from resources.config import PipelineConfig
+from resources.shared_spark import server_mode
 
 _log = logging.getLogger("exactly")
 
@@ -23,8 +26,22 @@ _log = logging.getLogger("exactly")
 def build_definitions() -> dg.Definitions:
     pipelines = [pipeline_definitions(p) for p in config_files()]
     for pipeline in pipelines:
-        SharedSpark.for_config(pipeline.config).warm_in_background(_log.warning)
+        _warm_shared_spark(pipeline.config)
     return dg.Definitions.merge(*(p.definitions for p in pipelines))
+
+
+def _warm_shared_spark(config: PipelineConfig) -> None:
+    """Start the pipeline's shared Spark server in the background, if it stages on one.
+
+    A set-up error (a bad EXACTLY_SPARK_SERVER, an object-store environment that does not
+    resolve) is logged, not raised: it fails the runs that stage, each in one line, and
+    leaves the rest of the code location (its sensors, its alerts) loaded.
+    """
+    try:
+        if server_mode(config.spark.server) == "shared":
+            SharedSpark.for_config(config).warm_in_background(_log.warning)
+    except ExactlyError as error:
+        _log.warning(f"{config.pipeline}: the shared Spark server was not started: {error}")
 
 
 defs = build_definitions()
