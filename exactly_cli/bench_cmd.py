@@ -220,8 +220,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         result = run_freshness_only(settings, log=lambda line: print(line, flush=True))
         print("\n".join(render_freshness(result["freshness"])), flush=True)
         if args.json_out:
-            args.json_out.parent.mkdir(parents=True, exist_ok=True)
-            args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+            _write_json(args.json_out, result)
         return 1 if result["failures"] else 0
     result = run(settings, log=lambda line: print(line, flush=True))
     print()
@@ -232,8 +231,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print()
         print(render_profile(result["spark_profile"]), flush=True)
     if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        _write_json(args.json_out, result)
         print(f"\nbench: figures written to {args.json_out}")
     if result["failures"]:
         print(f"bench: {len(result['failures'])} contender run(s) failed; see FAILED above")
@@ -250,8 +248,7 @@ def _scale_only(settings: Any, json_out: Path | None) -> int:
     print("\n".join(render(result["scale"], result["scale_summary"])), flush=True)
     print(f"\ntotal run time {result['total_seconds'] / 60:.1f} min", flush=True)
     if json_out:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        _write_json(json_out, result)
     if result["failures"]:
         print(f"bench: {len(result['failures'])} contender run(s) failed: {result['failures']}")
         return 1
@@ -279,10 +276,15 @@ def _daemon_only(args: argparse.Namespace, settings: Any) -> int:
     print("\n".join(render(result["daemon"], result["daemon_summary"])), flush=True)
     print(f"\ntotal run time {result['total_seconds'] / 60:.1f} min", flush=True)
     if args.json_out:
-        args.json_out.parent.mkdir(parents=True, exist_ok=True)
-        args.json_out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+        _write_json(args.json_out, result)
         print(f"bench: figures written to {args.json_out}")
     if result["failures"]:
         print(f"bench: {len(result['failures'])} contender(s) failed: {result['failures']}")
         return 1
     return 0
+
+
+def _write_json(path: Path, result: Any) -> None:
+    """Every figure of a run, as JSON, in a folder created if missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
