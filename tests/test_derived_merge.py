@@ -17,7 +17,13 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from derived.invariants import aggregate_differences, recompute_aggregate
+from derived.invariants import (
+    aggregate_differences,
+    latest_records,
+    recompute_aggregate,
+    recompute_latest,
+    upsert_differences,
+)
 from derived.merge import merge_aggregate, merge_upsert
 from derived.spec import AggregateOutput, UpsertOutput, parse_output
 from ledger.errors import RefusedBatchError
@@ -387,3 +393,31 @@ def test_a_batch_that_changes_no_row_is_recorded_all_the_same(tmp_path: Path) ->
     assert stale.applied
     assert DeltaTable(uri).transaction_version(app) == 2
     assert DeltaTable(uri).history(1)[0]["operation"] == "WRITE"
+
+
+def test_a_fill_of_older_offsets_never_brings_a_deleted_key_back(tmp_path: Path) -> None:
+    """A fill backfill commits offsets older than what the table holds, after it: its
+    records must lose against a newer tombstone exactly as against a newer record, also for
+    a key whose only record before the fill was the tombstone."""
+    uri = str(tmp_path / "users")
+    spec = upsert_spec(uri)
+    target = DeltaTarget(uri)
+    app = "pageviews.derived.users"
+    batches = [
+        users([("u1", "Ann", 0, 10, False), ("u2", "Bob", 0, 11, False)]),
+        users([("u1", None, 0, 12, True), ("u9", None, 0, 13, True)]),  # u9 never seen
+        # the fill, of offsets [0, 6): older records of u1 and u9, and a new key
+        users(
+            [
+                ("u1", "Old Ann", 0, 3, False),
+                ("u9", "Nine", 0, 4, False),
+                ("u7", "Gil", 0, 5, False),
+            ]
+        ),
+    ]
+    for batch_id, raw_rows in enumerate(batches, start=1):
+        merge_upsert(target, spec, latest_records(raw_rows, spec), app_id=app, batch_id=batch_id)
+    expected = recompute_latest(pa.concat_tables(batches), spec)
+    assert sorted(expected["user"].to_pylist()) == ["u2", "u7"]
+    actual = DeltaTable(uri).to_pyarrow_table()
+    assert upsert_differences(expected, actual, spec) == []
