@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.table import TableMerger
@@ -125,28 +126,37 @@ def merge_upsert(
     before_commit: Callable[[], None] | None = None,
 ) -> MergeOutcome:
     """Apply the batch's latest record per key (derived/partials.py `latest_per_key`): a
-    record later in Kafka order than the table's replaces it, a later tombstone deletes the
-    key, an earlier record or tombstone changes nothing (a fill backfill of older offsets
-    never overwrites newer ones), and a key the table lacks is inserted unless tombstoned.
+    record or tombstone later in Kafka order than the table's row for its key replaces it,
+    an earlier one changes nothing (a fill backfill of older offsets never overwrites newer
+    ones), and a key the table lacks is inserted, tombstone or not.
 
-    The table's columns are the partial's without `_deleted`; it keeps the coordinates, which
-    the next batches' order is compared with.
+    Tombstones are kept as rows: `_deleted` true, with the tombstone's coordinates. A hard
+    delete would forget where the key was deleted, and a later fill of older offsets would
+    insert the key again as one never seen (tests/test_derived_merge.py
+    `a_fill_of_older_offsets_never_brings_a_deleted_key_back`); a tombstone row keeps the
+    order compare blocking it, also for a key whose only record is the tombstone. So the
+    table's columns are the partial's, `_deleted` included, and readers take its live rows
+    (derived/invariants.py `live_rows`, SQL `WHERE NOT _deleted`).
     """
     if DELETED not in partial.column_names:
         raise InconsistencyError(
             f"derived output {spec.name}: the partial has no {DELETED} column "
             "(derived/partials.py latest_per_key adds it)"
         )
-    schema = partial.schema.remove(partial.schema.get_field_index(DELETED))
+    # a null flag would make a row neither live nor deleted for readers
+    partial = partial.set_column(
+        partial.schema.get_field_index(DELETED),
+        pa.field(DELETED, pa.bool_(), nullable=False),
+        pc.fill_null(partial[DELETED].cast(pa.bool_()), False),
+    )
+    schema = partial.schema
     columns = {c: _q(SOURCE, c) for c in schema.names}
-    tomb = _q(SOURCE, DELETED)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
         return (
             _merger(table, partial, spec.key_columns, properties)
-            .when_matched_delete(predicate=f"{_newer()} AND {tomb}")
-            .when_matched_update(updates=columns, predicate=f"{_newer()} AND NOT {tomb}")
-            .when_not_matched_insert(updates=columns, predicate=f"NOT {tomb}")
+            .when_matched_update(updates=columns, predicate=_newer())
+            .when_not_matched_insert(updates=columns)
         )
 
     return _apply(

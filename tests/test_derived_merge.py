@@ -20,6 +20,7 @@ from deltalake import DeltaTable
 from derived.invariants import (
     aggregate_differences,
     latest_records,
+    live_rows,
     recompute_aggregate,
     recompute_latest,
     upsert_differences,
@@ -264,9 +265,19 @@ def users(rows: list[tuple[str | None, str | None, int, int, bool]]) -> pa.Table
 
 
 def names(uri: str) -> dict[str | None, tuple[str | None, int, int]]:
+    """The upsert table's live rows, as a reader sees them."""
     return {
         r["user"]: (r["name"], r["_kafka_partition"], r["_kafka_offset"])
+        for r in live_rows(DeltaTable(uri).to_pyarrow_table()).to_pylist()
+    }
+
+
+def tombstone_rows(uri: str) -> dict[str | None, tuple[int, int]]:
+    """The upsert table's tombstone rows: key -> the tombstone's coordinates."""
+    return {
+        r["user"]: (r["_kafka_partition"], r["_kafka_offset"])
         for r in DeltaTable(uri).to_pyarrow_table().to_pylist()
+        if r["_deleted"]
     }
 
 
@@ -314,6 +325,9 @@ def test_an_older_record_never_overwrites_a_newer_one(tmp_path: Path) -> None:
 
 
 def test_a_tombstone_deletes_its_key_only_when_newer(tmp_path: Path) -> None:
+    """A newer tombstone takes its key out of the live rows and stays as a row with its
+    coordinates (so older records cannot come back, next test), an older one changes
+    nothing, and one for a key never seen is kept too."""
     uri = str(tmp_path / "users")
     spec = upsert_spec(uri)
     target = DeltaTarget(uri)
@@ -326,7 +340,7 @@ def test_a_tombstone_deletes_its_key_only_when_newer(tmp_path: Path) -> None:
         batch_id=1,
     )
     assert set(DeltaTable(uri).schema().to_arrow().names) == {
-        "user", "name", "_kafka_partition", "_kafka_offset"
+        "user", "name", "_kafka_partition", "_kafka_offset", "_deleted"
     }  # fmt: skip
     outcome = merge_upsert(
         target,
@@ -335,14 +349,17 @@ def test_a_tombstone_deletes_its_key_only_when_newer(tmp_path: Path) -> None:
             [
                 ("u1", None, 0, 12, True),  # deletes u1
                 ("u2", None, 0, 5, True),  # older than Bob: ignored
-                ("u9", None, 0, 13, True),  # a key never seen: nothing to insert
+                ("u9", None, 0, 13, True),  # a key never seen: kept as a tombstone row
             ]
         ),
         app_id=app,
         batch_id=2,
     )
-    assert outcome.metrics["num_target_rows_deleted"] == 1
+    assert outcome.metrics["num_target_rows_updated"] == 1  # u1 becomes a tombstone row
+    assert outcome.metrics["num_target_rows_inserted"] == 1  # u9's tombstone
+    assert outcome.metrics["num_target_rows_deleted"] == 0
     assert names(uri) == {"u2": ("Bob", 0, 11)}
+    assert tombstone_rows(uri) == {"u1": (0, 12), "u9": (0, 13)}
     again = merge_upsert(target, spec, users([("u1", "Ann", 0, 10, False)]), app_id=app, batch_id=2)
     assert not again.applied
     assert names(uri) == {"u2": ("Bob", 0, 11)}
@@ -365,6 +382,7 @@ def test_two_writers_racing_one_upsert_batch_apply_it_once(tmp_path: Path) -> No
     outcomes = race(uri, apply)
     assert sorted(o.applied for o in outcomes) == [False, True]
     assert names(uri) == {"u2": ("Bob", 0, 3)}
+    assert tombstone_rows(uri) == {"u1": (0, 2)}
     history = DeltaTable(uri).history()
     merges = [h for h in history if h.get("operation") == "MERGE"]
     assert len(merges) == 2  # batch 1 and one of the two writers of batch 2
