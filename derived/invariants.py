@@ -138,29 +138,44 @@ def tombstones(rows: pa.Table, name: str) -> pa.ChunkedArray:
     )
 
 
-def latest_records(raw_rows: pa.Table, spec: UpsertOutput) -> pa.Table:
-    """Per key, the raw row latest by (`_kafka_partition`, `_kafka_offset`), tombstones
-    included and flagged in `_deleted`: what derived/partials.py `latest_per_key` gives for
-    the same rows, in pyarrow (a check runs no JVM). Quarantined rows (with an `_error`)
-    are left out; null keys are one key, as the MERGE's `IS NOT DISTINCT FROM` makes them.
-    """
-    missing = [c for c in [*spec.key, PARTITION, OFFSET] if c not in raw_rows.column_names]
+def _require(rows: pa.Table, columns: list[str], name: str) -> None:
+    missing = [c for c in columns if c not in rows.column_names]
     if missing:
         raise ConfigError(
-            f"derived output {spec.name}: the rows have no column(s) {', '.join(missing)} "
-            f"(they have {', '.join(raw_rows.column_names)})"
+            f"derived output {name}: the rows have no column(s) {', '.join(missing)} "
+            f"(they have {', '.join(rows.column_names)})"
         )
-    rows = raw_rows
+
+
+def flagged_rows(rows: pa.Table, spec: UpsertOutput) -> pa.Table:
+    """The rows an upsert output takes, in one shape whatever their source (the raw table's
+    rows with `_deleted`, the stage's with Kafka's `value`): quarantined rows (with an
+    `_error`) left out, the stage's columns dropped, `_deleted` last and never null."""
+    _require(rows, [*spec.key, PARTITION, OFFSET], spec.name)
     if "_error" in rows.column_names:
         rows = rows.filter(pc.is_null(rows["_error"]))
     flags = tombstones(rows, spec.name)
     rows = rows.drop_columns([c for c in (*STAGE_ONLY, DELETED) if c in rows.column_names])
-    rows = rows.append_column(DELETED, flags)
+    return rows.append_column(DELETED, flags)
+
+
+def latest_of(rows: pa.Table, spec: UpsertOutput) -> pa.Table:
+    """Per key, the row of `rows` (already `flagged_rows`) latest by (`_kafka_partition`,
+    `_kafka_offset`). Null keys are one key, as the MERGE's `IS NOT DISTINCT FROM` makes
+    them (pyarrow's group_by groups nulls together)."""
     order = pc.sort_indices(rows, sort_keys=[(PARTITION, "ascending"), (OFFSET, "ascending")])
     rows = rows.take(order)
     rows = rows.append_column("__position", pa.array(range(rows.num_rows), pa.int64()))
     last = rows.group_by(list(spec.key), use_threads=False).aggregate([("__position", "max")])
     return rows.take(last["__position_max"]).drop_columns(["__position"])
+
+
+def latest_records(raw_rows: pa.Table, spec: UpsertOutput) -> pa.Table:
+    """Per key, the raw row latest by (`_kafka_partition`, `_kafka_offset`), tombstones
+    included and flagged in `_deleted`: what derived/partials.py `latest_per_key` gives for
+    the same rows, in pyarrow (a check runs no JVM), and what the upsert table holds
+    tombstone rows included."""
+    return latest_of(flagged_rows(raw_rows, spec), spec)
 
 
 def recompute_latest(raw_rows: pa.Table, spec: UpsertOutput) -> pa.Table:

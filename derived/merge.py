@@ -25,7 +25,15 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.table import TableMerger
 
-from derived.spec import DELETED, OFFSET, PARTITION, AggregateOutput, UpsertOutput
+from derived.spec import (
+    ABSENT,
+    DELETED,
+    OFFSET,
+    PARTITION,
+    AggregateOutput,
+    UpsertOutput,
+    correction_count,
+)
 from ledger.errors import InconsistencyError, RefusedBatchError
 from resources.delta import (
     MAX_UNKNOWN_OUTCOMES,
@@ -96,17 +104,27 @@ def merge_aggregate(
     metadata: Mapping[str, Any] | None = None,
     max_tries: int = 20,
     before_commit: Callable[[], None] | None = None,
+    correction: bool = False,
 ) -> MergeOutcome:
     """Add the batch's partial aggregate (derived/partials.py `aggregate_partial`) to the
-    table: counts and sums add, min and max combine, new groups are inserted."""
+    table: counts and sums add, min and max combine, new groups are inserted.
+
+    `correction=True` is for a replace batch's correction partial (derived/replace.py
+    `correction_partial`: new rows minus old, so counts may be negative): a group whose
+    count reaches 0 is deleted, as a recomputation over the raw rows after the replace would
+    not have it. Only for corrections: an ordinary partial never lowers a count, and an
+    output refused by `replace_refusal` (min/max, or no count) is refused here too, since
+    its correction cannot be right. Idempotent by the same app transaction as any batch.
+    """
     measures = {m.name: _combined(m.fn, m.name) for m in spec.measures}
+    count = correction_count(spec) if correction else None
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
-        return (
-            _merger(table, partial, spec.key_columns, properties)
-            .when_matched_update(updates=measures)
-            .when_not_matched_insert_all()
-        )
+        merger = _merger(table, partial, spec.key_columns, properties)
+        if count is not None:
+            emptied = f"{_q(TARGET, count)} + {_q(SOURCE, count)} = 0"
+            merger = merger.when_matched_delete(predicate=emptied)
+        return merger.when_matched_update(updates=measures).when_not_matched_insert_all()
 
     return _apply(
         target, spec.name, partial, partial.schema, plan, app_id, batch_id, metadata,
@@ -124,6 +142,7 @@ def merge_upsert(
     metadata: Mapping[str, Any] | None = None,
     max_tries: int = 20,
     before_commit: Callable[[], None] | None = None,
+    replace: bool = False,
 ) -> MergeOutcome:
     """Apply the batch's latest record per key (derived/partials.py `latest_per_key`): a
     record or tombstone later in Kafka order than the table's row for its key replaces it,
@@ -137,11 +156,22 @@ def merge_upsert(
     order compare blocking it, also for a key whose only record is the tombstone. So the
     table's columns are the partial's, `_deleted` included, and readers take its live rows
     (derived/invariants.py `live_rows`, SQL `WHERE NOT _deleted`).
+
+    `replace=True` is for a replace batch (derived/replace.py `upsert_replacement`): the
+    partial is the affected keys' new state, applied whatever the order (the replaced record
+    may be newer than the one that now stands), and a row flagged `_absent` deletes its key
+    outright (no raw row of that key is left, so there is nothing to keep a tombstone for).
     """
     if DELETED not in partial.column_names:
         raise InconsistencyError(
             f"derived output {spec.name}: the partial has no {DELETED} column "
             "(derived/partials.py latest_per_key adds it)"
+        )
+    if replace != (ABSENT in partial.column_names):
+        raise InconsistencyError(
+            f"derived output {spec.name}: a {'replace' if replace else 'batch'} partial "
+            f"{'without' if replace else 'with'} an {ABSENT} column (derived/replace.py "
+            "upsert_replacement adds it, and only a replace merges it)"
         )
     # a null flag would make a row neither live nor deleted for readers
     partial = partial.set_column(
@@ -150,13 +180,21 @@ def merge_upsert(
         pc.fill_null(partial[DELETED].cast(pa.bool_()), False),
     )
     schema = partial.schema
+    if replace:
+        schema = schema.remove(schema.get_field_index(ABSENT))
     columns = {c: _q(SOURCE, c) for c in schema.names}
+    absent = _q(SOURCE, ABSENT)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
+        merger = _merger(table, partial, spec.key_columns, properties)
+        if not replace:
+            return merger.when_matched_update(
+                updates=columns, predicate=_newer()
+            ).when_not_matched_insert(updates=columns)
         return (
-            _merger(table, partial, spec.key_columns, properties)
-            .when_matched_update(updates=columns, predicate=_newer())
-            .when_not_matched_insert(updates=columns)
+            merger.when_matched_delete(predicate=absent)
+            .when_matched_update(updates=columns)
+            .when_not_matched_insert(updates=columns, predicate=f"NOT {absent}")
         )
 
     return _apply(
