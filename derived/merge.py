@@ -15,7 +15,7 @@ same app id, never against the stored version). Every decision is ours, on a fre
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,7 @@ from derived.spec import (
     correction_count,
 )
 from ledger.errors import InconsistencyError, RefusedBatchError
+from ledger.protocol import OffsetRange
 from resources.delta import (
     MAX_UNKNOWN_OUTCOMES,
     METADATA_KEY,
@@ -142,7 +143,7 @@ def merge_upsert(
     metadata: Mapping[str, Any] | None = None,
     max_tries: int = 20,
     before_commit: Callable[[], None] | None = None,
-    replace: bool = False,
+    replaced: Sequence[OffsetRange] | None = None,
 ) -> MergeOutcome:
     """Apply the batch's latest record per key (derived/partials.py `latest_per_key`): a
     record or tombstone later in Kafka order than the table's row for its key replaces it,
@@ -157,16 +158,18 @@ def merge_upsert(
     table's columns are the partial's, `_deleted` included, and readers take its live rows
     (derived/invariants.py `live_rows`, SQL `WHERE NOT _deleted`).
 
-    `replace=True` is for a replace batch (derived/replace.py `upsert_replacement`): the
-    partial is the affected keys' new state, applied whatever the order (the replaced record
-    may be newer than the one that now stands), and a row flagged `_absent` deletes its key
-    outright (no raw row of that key is left, so there is nothing to keep a tombstone for).
+    `replaced` (the ranges of a replace batch) is for derived/replace.py
+    `upsert_replacement`'s partial: the affected keys' new state, applied whatever the order
+    (the replaced record may be newer than the one that now stands), and a row flagged
+    `_absent` deletes its key outright (no raw row of that key is left, so there is nothing
+    to keep a tombstone for).
     """
     if DELETED not in partial.column_names:
         raise InconsistencyError(
             f"derived output {spec.name}: the partial has no {DELETED} column "
             "(derived/partials.py latest_per_key adds it)"
         )
+    replace = replaced is not None
     if replace != (ABSENT in partial.column_names):
         raise InconsistencyError(
             f"derived output {spec.name}: a {'replace' if replace else 'batch'} partial "

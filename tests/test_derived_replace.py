@@ -266,7 +266,9 @@ def test_an_upsert_replace_rebuilds_the_affected_keys_from_the_raw_rows(tmp_path
     target = apply_user_batches(uri, spec)
     raw_before = pa.concat_tables([USERS_1, USERS_2])
     replacement = upsert_replacement(raw_before, USER_RANGES, USERS_NEW, spec)
-    outcome = merge_upsert(target, spec, replacement, app_id=BACKFILL, batch_id=1, replace=True)
+    outcome = merge_upsert(
+        target, spec, replacement, app_id=BACKFILL, batch_id=1, replaced=USER_RANGES
+    )
     assert outcome.applied and outcome.metrics["num_target_rows_deleted"] == 1  # u2
     table = DeltaTable(uri).to_pyarrow_table()
     assert upsert_differences(recompute_latest(USERS_AFTER, spec), table, spec) == []
@@ -281,7 +283,9 @@ def test_an_upsert_replace_rebuilds_the_affected_keys_from_the_raw_rows(tmp_path
     tombstones = {r["user"]: r["_kafka_offset"] for r in table.to_pylist() if r["_deleted"]}
     assert tombstones == {"u6": 10}
     assert "_absent" not in table.column_names
-    again = merge_upsert(target, spec, replacement, app_id=BACKFILL, batch_id=1, replace=True)
+    again = merge_upsert(
+        target, spec, replacement, app_id=BACKFILL, batch_id=1, replaced=USER_RANGES
+    )
     assert not again.applied
 
 
