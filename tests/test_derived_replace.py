@@ -337,3 +337,26 @@ def test_the_replacement_names_every_affected_key_once() -> None:
     assert set(only_new["user"].to_pylist()) == {None, "u3", "u4", "u6"}
     with pytest.raises(ConfigError, match="no column"):
         upsert_replacement(USERS_2.drop_columns(["_kafka_topic"]), USER_RANGES, USERS_NEW, spec)
+
+
+def test_a_live_batch_committed_between_the_read_and_the_replace_is_kept(
+    tmp_path: Path,
+) -> None:
+    """The live pipeline keeps committing while a replace is staged: its newer records of
+    affected keys reach the upsert table between the replace's read of the raw rows and the
+    replace's MERGE, and must survive it (only a table row the replace's ranges hold is
+    overwritten whatever its order). Backfills share one app id, so no other backfill batch
+    can commit in between."""
+    uri = str(tmp_path / "users")
+    spec = users_spec(uri)
+    target = apply_user_batches(uri, spec)
+    replacement = upsert_replacement(
+        pa.concat_tables([USERS_1, USERS_2]), USER_RANGES, USERS_NEW, spec
+    )
+    live_batch = users([("u1", "Ann C.", 20, False), ("u2", "Bob again", 21, False)])
+    merge_upsert(target, spec, latest_records(live_batch, spec), app_id=LIVE, batch_id=3)
+    merge_upsert(target, spec, replacement, app_id=BACKFILL, batch_id=1, replaced=USER_RANGES)
+    expected = recompute_latest(pa.concat_tables([USERS_AFTER, live_batch]), spec)
+    table = DeltaTable(uri).to_pyarrow_table()
+    assert upsert_differences(expected, table, spec) == []
+    assert live(uri)["u1"] == ("Ann C.", 20) and live(uri)["u2"] == ("Bob again", 21)
