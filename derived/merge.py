@@ -30,6 +30,7 @@ from derived.spec import (
     DELETED,
     OFFSET,
     PARTITION,
+    TOPIC,
     AggregateOutput,
     UpsertOutput,
     correction_count,
@@ -159,10 +160,15 @@ def merge_upsert(
     (derived/invariants.py `live_rows`, SQL `WHERE NOT _deleted`).
 
     `replaced` (the ranges of a replace batch) is for derived/replace.py
-    `upsert_replacement`'s partial: the affected keys' new state, applied whatever the order
-    (the replaced record may be newer than the one that now stands), and a row flagged
-    `_absent` deletes its key outright (no raw row of that key is left, so there is nothing
-    to keep a tombstone for).
+    `upsert_replacement`'s partial, the affected keys' new state. A table row whose
+    coordinates the ranges hold is the replaced record: it is overwritten whatever the
+    order (what now stands may be older), or deleted outright for a row flagged `_absent`
+    (no raw row of that key is left, so there is no tombstone to keep). Any other table row
+    keeps the order compare: it is either the record the partial was computed from, or a
+    newer one a live batch committed after the replace read the raw rows, which must stay
+    (tests/test_derived_replace.py `a_live_batch_committed_between_...`). No backfill
+    batch can commit in between: fills and replaces share the backfill app id, one batch
+    in flight at a time.
     """
     if DELETED not in partial.column_names:
         raise InconsistencyError(
@@ -187,6 +193,13 @@ def merge_upsert(
         schema = schema.remove(schema.get_field_index(ABSENT))
     columns = {c: _q(SOURCE, c) for c in schema.names}
     absent = _q(SOURCE, ABSENT)
+    if replaced is not None:
+        if TOPIC not in schema.names:
+            raise InconsistencyError(
+                f"derived output {spec.name}: the replace partial has no {TOPIC} column, so "
+                "the table's rows in the replaced ranges cannot be told apart"
+            )
+        held = _in_ranges(TARGET, replaced)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
         merger = _merger(table, partial, spec.key_columns, properties)
@@ -195,8 +208,10 @@ def merge_upsert(
                 updates=columns, predicate=_newer()
             ).when_not_matched_insert(updates=columns)
         return (
-            merger.when_matched_delete(predicate=absent)
-            .when_matched_update(updates=columns)
+            merger.when_matched_delete(predicate=f"{absent} AND {held}")
+            .when_matched_update(
+                updates=columns, predicate=f"NOT {absent} AND ({held} OR {_newer()})"
+            )
             .when_not_matched_insert(updates=columns, predicate=f"NOT {absent}")
         )
 
@@ -204,6 +219,21 @@ def merge_upsert(
         target, spec.name, partial, schema, plan, app_id, batch_id, metadata, max_tries,
         before_commit,
     )  # fmt: skip
+
+
+def _in_ranges(alias: str, ranges: Sequence[OffsetRange]) -> str:
+    """SQL: the row's coordinates fall in one of `ranges` (false for none); the same rule
+    as the raw table's replace (resources/delta.py `_in_ranges`)."""
+    if not ranges:
+        return "FALSE"
+    parts = []
+    for r in ranges:
+        topic = r.topic.replace("'", "''")
+        parts.append(
+            f"({_q(alias, TOPIC)} = '{topic}' AND {_q(alias, PARTITION)} = {int(r.partition)} "
+            f"AND {_q(alias, OFFSET)} >= {int(r.start)} AND {_q(alias, OFFSET)} < {int(r.end)})"
+        )
+    return "(" + " OR ".join(parts) + ")"
 
 
 def _merger(
