@@ -176,6 +176,8 @@ def merge_upsert(
             "(derived/partials.py latest_per_key adds it)"
         )
     replace = replaced is not None
+    # invariant 1 on the output: an ordinary batch merged as a replace would overwrite
+    # newer rows, a replace merged as a batch would keep the replaced records
     if replace != (ABSENT in partial.column_names):
         raise InconsistencyError(
             f"derived output {spec.name}: a {'replace' if replace else 'batch'} partial "
@@ -194,6 +196,7 @@ def merge_upsert(
     columns = {c: _q(SOURCE, c) for c in schema.names}
     absent = _q(SOURCE, ABSENT)
     if replaced is not None:
+        # invariant 1: only the replaced records may be overwritten regardless of order
         if TOPIC not in schema.names:
             raise InconsistencyError(
                 f"derived output {spec.name}: the replace partial has no {TOPIC} column, so "

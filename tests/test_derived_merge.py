@@ -439,3 +439,7 @@ def test_a_fill_of_older_offsets_never_brings_a_deleted_key_back(tmp_path: Path)
     assert sorted(expected["user"].to_pylist()) == ["u2", "u7"]
     actual = DeltaTable(uri).to_pyarrow_table()
     assert upsert_differences(expected, actual, spec) == []
+    # and the whole table, tombstone rows included, is every key's latest raw row
+    whole = latest_records(pa.concat_tables(batches), spec)
+    assert sorted(actual.to_pylist(), key=str) == sorted(whole.to_pylist(), key=str)
+    assert tombstone_rows(uri) == {"u1": (0, 12), "u9": (0, 13)}

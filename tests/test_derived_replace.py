@@ -29,7 +29,7 @@ from derived.invariants import (
 from derived.merge import merge_aggregate, merge_upsert
 from derived.replace import aggregate_correction, correction_partial, upsert_replacement
 from derived.spec import AggregateOutput, Measure, UpsertOutput, parse_output
-from ledger.errors import ConfigError, RefusedBatchError
+from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError
 from ledger.protocol import OffsetRange
 from resources.delta import DeltaTarget
 
@@ -360,3 +360,19 @@ def test_a_live_batch_committed_between_the_read_and_the_replace_is_kept(
     table = DeltaTable(uri).to_pyarrow_table()
     assert upsert_differences(expected, table, spec) == []
     assert live(uri)["u1"] == ("Ann C.", 20) and live(uri)["u2"] == ("Bob again", 21)
+
+
+def test_a_partial_merged_in_the_wrong_mode_is_refused(tmp_path: Path) -> None:
+    uri = str(tmp_path / "users")
+    spec = users_spec(uri)
+    target = DeltaTarget(uri)
+    batch = latest_records(USERS_1, spec)
+    replacement = upsert_replacement(USERS_1, USER_RANGES, USERS_NEW, spec)
+    with pytest.raises(InconsistencyError, match="a replace partial without an _absent"):
+        merge_upsert(target, spec, batch, app_id=BACKFILL, batch_id=1, replaced=USER_RANGES)
+    with pytest.raises(InconsistencyError, match="a batch partial with an _absent"):
+        merge_upsert(target, spec, replacement, app_id=BACKFILL, batch_id=1)
+    no_topic = replacement.drop_columns(["_kafka_topic"])
+    with pytest.raises(InconsistencyError, match="no _kafka_topic column"):
+        merge_upsert(target, spec, no_topic, app_id=BACKFILL, batch_id=1, replaced=USER_RANGES)
+    assert not DeltaTable.is_deltatable(uri)
