@@ -10,7 +10,8 @@ merge the new rows' partial: the old rows' contributions are in it already. So:
 - an upsert gets the **affected keys' new state**: for every key of an old or a new row, the
   latest record over the raw rows outside the ranges plus the new rows (a tombstone kept
   as one), or, for a key left with no record at all, its removal; merged with
-  `merge_upsert(..., replace=True)`, which replaces those rows whatever their order.
+  `merge_upsert(..., replaced=ranges)`, which replaces the rows those ranges hold whatever
+  their order (and keeps the order compare for the others).
 
 Pyarrow only, no Spark: the old rows come from the raw table, read with delta-rs at the
 version the replace was planned on, and these are the same pure functions of rows as the
@@ -116,7 +117,7 @@ def upsert_replacement(
     new_rows: pa.Table,
     spec: UpsertOutput,
 ) -> pa.Table:
-    """The new state of every key a replace touches, for `merge_upsert(..., replace=True)`.
+    """The new state of every key a replace touches, for `merge_upsert(..., replaced=ranges)`.
 
     `raw_rows`: the raw table's rows before the replace (with `_deleted`), at least every
     row of the affected keys (rows of other keys are ignored, so the caller may filter by
@@ -128,12 +129,12 @@ def upsert_replacement(
     plus the new rows, a tombstone kept as a `_deleted` row (it must keep blocking older
     fills); a key with no record left gets a row with `_absent` true, which the MERGE turns
     into a delete: nothing in the raw table says anything about that key any more. The
-    order compare must be off for these rows, since the replaced record may be newer than
-    the one that now stands.
+    order compare must be off for the table rows the ranges hold, since the replaced record
+    may be newer than the one that now stands (merge.py says why only for those).
     """
     keys = spec.key_columns
     hit = in_ranges(raw_rows, ranges)
-    old = raw_rows.filter(hit)
+    old = flagged_rows(raw_rows.filter(hit), spec)
     kept = raw_rows.filter(pc.invert(hit))
     fresh = flagged_rows(new_rows, spec)
     affected = set(_key_tuples(old, keys)) | set(_key_tuples(fresh, keys))
