@@ -15,17 +15,28 @@ same app id, never against the stored version). Every decision is ours, on a fre
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.table import TableMerger
 
-from derived.spec import DELETED, OFFSET, PARTITION, AggregateOutput, UpsertOutput
+from derived.spec import (
+    ABSENT,
+    DELETED,
+    OFFSET,
+    PARTITION,
+    TOPIC,
+    AggregateOutput,
+    UpsertOutput,
+    correction_count,
+)
 from ledger.errors import InconsistencyError, RefusedBatchError
+from ledger.protocol import OffsetRange
 from resources.delta import (
     MAX_UNKNOWN_OUTCOMES,
     METADATA_KEY,
@@ -95,17 +106,27 @@ def merge_aggregate(
     metadata: Mapping[str, Any] | None = None,
     max_tries: int = 20,
     before_commit: Callable[[], None] | None = None,
+    correction: bool = False,
 ) -> MergeOutcome:
     """Add the batch's partial aggregate (derived/partials.py `aggregate_partial`) to the
-    table: counts and sums add, min and max combine, new groups are inserted."""
+    table: counts and sums add, min and max combine, new groups are inserted.
+
+    `correction=True` is for a replace batch's correction partial (derived/replace.py
+    `correction_partial`: new rows minus old, so counts may be negative): a group whose
+    count reaches 0 is deleted, as a recomputation over the raw rows after the replace would
+    not have it. Only for corrections: an ordinary partial never lowers a count, and an
+    output refused by `replace_refusal` (min/max, or no count) is refused here too, since
+    its correction cannot be right. Idempotent by the same app transaction as any batch.
+    """
     measures = {m.name: _combined(m.fn, m.name) for m in spec.measures}
+    count = correction_count(spec) if correction else None
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
-        return (
-            _merger(table, partial, spec.key_columns, properties)
-            .when_matched_update(updates=measures)
-            .when_not_matched_insert_all()
-        )
+        merger = _merger(table, partial, spec.key_columns, properties)
+        if count is not None:
+            emptied = f"{_q(TARGET, count)} + {_q(SOURCE, count)} = 0"
+            merger = merger.when_matched_delete(predicate=emptied)
+        return merger.when_matched_update(updates=measures).when_not_matched_insert_all()
 
     return _apply(
         target, spec.name, partial, partial.schema, plan, app_id, batch_id, metadata,
@@ -123,36 +144,99 @@ def merge_upsert(
     metadata: Mapping[str, Any] | None = None,
     max_tries: int = 20,
     before_commit: Callable[[], None] | None = None,
+    replaced: Sequence[OffsetRange] | None = None,
 ) -> MergeOutcome:
     """Apply the batch's latest record per key (derived/partials.py `latest_per_key`): a
-    record later in Kafka order than the table's replaces it, a later tombstone deletes the
-    key, an earlier record or tombstone changes nothing (a fill backfill of older offsets
-    never overwrites newer ones), and a key the table lacks is inserted unless tombstoned.
+    record or tombstone later in Kafka order than the table's row for its key replaces it,
+    an earlier one changes nothing (a fill backfill of older offsets never overwrites newer
+    ones), and a key the table lacks is inserted, tombstone or not.
 
-    The table's columns are the partial's without `_deleted`; it keeps the coordinates, which
-    the next batches' order is compared with.
+    Tombstones are kept as rows: `_deleted` true, with the tombstone's coordinates. A hard
+    delete would forget where the key was deleted, and a later fill of older offsets would
+    insert the key again as one never seen (tests/test_derived_merge.py
+    `a_fill_of_older_offsets_never_brings_a_deleted_key_back`); a tombstone row keeps the
+    order compare blocking it, also for a key whose only record is the tombstone. So the
+    table's columns are the partial's, `_deleted` included, and readers take its live rows
+    (derived/invariants.py `live_rows`, SQL `WHERE NOT _deleted`).
+
+    `replaced` (the ranges of a replace batch) is for derived/replace.py
+    `upsert_replacement`'s partial, the affected keys' new state. A table row whose
+    coordinates the ranges hold is the replaced record: it is overwritten whatever the
+    order (what now stands may be older), or deleted outright for a row flagged `_absent`
+    (no raw row of that key is left, so there is no tombstone to keep). Any other table row
+    keeps the order compare: it is either the record the partial was computed from, or a
+    newer one a live batch committed after the replace read the raw rows, which must stay
+    (tests/test_derived_replace.py `a_live_batch_committed_between_...`). No backfill
+    batch can commit in between: fills and replaces share the backfill app id, one batch
+    in flight at a time.
     """
     if DELETED not in partial.column_names:
         raise InconsistencyError(
             f"derived output {spec.name}: the partial has no {DELETED} column "
             "(derived/partials.py latest_per_key adds it)"
         )
-    schema = partial.schema.remove(partial.schema.get_field_index(DELETED))
+    replace = replaced is not None
+    # invariant 1 on the output: an ordinary batch merged as a replace would overwrite
+    # newer rows, a replace merged as a batch would keep the replaced records
+    if replace != (ABSENT in partial.column_names):
+        raise InconsistencyError(
+            f"derived output {spec.name}: a {'replace' if replace else 'batch'} partial "
+            f"{'without' if replace else 'with'} an {ABSENT} column (derived/replace.py "
+            "upsert_replacement adds it, and only a replace merges it)"
+        )
+    # a null flag would make a row neither live nor deleted for readers
+    partial = partial.set_column(
+        partial.schema.get_field_index(DELETED),
+        pa.field(DELETED, pa.bool_(), nullable=False),
+        pc.fill_null(partial[DELETED].cast(pa.bool_()), False),
+    )
+    schema = partial.schema
+    if replace:
+        schema = schema.remove(schema.get_field_index(ABSENT))
     columns = {c: _q(SOURCE, c) for c in schema.names}
-    tomb = _q(SOURCE, DELETED)
+    absent = _q(SOURCE, ABSENT)
+    if replaced is not None:
+        # invariant 1: only the replaced records may be overwritten regardless of order
+        if TOPIC not in schema.names:
+            raise InconsistencyError(
+                f"derived output {spec.name}: the replace partial has no {TOPIC} column, so "
+                "the table's rows in the replaced ranges cannot be told apart"
+            )
+        held = _in_ranges(TARGET, replaced)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
+        merger = _merger(table, partial, spec.key_columns, properties)
+        if not replace:
+            return merger.when_matched_update(
+                updates=columns, predicate=_newer()
+            ).when_not_matched_insert(updates=columns)
         return (
-            _merger(table, partial, spec.key_columns, properties)
-            .when_matched_delete(predicate=f"{_newer()} AND {tomb}")
-            .when_matched_update(updates=columns, predicate=f"{_newer()} AND NOT {tomb}")
-            .when_not_matched_insert(updates=columns, predicate=f"NOT {tomb}")
+            merger.when_matched_delete(predicate=f"{absent} AND {held}")
+            .when_matched_update(
+                updates=columns, predicate=f"NOT {absent} AND ({held} OR {_newer()})"
+            )
+            .when_not_matched_insert(updates=columns, predicate=f"NOT {absent}")
         )
 
     return _apply(
         target, spec.name, partial, schema, plan, app_id, batch_id, metadata, max_tries,
         before_commit,
     )  # fmt: skip
+
+
+def _in_ranges(alias: str, ranges: Sequence[OffsetRange]) -> str:
+    """SQL: the row's coordinates fall in one of `ranges` (false for none); the same rule
+    as the raw table's replace (resources/delta.py `_in_ranges`)."""
+    if not ranges:
+        return "FALSE"
+    parts = []
+    for r in ranges:
+        topic = r.topic.replace("'", "''")
+        parts.append(
+            f"({_q(alias, TOPIC)} = '{topic}' AND {_q(alias, PARTITION)} = {int(r.partition)} "
+            f"AND {_q(alias, OFFSET)} >= {int(r.start)} AND {_q(alias, OFFSET)} < {int(r.end)})"
+        )
+    return "(" + " OR ".join(parts) + ")"
 
 
 def _merger(

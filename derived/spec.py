@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
-from ledger.errors import ConfigError
+from ledger.errors import ConfigError, RefusedBatchError
 from resources.config import _NAME, _Strict
 
 #: A column name the MERGE's SQL can name without surprises (quoted with backticks there).
@@ -32,13 +32,18 @@ _UNIT_US = {
 }
 #: The columns an aggregate table gets for its window.
 WINDOW_START, WINDOW_END = "window_start", "window_end"
-#: Columns the partials add; an output may not use them for anything else.
+#: Columns the partials add; an output may not use them for anything else. `_deleted` is
+#: also an upsert table's column (its tombstone rows); `_absent` only marks, in a replace's
+#: partial, a key left with no record, which the MERGE deletes (derived/replace.py).
 DELETED = "_deleted"
+ABSENT = "_absent"
 #: Columns of the stage's frame that never reach a derived output (jobs/stage.py: Kafka's
 #: value, the transform's error, the routed write's columns).
 STAGE_ONLY = ("value", "_error", "_raw_value", "exactly_output")
 #: The coordinates every partial reads (jobs/coordinates.py KEY, jobs/stage.py COORDINATES).
 PARTITION, OFFSET = "_kafka_partition", "_kafka_offset"
+#: The topic column of every row (a replace finds its old rows by topic, partition, offset).
+TOPIC = "_kafka_topic"
 
 
 def _column(value: str) -> str:
@@ -208,15 +213,34 @@ def replace_refusal(spec: AggregateOutput | UpsertOutput) -> str | None:
     correction: subtract the old range's partial, add the new one. Counts and sums can be
     subtracted; a min or a max cannot (removing the row that was the minimum leaves no way
     to know the next one without reading every row of the group again), so an aggregate with
-    one is refused. An upsert follows by rebuilding the affected keys from the raw table.
+    one is refused. An aggregate without a count is refused too: a replace that removes the
+    last rows of a group must delete the group, and only a count says when that happens (a
+    sum can reach 0 with rows left). An upsert follows by rebuilding the affected keys from
+    the raw table.
     """
     if isinstance(spec, UpsertOutput):
         return None
     lossy = [m.name for m in spec.measures if m.fn in ("min", "max")]
-    if not lossy:
-        return None
-    return (
-        f"derived output {spec.name}: a replace backfill would have to subtract the replaced "
-        f"rows from measure(s) {', '.join(lossy)}, but min and max cannot be subtracted "
-        "(only count and sum can); rebuild the output from the raw table instead"
-    )
+    if lossy:
+        return (
+            f"derived output {spec.name}: a replace backfill would have to subtract the "
+            f"replaced rows from measure(s) {', '.join(lossy)}, but min and max cannot be "
+            "subtracted (only count and sum can); rebuild the output from the raw table instead"
+        )
+    if not any(m.fn == "count" for m in spec.measures):
+        return (
+            f"derived output {spec.name}: a replace backfill must delete a group it empties, "
+            "and without a count measure nothing says when a group is empty; add a count "
+            "measure or rebuild the output from the raw table instead"
+        )
+    return None
+
+
+def correction_count(spec: AggregateOutput) -> str:
+    """The count measure a replace's correction deletes emptied groups by (a group with no
+    raw row left must not stay as a row of count 0: invariant 1 on the output). Refused
+    with `replace_refusal`'s sentence for an output a correction cannot keep right."""
+    reason = replace_refusal(spec)
+    if reason is not None:
+        raise RefusedBatchError(reason)
+    return next(m.name for m in spec.measures if m.fn == "count")

@@ -17,7 +17,14 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from derived.invariants import aggregate_differences, recompute_aggregate
+from derived.invariants import (
+    aggregate_differences,
+    latest_records,
+    live_rows,
+    recompute_aggregate,
+    recompute_latest,
+    upsert_differences,
+)
 from derived.merge import merge_aggregate, merge_upsert
 from derived.spec import AggregateOutput, UpsertOutput, parse_output
 from ledger.errors import RefusedBatchError
@@ -258,9 +265,19 @@ def users(rows: list[tuple[str | None, str | None, int, int, bool]]) -> pa.Table
 
 
 def names(uri: str) -> dict[str | None, tuple[str | None, int, int]]:
+    """The upsert table's live rows, as a reader sees them."""
     return {
         r["user"]: (r["name"], r["_kafka_partition"], r["_kafka_offset"])
+        for r in live_rows(DeltaTable(uri).to_pyarrow_table()).to_pylist()
+    }
+
+
+def tombstone_rows(uri: str) -> dict[str | None, tuple[int, int]]:
+    """The upsert table's tombstone rows: key -> the tombstone's coordinates."""
+    return {
+        r["user"]: (r["_kafka_partition"], r["_kafka_offset"])
         for r in DeltaTable(uri).to_pyarrow_table().to_pylist()
+        if r["_deleted"]
     }
 
 
@@ -308,6 +325,9 @@ def test_an_older_record_never_overwrites_a_newer_one(tmp_path: Path) -> None:
 
 
 def test_a_tombstone_deletes_its_key_only_when_newer(tmp_path: Path) -> None:
+    """A newer tombstone takes its key out of the live rows and stays as a row with its
+    coordinates (so older records cannot come back, next test), an older one changes
+    nothing, and one for a key never seen is kept too."""
     uri = str(tmp_path / "users")
     spec = upsert_spec(uri)
     target = DeltaTarget(uri)
@@ -320,7 +340,7 @@ def test_a_tombstone_deletes_its_key_only_when_newer(tmp_path: Path) -> None:
         batch_id=1,
     )
     assert set(DeltaTable(uri).schema().to_arrow().names) == {
-        "user", "name", "_kafka_partition", "_kafka_offset"
+        "user", "name", "_kafka_partition", "_kafka_offset", "_deleted"
     }  # fmt: skip
     outcome = merge_upsert(
         target,
@@ -329,14 +349,17 @@ def test_a_tombstone_deletes_its_key_only_when_newer(tmp_path: Path) -> None:
             [
                 ("u1", None, 0, 12, True),  # deletes u1
                 ("u2", None, 0, 5, True),  # older than Bob: ignored
-                ("u9", None, 0, 13, True),  # a key never seen: nothing to insert
+                ("u9", None, 0, 13, True),  # a key never seen: kept as a tombstone row
             ]
         ),
         app_id=app,
         batch_id=2,
     )
-    assert outcome.metrics["num_target_rows_deleted"] == 1
+    assert outcome.metrics["num_target_rows_updated"] == 1  # u1 becomes a tombstone row
+    assert outcome.metrics["num_target_rows_inserted"] == 1  # u9's tombstone
+    assert outcome.metrics["num_target_rows_deleted"] == 0
     assert names(uri) == {"u2": ("Bob", 0, 11)}
+    assert tombstone_rows(uri) == {"u1": (0, 12), "u9": (0, 13)}
     again = merge_upsert(target, spec, users([("u1", "Ann", 0, 10, False)]), app_id=app, batch_id=2)
     assert not again.applied
     assert names(uri) == {"u2": ("Bob", 0, 11)}
@@ -359,6 +382,7 @@ def test_two_writers_racing_one_upsert_batch_apply_it_once(tmp_path: Path) -> No
     outcomes = race(uri, apply)
     assert sorted(o.applied for o in outcomes) == [False, True]
     assert names(uri) == {"u2": ("Bob", 0, 3)}
+    assert tombstone_rows(uri) == {"u1": (0, 2)}
     history = DeltaTable(uri).history()
     merges = [h for h in history if h.get("operation") == "MERGE"]
     assert len(merges) == 2  # batch 1 and one of the two writers of batch 2
@@ -387,3 +411,35 @@ def test_a_batch_that_changes_no_row_is_recorded_all_the_same(tmp_path: Path) ->
     assert stale.applied
     assert DeltaTable(uri).transaction_version(app) == 2
     assert DeltaTable(uri).history(1)[0]["operation"] == "WRITE"
+
+
+def test_a_fill_of_older_offsets_never_brings_a_deleted_key_back(tmp_path: Path) -> None:
+    """A fill backfill commits offsets older than what the table holds, after it: its
+    records must lose against a newer tombstone exactly as against a newer record, also for
+    a key whose only record before the fill was the tombstone."""
+    uri = str(tmp_path / "users")
+    spec = upsert_spec(uri)
+    target = DeltaTarget(uri)
+    app = "pageviews.derived.users"
+    batches = [
+        users([("u1", "Ann", 0, 10, False), ("u2", "Bob", 0, 11, False)]),
+        users([("u1", None, 0, 12, True), ("u9", None, 0, 13, True)]),  # u9 never seen
+        # the fill, of offsets [0, 6): older records of u1 and u9, and a new key
+        users(
+            [
+                ("u1", "Old Ann", 0, 3, False),
+                ("u9", "Nine", 0, 4, False),
+                ("u7", "Gil", 0, 5, False),
+            ]
+        ),
+    ]
+    for batch_id, raw_rows in enumerate(batches, start=1):
+        merge_upsert(target, spec, latest_records(raw_rows, spec), app_id=app, batch_id=batch_id)
+    expected = recompute_latest(pa.concat_tables(batches), spec)
+    assert sorted(expected["user"].to_pylist()) == ["u2", "u7"]
+    actual = DeltaTable(uri).to_pyarrow_table()
+    assert upsert_differences(expected, actual, spec) == []
+    # and the whole table, tombstone rows included, is every key's latest raw row
+    whole = latest_records(pa.concat_tables(batches), spec)
+    assert sorted(actual.to_pylist(), key=str) == sorted(whole.to_pylist(), key=str)
+    assert tombstone_rows(uri) == {"u1": (0, 12), "u9": (0, 13)}

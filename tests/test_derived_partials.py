@@ -14,16 +14,25 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from derived.invariants import aggregate_differences, recompute_aggregate
+from derived.invariants import (
+    aggregate_differences,
+    live_rows,
+    recompute_aggregate,
+    recompute_latest,
+    upsert_differences,
+)
 from derived.merge import merge_aggregate, merge_upsert
 from derived.partials import aggregate_partial, latest_per_key
+from derived.replace import correction_partial, in_ranges, upsert_replacement
 from derived.spec import AggregateOutput, UpsertOutput, parse_output
 from ledger.errors import ConfigError
+from ledger.protocol import OffsetRange
 from resources.delta import DeltaTarget
 
 STAGE_OUT = T.StructType(
@@ -197,8 +206,10 @@ def test_latest_per_key_takes_the_highest_partition_and_offset(
     target = DeltaTarget(spec.table_uri)
     merge_upsert(target, spec, partial, app_id=spec.app_id("pv"), batch_id=1)
     table = DeltaTable(spec.table_uri).to_pyarrow_table()
-    assert sorted(table.column("user").to_pylist()) == ["u1", "u2", "u4"]
-    assert "_deleted" not in table.column_names
+    assert sorted(live_rows(table).column("user").to_pylist()) == ["u1", "u2", "u4"]
+    # u3's tombstone stays as a row, so an older fill of u3 cannot bring it back
+    assert [r["user"] for r in table.to_pylist() if r["_deleted"]] == ["u3"]
+    assert upsert_differences(recompute_latest(frame.toArrow(), spec), table, spec) == []
 
 
 def test_a_frame_that_cannot_show_tombstones_is_refused(
@@ -215,3 +226,85 @@ def test_a_frame_that_cannot_show_tombstones_is_refused(
         aggregate_partial(table_rows, windowed(str(tmp_path / "x")).model_copy(
             update={"group_by": ["country"]}
         ))  # fmt: skip
+
+
+REPLACED = [OffsetRange("pageviews", 1, 3, 5)]  # batch 2's rows of partition 1
+NEW_ROWS = [
+    ("u2", "d", 9, 125, 1, 3, V, None),  # b's minute-2 row becomes d's
+    ("u7", None, 3, 2, 1, 4, b"x", "value is not valid JSON"),  # now quarantined
+]
+
+
+def counts(uri: str) -> AggregateOutput:
+    """The windowed output without min/max, which a replace refuses."""
+    spec = windowed(uri)
+    return spec.model_copy(update={"measures": spec.measures[:2]})
+
+
+def test_a_replace_correction_over_spark_partials_matches_the_raw_rows_after_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The table is built from Spark's partials, the new rows' partial is Spark's, the old
+    rows' is pyarrow's (they are read from the raw table): their types must meet, and the
+    table must end equal to the recomputation over the raw rows after the replace."""
+    uri = str(tmp_path / "agg")
+    spec = counts(uri)
+    target = DeltaTarget(uri)
+    frames = [stage_out(spark, rows, i) for i, rows in enumerate(BATCHES, start=1)]
+    for batch_id, frame in enumerate(frames, start=1):
+        partial = aggregate_partial(frame, spec).toArrow()
+        merge_aggregate(target, spec, partial, app_id=spec.app_id("pv"), batch_id=batch_id)
+    raw_before = pa.concat_tables([f.toArrow() for f in frames])
+    hit = in_ranges(raw_before, REPLACED)
+    new_frame = stage_out(spark, NEW_ROWS, 4)
+    correction = correction_partial(
+        recompute_aggregate(raw_before.filter(hit), spec),
+        aggregate_partial(new_frame, spec).toArrow(),
+        spec,
+    )
+    outcome = merge_aggregate(
+        target, spec, correction, app_id=spec.app_id("pv.backfill"), batch_id=1,
+        correction=True,
+    )  # fmt: skip
+    assert outcome.applied
+    raw_after = pa.concat_tables([raw_before.filter(pc.invert(hit)), new_frame.toArrow()])
+    actual = DeltaTable(uri).to_pyarrow_table()
+    assert aggregate_differences(recompute_aggregate(raw_after, spec), actual, spec) == []
+    two_minutes = T0 + dt.timedelta(minutes=2)
+    groups = {(r["app"], r["window_start"]) for r in actual.to_pylist()}
+    assert ("b", two_minutes) not in groups and ("d", two_minutes) in groups
+
+
+def test_an_upsert_replace_over_spark_partials_matches_the_raw_rows_after_it(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The same for an upsert: a table built from Spark's latest_per_key, the replacement
+    computed in pyarrow from the stage's rows (tombstones by Kafka's value)."""
+    uri = str(tmp_path / "users")
+    spec = users(uri)
+    target = DeltaTarget(uri)
+    batches = [
+        [("u1", "a", 1, 1, 0, 1, V, None), ("u2", "a", 1, 1, 1, 1, V, None)],
+        [
+            ("u1", "b", 2, 2, 0, 2, V, None),
+            ("u2", None, None, None, 1, 2, None, None),  # tombstone, replaced by a record
+            ("u3", "c", 3, 3, 1, 3, V, None),  # u3's only record, replaced by nothing
+        ],
+    ]
+    frames = [stage_out(spark, rows, i) for i, rows in enumerate(batches, start=1)]
+    for batch_id, frame in enumerate(frames, start=1):
+        partial = latest_per_key(frame, spec).toArrow()
+        merge_upsert(target, spec, partial, app_id=spec.app_id("pv"), batch_id=batch_id)
+    ranges = [OffsetRange("pageviews", 1, 2, 4)]
+    new_frame = stage_out(spark, [("u2", "z", 9, 9, 1, 2, V, None)], 3)
+    raw_before = pa.concat_tables([f.toArrow() for f in frames])
+    replacement = upsert_replacement(raw_before, ranges, new_frame.toArrow(), spec)
+    merge_upsert(
+        target, spec, replacement, app_id=spec.app_id("pv.backfill"), batch_id=1,
+        replaced=ranges,
+    )  # fmt: skip
+    hit = in_ranges(raw_before, ranges)
+    raw_after = pa.concat_tables([raw_before.filter(pc.invert(hit)), new_frame.toArrow()])
+    table = DeltaTable(uri).to_pyarrow_table()
+    assert upsert_differences(recompute_latest(raw_after, spec), table, spec) == []
+    assert sorted(live_rows(table)["user"].to_pylist()) == ["u1", "u2"]

@@ -102,7 +102,7 @@ def test_a_bad_upsert_is_named_in_one_line() -> None:
     assert "derived.kind: Unable to extract tag" in refused(without_kind)
 
 
-def test_replace_is_refused_for_min_and_max_only() -> None:
+def test_replace_is_refused_for_min_and_max_and_without_a_count() -> None:
     assert replace_refusal(parse_output(AGGREGATE)) is None
     assert replace_refusal(parse_output(UPSERT)) is None
     lossy = parse_output(
@@ -115,3 +115,7 @@ def test_replace_is_refused_for_min_and_max_only() -> None:
     assert reason is not None
     assert "views_per_app" in reason and "first" in reason
     assert "min and max cannot be subtracted" in reason
+    sums_only = parse_output({**AGGREGATE, "measures": AGGREGATE["measures"][1:]})
+    reason = replace_refusal(sums_only)
+    assert reason is not None
+    assert "views_per_app" in reason and "without a count measure" in reason
