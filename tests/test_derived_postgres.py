@@ -321,11 +321,19 @@ def _wait_for_a_waiter(conn: Connection) -> None:
         if waiting:
             return
         time.sleep(0.05)
-    raise AssertionError("the other committer never waited for the state row's lock")
+    with conn.engine.connect() as watcher:
+        others = watcher.execute(
+            sa.text(
+                "SELECT state, wait_event_type, wait_event, left(query, 60) FROM "
+                "pg_stat_activity WHERE datname = current_database()"
+            )
+        ).all()
+    raise AssertionError(f"the other committer never waited for a lock: {others}")
 
 
-@pytest.mark.parametrize("batch", [1, 2], ids=["first-batch", "later-batch"])
-def test_two_committers_racing_one_batch_apply_it_once(postgres_url: str, batch: int) -> None:
+def race(postgres_url: str, batch: int) -> tuple[list[Any], Engine, PostgresOutput]:
+    """Two committers of one batch, each with its own connection pool, started together; the
+    one that gets the state row's lock holds its transaction until the other waits."""
     spec = make_spec(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
     setup = create_output_engine(spec)
     previous = None if batch == 1 else 1
@@ -335,9 +343,16 @@ def test_two_committers_racing_one_batch_apply_it_once(postgres_url: str, batch:
     barrier = threading.Barrier(2, timeout=60)
     outcomes: list[Any] = []
     errors: list[BaseException] = []
+    first = threading.Lock()
+
+    def hold_until_the_other_waits(conn: Connection) -> None:
+        # only the first to reach COMMIT holds: without the row lock the second reaches it
+        # too, after the first has committed, with nobody left to wait for it
+        if first.acquire(blocking=False):
+            _wait_for_a_waiter(conn)
 
     def commit() -> None:
-        engine = create_output_engine(spec)  # a connection pool of its own
+        engine = create_output_engine(spec)
         try:
             outcomes.append(
                 apply_partial(
@@ -348,7 +363,7 @@ def test_two_committers_racing_one_batch_apply_it_once(postgres_url: str, batch:
                     previous,
                     partial(spec, batch),
                     before_lock=lambda _conn: barrier.wait(),
-                    before_commit=_wait_for_a_waiter,
+                    before_commit=hold_until_the_other_waits,
                 )
             )
         except BaseException as exc:  # reported by the main thread
@@ -362,9 +377,31 @@ def test_two_committers_racing_one_batch_apply_it_once(postgres_url: str, batch:
     for thread in threads:
         thread.join(timeout=120)
     assert errors == []
+    return outcomes, setup, spec
+
+
+@pytest.mark.parametrize("batch", [1, 2], ids=["first-batch", "later-batch"])
+def test_two_committers_racing_one_batch_apply_it_once(postgres_url: str, batch: int) -> None:
+    outcomes, setup, spec = race(postgres_url, batch)
     assert sorted(o.applied for o in outcomes) == [False, True]
     assert {o.held_batch_id for o in outcomes} == {batch}
     assert differences(setup, spec, *range(1, batch + 1)) == []
+    setup.dispose()
+
+
+def test_without_the_row_lock_racing_committers_apply_twice(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race above can fail: with the state row read without FOR UPDATE, both committers
+    read batch 1, both upsert (the second waits on the first's rows, then adds again)."""
+    unlocked = pg._read_state
+    monkeypatch.setattr(
+        pg, "_read_state", lambda conn, spec, app_id, lock=False: unlocked(conn, spec, app_id)
+    )
+    outcomes, setup, spec = race(postgres_url, 2)
+    assert [o.applied for o in outcomes] == [True, True]
+    problems = differences(setup, spec, 1, 2)
+    assert any("group {'app': 'android'}: views is 2, recomputed 1" in p for p in problems)
     setup.dispose()
 
 
