@@ -11,9 +11,10 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
+from sqlalchemy.engine import make_url
 
 from ledger.errors import ConfigError, RefusedBatchError
-from resources.config import _NAME, _Strict
+from resources.config import _NAME, EnvValue, OptionValue, _Strict
 
 #: A column name the MERGE's SQL can name without surprises (quoted with backticks there).
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -104,9 +105,8 @@ class Window(_Strict):
         return int(number) * _UNIT_US[unit.lower().removesuffix("s")]
 
 
-class _Output(_Strict):
+class _Named(_Strict):
     name: str
-    table_uri: str = Field(min_length=1)
 
     @field_validator("name")
     @classmethod
@@ -116,20 +116,21 @@ class _Output(_Strict):
         return value
 
     def app_id(self, pipeline_app_id: str) -> str:
-        """The output's own application id in its Delta table's log: the pipeline's (live
-        or backfill) with the output's name, so each output is idempotent on its own and a
-        live batch and a backfill batch of the same id never shadow each other."""
+        """The output's own application id in its Delta table's log (or its PostgreSQL
+        state row): the pipeline's (live or backfill) with the output's name, so each output
+        is idempotent on its own and a live batch and a backfill batch of the same id never
+        shadow each other."""
         return f"{pipeline_app_id}.derived.{self.name}"
 
 
-class AggregateOutput(_Output):
-    """Group-by columns and measures, optionally per tumbling event-time window.
+class _Output(_Named):
+    table_uri: str = Field(min_length=1)
 
-    The stage computes the batch's partial aggregate; the commit MERGEs it into the table:
-    counts and sums add, min and max combine (derived/merge.py).
-    """
 
-    kind: Literal["aggregate"]
+class _Aggregation(_Strict):
+    """Group-by columns and measures, optionally per window: what an aggregate output
+    keeps, whichever store holds it (a Delta table, a PostgreSQL table)."""
+
     group_by: list[str] = Field(min_length=1)
     measures: list[Measure] = Field(min_length=1)
     window: Window | None = None
@@ -140,7 +141,7 @@ class AggregateOutput(_Output):
         return [_column(v) for v in value]
 
     @model_validator(mode="after")
-    def _distinct_names(self) -> AggregateOutput:
+    def _distinct_names(self) -> _Aggregation:
         names = [*self.group_by, *(m.name for m in self.measures)]
         if self.window is not None:
             names += [WINDOW_START, WINDOW_END]
@@ -162,6 +163,16 @@ class AggregateOutput(_Output):
         return [*self.group_by, *window]
 
 
+class AggregateOutput(_Output, _Aggregation):
+    """Group-by columns and measures, optionally per tumbling event-time window.
+
+    The stage computes the batch's partial aggregate; the commit MERGEs it into the table:
+    counts and sums add, min and max combine (derived/merge.py).
+    """
+
+    kind: Literal["aggregate"]
+
+
 class UpsertOutput(_Output):
     """The latest record per key by Kafka order; a tombstone (null Kafka value) deletes it."""
 
@@ -181,19 +192,84 @@ class UpsertOutput(_Output):
         return list(self.key)
 
 
-OutputSpec = Annotated[AggregateOutput | UpsertOutput, Field(discriminator="kind")]
-_ADAPTER: TypeAdapter[AggregateOutput | UpsertOutput] = TypeAdapter(OutputSpec)
+#: PostgreSQL cuts longer identifiers silently (NAMEDATALEN - 1), so two long names could
+#: become one column.
+PG_MAX_IDENTIFIER = 63
+#: A table name, optionally schema-qualified: `views_per_app`, `dash.views_per_app`.
+_PG_TABLE = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$")
 
 
-def parse_output(data: Any, where: str = "derived") -> AggregateOutput | UpsertOutput:
+class PostgresOutput(_Named, _Aggregation):
+    """An aggregate kept in a PostgreSQL table, for dashboards that read a database.
+
+    Each batch's partial is applied in one SQL transaction together with the batch id in
+    `exactly_output_state`, a compare-and-set on the batch id (derived/postgres.py).
+
+    `url` is a SQLAlchemy URL. A URL that holds a password must be given as `{env: NAME}`
+    (resources/config.py `EnvValue`), so the config, the Dagster UI, the logs and the ledger
+    never hold it; a URL without one (trust, peer or a `.pgpass`) may be written out.
+    """
+
+    kind: Literal["postgres"]
+    url: OptionValue
+    table: str
+
+    @field_validator("url")
+    @classmethod
+    def _no_password_in_the_config(cls, value: OptionValue) -> OptionValue:
+        if isinstance(value, EnvValue):
+            return value
+        try:
+            parsed = make_url(value)
+        except Exception:
+            raise ValueError("is not a database URL") from None
+        if not parsed.drivername.startswith("postgresql"):
+            raise ValueError(f"is a {parsed.drivername} URL, not a postgresql one")
+        if parsed.password is not None:
+            raise ValueError(
+                "holds a password: give the URL as {env: NAME}, the environment variable "
+                "that holds it"
+            )
+        return value
+
+    @field_validator("table")
+    @classmethod
+    def _table(cls, value: str) -> str:
+        if not _PG_TABLE.match(value):
+            raise ValueError(
+                f"{value!r} is not a plain table name (letters, digits, '_', at most "
+                f"{PG_MAX_IDENTIFIER}, optionally schema.table)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _short_names(self) -> PostgresOutput:
+        names = [*self.group_by, *(m.name for m in self.measures)]
+        for name in names:
+            if len(name) > PG_MAX_IDENTIFIER:
+                raise ValueError(
+                    f"column {name} is longer than PostgreSQL's {PG_MAX_IDENTIFIER} "
+                    "characters (it would be cut silently)"
+                )
+        return self
+
+
+OutputSpec = Annotated[AggregateOutput | UpsertOutput | PostgresOutput, Field(discriminator="kind")]
+AnyOutput = AggregateOutput | UpsertOutput | PostgresOutput
+_ADAPTER: TypeAdapter[AnyOutput] = TypeAdapter(OutputSpec)
+_KINDS = ("aggregate", "upsert", "postgres")
+
+
+def parse_output(data: Any, where: str = "derived") -> AnyOutput:
     """Validate one output's spec; every problem named in one line (ConfigError)."""
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         problems = []
         for item in exc.errors():
-            # the discriminator's tag ("aggregate"/"upsert") is noise in a location
-            loc = [str(p) for p in item["loc"] if p not in ("aggregate", "upsert")]
+            # the discriminator's tag ("aggregate"/"upsert"/...) is noise in a location,
+            # and so is the union's member ("str", "EnvValue") of `url`
+            loc = [str(p) for p in item["loc"] if p not in (*_KINDS, "str", "EnvValue")]
             if item["type"] in ("union_tag_invalid", "union_tag_not_found"):
                 loc.append("kind")
             at = ".".join([where, *loc])
@@ -206,7 +282,7 @@ def parse_output(data: Any, where: str = "derived") -> AggregateOutput | UpsertO
         raise ConfigError(f"invalid derived output: {'; '.join(problems)}") from None
 
 
-def replace_refusal(spec: AggregateOutput | UpsertOutput) -> str | None:
+def replace_refusal(spec: AnyOutput) -> str | None:
     """Why a `replace` backfill cannot keep this output right, or None if it can.
 
     A replace swaps a committed range's rows for a new stage's. An aggregate follows by a
@@ -217,6 +293,11 @@ def replace_refusal(spec: AggregateOutput | UpsertOutput) -> str | None:
     last rows of a group must delete the group, and only a count says when that happens (a
     sum can reach 0 with rows left). An upsert follows by rebuilding the affected keys from
     the raw table.
+
+    A PostgreSQL output is refused whatever its measures: min and max for the reason above,
+    counts and sums because the correction partial (negated, groups deleted at count 0) is
+    not written for it yet, and a replace that left the dashboard's table as it was would
+    be silently wrong.
     """
     if isinstance(spec, UpsertOutput):
         return None
@@ -225,7 +306,14 @@ def replace_refusal(spec: AggregateOutput | UpsertOutput) -> str | None:
         return (
             f"derived output {spec.name}: a replace backfill would have to subtract the "
             f"replaced rows from measure(s) {', '.join(lossy)}, but min and max cannot be "
-            "subtracted (only count and sum can); rebuild the output from the raw table instead"
+            "subtracted (only count and sum can); rebuild the output from the raw table "
+            "instead"
+        )
+    if isinstance(spec, PostgresOutput):
+        return (
+            f"derived output {spec.name}: a replace backfill cannot correct PostgreSQL "
+            f"table {spec.table} yet (subtracting the replaced rows' counts and sums is not "
+            "written for PostgreSQL outputs); rebuild the table from the raw table instead"
         )
     if not any(m.fn == "count" for m in spec.measures):
         return (

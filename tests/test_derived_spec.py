@@ -7,13 +7,30 @@ from typing import Any
 
 import pytest
 
-from derived.spec import AggregateOutput, UpsertOutput, parse_output, replace_refusal
+from derived.spec import (
+    AggregateOutput,
+    PostgresOutput,
+    UpsertOutput,
+    parse_output,
+    replace_refusal,
+)
 from ledger.errors import ConfigError
 
 AGGREGATE: dict[str, Any] = {
     "kind": "aggregate",
     "name": "views_per_app",
     "table_uri": "tables/views_per_app",
+    "group_by": ["app"],
+    "measures": [
+        {"name": "views", "fn": "count"},
+        {"name": "bytes", "fn": "sum", "column": "size"},
+    ],
+}
+POSTGRES: dict[str, Any] = {
+    "kind": "postgres",
+    "name": "views_dashboard",
+    "url": {"env": "DASHBOARD_DB_URL"},
+    "table": "dash.views_per_app",
     "group_by": ["app"],
     "measures": [
         {"name": "views", "fn": "count"},
@@ -119,3 +136,44 @@ def test_replace_is_refused_for_min_and_max_and_without_a_count() -> None:
     reason = replace_refusal(sums_only)
     assert reason is not None
     assert "views_per_app" in reason and "without a count measure" in reason
+
+
+def test_a_postgres_output_parses_with_the_aggregates_measures() -> None:
+    spec = parse_output({**POSTGRES, "window": {"column": "ts", "size": "1 hour"}})
+    assert isinstance(spec, PostgresOutput)
+    assert spec.key_columns == ["app", "window_start", "window_end"]
+    assert spec.app_id("pageviews") == "pageviews.derived.views_dashboard"
+    plain = parse_output({**POSTGRES, "url": "postgresql+psycopg://dash@db:5432/metrics"})
+    assert isinstance(plain, PostgresOutput)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            {"url": "postgresql://dash:s3cret@db/metrics"},
+            "derived.url: holds a password: give the URL as {env: NAME}",
+        ),
+        ({"url": "sqlite:///x.db"}, "derived.url: is a sqlite URL, not a postgresql one"),
+        ({"url": "not a url"}, "derived.url: is not a database URL"),
+        ({"table": "a.b.c"}, "derived.table: 'a.b.c' is not a plain table name"),
+        ({"table_uri": "tables/x"}, "derived.table_uri: unknown key"),
+        (
+            {"group_by": ["k" * 64]},
+            f"column {'k' * 64} is longer than PostgreSQL's 63 characters",
+        ),
+        ({"measures": [{"name": "App", "fn": "count"}]}, "column App appears twice"),
+    ],
+)
+def test_a_bad_postgres_output_is_named_in_one_line(change: dict[str, Any], expected: str) -> None:
+    message = refused({**POSTGRES, **change})
+    assert expected in message
+    assert "s3cret" not in message
+
+
+def test_replace_is_refused_for_every_postgres_output() -> None:
+    reason = replace_refusal(parse_output(POSTGRES))
+    assert reason is not None
+    assert "views_dashboard" in reason and "dash.views_per_app" in reason
+    lossy = parse_output({**POSTGRES, "measures": [{"name": "last", "fn": "max", "column": "ts"}]})
+    assert "min and max cannot be subtracted" in (replace_refusal(lossy) or "")
