@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from ledger.errors import ConfigError
-from resources.config import _NAME, _Strict
+from resources.strict import _NAME, _Strict
 
 #: A column name the MERGE's SQL can name without surprises (quoted with backticks there).
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
