@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
+from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target, stage
 from ledger.batch import Batch
 from ledger.errors import AuthenticationError, ExactlyError, UnreachableError
 from ledger.two_phase import StageOutput
@@ -194,7 +194,11 @@ class SparkStager:
     def job_arguments(self, batch: Batch) -> dict[str, Any]:
         """The stage job's inputs for `batch`: its ranges, the folders unique to its attempt,
         the tables' roots and the transform."""
-        roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
+        roots = {
+            TABLE: self.config.delta.table_uri,
+            QUARANTINE: self.config.delta.quarantine_uri,
+            **{derived_target(d.name): d.table_uri for d in self.config.derived},
+        }
         return {
             "bootstrap_servers": self.config.kafka.bootstrap_servers,
             "kafka_options": self.config.kafka.resolved_spark_options(),
@@ -205,6 +209,7 @@ class SparkStager:
                 for t, root in roots.items()
             },
             "table_roots": roots,
+            "derived": list(self.config.derived),
             **self._transform_for(batch),
         }
 
