@@ -14,7 +14,16 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from derived.spec import STAGE_ONLY, WINDOW_END, WINDOW_START, AggregateOutput
+from derived.spec import (
+    DELETED,
+    OFFSET,
+    PARTITION,
+    STAGE_ONLY,
+    WINDOW_END,
+    WINDOW_START,
+    AggregateOutput,
+    UpsertOutput,
+)
 
 
 def _window_starts(times: pa.ChunkedArray, size_us: int) -> tuple[pa.Array, pa.Array]:
@@ -94,3 +103,27 @@ def aggregate_differences(
             if not same:
                 problems.append(f"group {group}: {m.name} is {h!r}, recomputed {w!r}")
     return problems
+
+
+def recompute_latest(raw_rows: pa.Table, spec: UpsertOutput) -> pa.Table:
+    """What the upsert table `spec` describes must hold, from `raw_rows` in one pass: per
+    key, the row latest in Kafka order (partition, offset), left out when it is a tombstone
+    (`_deleted`, or a null `value` on the stage's rows); quarantined rows take no part.
+    Columns as the upsert table's: the rows' own without `_deleted` and the stage's."""
+    rows = raw_rows
+    if "_error" in rows.column_names:
+        rows = rows.filter(pc.is_null(rows["_error"]))
+    if DELETED in rows.column_names:
+        deleted = pc.fill_null(rows[DELETED], False)
+    elif "value" in rows.column_names:
+        deleted = pc.is_null(rows["value"])
+    else:
+        raise ValueError(f"the rows have neither `value` nor `{DELETED}`: tombstones unknown")
+    rows = rows.append_column("_tomb", deleted)
+    rows = rows.sort_by([(PARTITION, "ascending"), (OFFSET, "ascending")])
+    rows = rows.append_column("_at", pa.array(range(rows.num_rows), pa.int64()))
+    latest = rows.group_by(spec.key, use_threads=False).aggregate([("_at", "max")])
+    rows = rows.take(latest["_at_max"])  # `_at` is the row's index
+    rows = rows.filter(pc.invert(rows["_tomb"]))
+    dropped = [c for c in (*STAGE_ONLY, DELETED, "_tomb", "_at") if c in rows.column_names]
+    return rows.drop_columns(dropped)
