@@ -90,9 +90,13 @@ class SharedSpark:
     @classmethod
     def for_config(cls, config: PipelineConfig) -> SharedSpark:
         """The session a pipeline stages with: with s3a pointed at the object store when
-        either table is on `s3://`: the process's access, the very one boto3, pyarrow and
-        delta-rs use."""
-        uris = (config.delta.table_uri, config.delta.quarantine_uri)
+        any output (a derived one too: Spark stages its partials) is on `s3://`: the
+        process's access, the very one boto3, pyarrow and delta-rs use."""
+        uris = (
+            config.delta.table_uri,
+            config.delta.quarantine_uri,
+            *(d.table_uri for d in config.derived),
+        )
         object_store = None
         if any(uri.startswith("s3://") for uri in uris):
             object_store = storage.s3_access()
