@@ -351,6 +351,13 @@ def stage(
     )
 
 
+def _spark_file(uri: str) -> str:
+    """A staged file as Spark reads it back. Not `storage.spark_uri` for a local file: its
+    `file:` URI percent-encodes the `=` of the routed folder (`exactly_output%3Dtable`),
+    which Hadoop then takes literally and finds no such file."""
+    return storage.spark_uri(uri) if storage.is_remote(uri) else uri
+
+
 def stage_partials(
     spark: SparkSession,
     output: StageOutput,
@@ -372,7 +379,7 @@ def stage_partials(
     """
     started = time.perf_counter()
     paths = [
-        storage.spark_uri(storage.join(table_roots[TABLE], f.path))
+        _spark_file(storage.join(table_roots[TABLE], f.path))
         for f in output.files
         if f.target == TABLE
     ]
