@@ -383,10 +383,11 @@ def stage_partials(
         for f in output.files
         if f.target == TABLE
     ]
-    if paths:
-        rows = spark.read.schema(good.schema).parquet(*paths)
-    else:
-        rows = spark.createDataFrame([], good.schema)
+    # every column nullable, as Spark reads any Parquet file back: an empty batch's
+    # partial must have the schema of every other batch's (invariant 14 compares them)
+    schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in good.schema.fields])
+    reader = spark.read.schema(schema)
+    rows = reader.parquet(*paths) if paths else spark.createDataFrame([], schema)
     files, schemas = list(output.files), dict(output.schemas)
     for spec in derived:
         target = derived_target(spec.name)
