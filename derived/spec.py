@@ -14,7 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from sqlalchemy.engine import make_url
 
 from ledger.errors import ConfigError, RefusedBatchError
-from resources.config import _NAME, EnvValue, OptionValue, _Strict
+from resources.strict import _NAME, EnvValue, OptionValue, _Strict
 
 #: A column name the MERGE's SQL can name without surprises (quoted with backticks there).
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

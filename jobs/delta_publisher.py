@@ -1,10 +1,12 @@
-"""The protocol's publisher (ledger/two_phase.py `Publisher`): a pipeline's data table and its
-quarantine table, published together, batch by batch, with delta-rs.
+"""The protocol's publisher (ledger/two_phase.py `Publisher`): a pipeline's data table, its
+quarantine table and its derived outputs (derived/), published together, batch by batch,
+with delta-rs.
 
-Every commit carries the batch's offsets in its metadata, so the two tables' logs can
-rebuild a lost ledger (invariant 7); each table is idempotent on its own by its application
-transaction version, and a batch found in the quarantine's log but not the data table's (a
-crash between the two commits) is reported unfinished, never forgotten (invariant 12).
+Every commit carries the batch's offsets in its metadata, so any output's log can rebuild a
+lost ledger (invariant 7); each output is idempotent on its own by its application
+transaction version (a derived output's is `<app id>.derived.<name>`), and a batch found in
+some outputs' logs but not the data table's, published last (a crash between the commits),
+is reported unfinished, never forgotten (invariant 12).
 """
 
 from __future__ import annotations
@@ -12,15 +14,22 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
-from jobs.stage import QUARANTINE, TABLE, attempt_folder
+from derived.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
+from derived.spec import DELETED, AggregateOutput, UpsertOutput
+from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target, is_derived
 from ledger.batch import Batch, StagedFile
 from ledger.crash import crashpoint
+from ledger.errors import InconsistencyError
 from ledger.two_phase import PublishResult
 from resources import storage
 from resources.config import PipelineConfig
 from resources.delta import Compaction, DeltaTarget, TableLayout, TableStats, decode_schema
+
+#: The batch metrics key of what each derived output's commit did (`merge_outcome`).
+DERIVED_METRICS = "derived"
 
 
 def commit_metadata(batch: Batch) -> dict[str, Any]:
@@ -40,43 +49,81 @@ def commit_metadata(batch: Batch) -> dict[str, Any]:
     }
 
 
-class DeltaPublisher:
-    """The data table and its quarantine table, published batch by batch."""
+def merge_outcome(outcome: MergeOutcome) -> dict[str, Any]:
+    """What a derived output's commit did, as the batch's metrics keep it (for `exactly
+    ledger` and the Dagster materializations)."""
+    rows = {
+        "rows_inserted": "num_target_rows_inserted",
+        "rows_updated": "num_target_rows_updated",
+        "rows_deleted": "num_target_rows_deleted",
+    }
+    return {
+        "applied": outcome.applied,
+        "version": outcome.table_version,
+        "seconds": round(outcome.seconds, 4),
+        "tries": outcome.tries,
+        **{name: int(outcome.metrics.get(key, 0) or 0) for name, key in rows.items()},
+    }
 
-    def __init__(self, table: DeltaTarget, quarantine: DeltaTarget) -> None:
+
+class DeltaPublisher:
+    """The data table, its quarantine table and its derived outputs, published batch by
+    batch."""
+
+    def __init__(
+        self,
+        table: DeltaTarget,
+        quarantine: DeltaTarget,
+        derived: Sequence[tuple[AggregateOutput | UpsertOutput, DeltaTarget]] = (),
+    ) -> None:
         self.table = table
         self.quarantine = quarantine
+        self.derived = tuple(derived)
+        self._specs = {derived_target(spec.name): spec for spec, _d in self.derived}
 
     @classmethod
     def for_config(cls, config: PipelineConfig) -> DeltaPublisher:
-        """The pipeline's two tables, both opened with its storage options."""
+        """The pipeline's tables, all opened with its storage options."""
         options = config.delta.resolved_storage_options()
         return cls(
             DeltaTarget(config.delta.table_uri, options),
             DeltaTarget(config.delta.quarantine_uri, options),
+            [(spec, DeltaTarget(spec.table_uri, options)) for spec in config.derived],
         )
 
     def _outputs(self) -> tuple[tuple[str, DeltaTarget], ...]:
-        """Both tables, in the order a batch is published to them."""
-        return ((QUARANTINE, self.quarantine), (TABLE, self.table))
+        """Every output, in the order a batch is published to them: the quarantine, the
+        derived outputs in config order, the data table last (its log says a batch is
+        complete: every output before it holds what it holds)."""
+        derived = tuple((derived_target(spec.name), delta) for spec, delta in self.derived)
+        return ((QUARANTINE, self.quarantine), *derived, (TABLE, self.table))
+
+    def _app_id(self, target: str, app_id: str) -> str:
+        """The application id `target`'s log records the batches of `app_id` under: a
+        derived output has its own (derived/spec.py `app_id`)."""
+        spec = self._specs.get(target)
+        return app_id if spec is None else spec.app_id(app_id)
 
     def committed_version(self, app_id: str) -> int | None:
-        """The newest batch id either table holds for `app_id` (invariant 12)."""
-        versions = [d.transaction_version(app_id) for _t, d in self._outputs()]
+        """The newest batch id any output holds for `app_id` (invariant 12)."""
+        versions = [d.transaction_version(self._app_id(t, app_id)) for t, d in self._outputs()]
         return max((v for v in versions if v is not None), default=None)
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
-        """Every batch of `app_id` in either table's log, oldest first, one entry each.
+        """Every batch of `app_id` in any output's log, oldest first, one entry each.
 
-        `outputs` names the tables whose log has the batch; `complete` is whether the data
+        `outputs` names the outputs whose log has the batch; `complete` is whether the data
         table, published last, holds it (its version is at or past the batch id; the
         version, not the log, decides, so a data-table log cleaned up by retention still
-        counts). An incomplete batch was committed to the quarantine only (invariant 12).
-        `table_version` is the data table's version of the commit, when it has one.
+        counts). An incomplete batch was committed to the quarantine and/or some derived
+        outputs only (invariant 12). `table_version` is the data table's version of the
+        commit, when it has one. A derived output's entries carry the pipeline's app id,
+        not the output's own (the commit info is the batch's, derived/merge.py adds its).
         """
         merged: dict[int, dict[str, Any]] = {}
         for target, delta in self._outputs():
-            for entry in delta.committed_batches(app_id):
+            for entry in delta.committed_batches(self._app_id(target, app_id)):
+                entry = {**entry, "app_id": app_id}
                 found = merged.setdefault(entry["batch_id"], {**entry, "outputs": []})
                 found["outputs"].append(target)
                 if target == TABLE:
@@ -89,23 +136,28 @@ class DeltaPublisher:
         return [merged[b] for b in sorted(merged)]
 
     def outputs_holding(self, batch: Batch) -> set[str]:
-        """The tables whose app-transaction version for the batch's app id is at or past
-        its id: they already hold the batch, and the commit leaves them alone."""
+        """The outputs whose app-transaction version for the batch's app id (a derived
+        output's own) is at or past its id: they already hold the batch, and the commit
+        leaves them alone."""
         return {
             target
             for target, delta in self._outputs()
-            if (v := delta.transaction_version(batch.app_id)) is not None and v >= batch.batch_id
+            if (v := delta.transaction_version(self._app_id(target, batch.app_id))) is not None
+            and v >= batch.batch_id
         }
 
-    def rows_held(self, batch: Batch, target: str, not_by: Collection[int] = ()) -> int:
+    def rows_held(self, batch: Batch, target: str, not_by: Collection[int] = ()) -> int | None:
         """Rows of the table `target` whose coordinates fall in the batch's ranges, leaving
-        out rows written by the batches `not_by` (their `_batch_id`).
+        out rows written by the batches `not_by` (their `_batch_id`); None for a derived
+        output, whose rows are groups or latest records, not the batch's records.
 
         Files are pruned by partition and offset only. A topic name longer than the
         statistics keep (resources/delta.py) has no min/max, and delta-rs 1.6 then prunes
         every file on a topic filter (it compares with null), so the topic is matched on
         the rows read.
         """
+        if is_derived(target):
+            return None
         table = dict(self._outputs())[target].load()
         if table is None:
             return 0
@@ -133,15 +185,32 @@ class DeltaPublisher:
         return storage.file_size(storage.join(root, path))
 
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
-        """Refuse, before the vote, staged schemas either table cannot take (invariant 14).
+        """Refuse, before the vote, staged schemas an output cannot take (invariant 14).
 
-        Both tables are checked on every batch, also a quarantine this batch leaves empty:
+        Every output is checked on every batch, also a quarantine this batch leaves empty:
         a transform's incompatible quarantine schema then fails at once, not on the first
         batch that happens to hold a bad record. A table not created yet takes any schema.
+        A derived output's partial must fit its table as it is (derived/merge.py's rule,
+        which the MERGE applies again: no new columns yet).
         """
         for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
             if target in schemas:
                 delta.check_schema(decode_schema(schemas[target]))
+        for spec, delta in self.derived:
+            target = derived_target(spec.name)
+            table = delta.load() if target in schemas else None
+            if table is not None:
+                _check_schema(
+                    table, self._table_schema(spec, schemas[target]), delta.uri, spec.name
+                )
+
+    @staticmethod
+    def _table_schema(spec: AggregateOutput | UpsertOutput, encoded: str) -> pa.Schema:
+        """The columns a partial brings to its table: an upsert's `_deleted` is not one."""
+        schema = decode_schema(encoded)
+        if isinstance(spec, UpsertOutput) and DELETED in schema.names:
+            schema = schema.remove(schema.get_field_index(DELETED))
+        return schema
 
     def rows_reach(self, topic: str) -> dict[int, int]:
         """Per partition, one past the highest offset of `topic` in either table's rows:
@@ -170,22 +239,50 @@ class DeltaPublisher:
         return self.quarantine.stats(app_id)
 
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
-        """Quarantine first, then the data table.
+        """Quarantine first, then the derived outputs in config order, the data table last.
 
-        The data table's log is what rebuilds a lost ledger (invariant 7); publishing the
-        quarantine first means a batch found there has its quarantined records published
-        too, so a rebuild never forgets them. A replace backfill removes the old rows of its
-        ranges from both tables in the same commit that adds the new ones.
+        The data table's log is what says a batch is complete (invariant 7); publishing the
+        other outputs first means a batch found there has its quarantined records and its
+        derived changes published too, so a rebuild never forgets them. Each derived
+        output MERGEs the batch's voted partial (derived/merge.py), skipped when its own
+        app transaction holds the batch already; what each did is in the result's
+        metrics. A replace backfill removes the old rows of its ranges from both tables in
+        the same commit that adds the new ones (refused for a pipeline with derived
+        outputs, ledger/backfill.py).
         """
         meta = commit_metadata(batch)
         replace = batch.params.get("mode") == "replace"
-        by_target: dict[str, list[StagedFile]] = {TABLE: [], QUARANTINE: []}
+        if replace and self.derived:
+            raise InconsistencyError(
+                f"batch {batch.label} is a replace backfill, and replaces cannot keep derived "
+                "outputs right yet (docs/derived-tables.md); it should have been refused"
+            )
+        by_target: dict[str, list[StagedFile]] = {t: [] for t, _d in self._outputs()}
         for f in files:
+            if f.target not in by_target:
+                raise InconsistencyError(
+                    f"batch {batch.label} voted files for output {f.target}, which the "
+                    "config no longer has: restore the output to publish the batch"
+                )
             by_target[f.target].append(f)
+        lacking = [t for t in self._specs if t not in batch.schemas]
+        if lacking:
+            raise InconsistencyError(
+                f"batch {batch.label} voted before output(s) {', '.join(lacking)} were "
+                "configured, so it has no partial for them: remove them until it is published"
+            )
         outcome = None
+        merged: dict[str, Any] = {}
         for target, delta in self._outputs():
             if target == TABLE:
                 crashpoint("between_table_commits")
+            spec = self._specs.get(target)
+            if spec is not None:
+                crashpoint("between_derived_commits")
+                merged[spec.name] = merge_outcome(
+                    self._merge(batch, spec, delta, by_target[target], meta)
+                )
+                continue
             has_rows = any(f.records for f in by_target[target])
             if target == QUARANTINE and not has_rows and not (replace and delta.load()):
                 continue
@@ -206,4 +303,43 @@ class DeltaPublisher:
             else:
                 outcome = delta.publish(**common)
         assert outcome is not None
-        return PublishResult(outcome.published, outcome.table_version)
+        metrics = {DERIVED_METRICS: merged} if merged else {}
+        return PublishResult(outcome.published, outcome.table_version, metrics)
+
+    def _merge(
+        self,
+        batch: Batch,
+        spec: AggregateOutput | UpsertOutput,
+        delta: DeltaTarget,
+        files: Sequence[StagedFile],
+        metadata: Mapping[str, Any],
+    ) -> MergeOutcome:
+        """MERGE the batch's voted partial into derived output `spec`'s table, under the
+        output's own app transaction, carrying the batch's commit info (invariant 7)."""
+        partial = self.read_partial(batch, spec, delta, files)
+        common: dict[str, Any] = {
+            "app_id": spec.app_id(batch.app_id),
+            "batch_id": batch.batch_id,
+            "metadata": metadata,
+        }
+        if isinstance(spec, AggregateOutput):
+            return merge_aggregate(delta, spec, partial, **common)
+        return merge_upsert(delta, spec, partial, **common)
+
+    @staticmethod
+    def read_partial(
+        batch: Batch,
+        spec: AggregateOutput | UpsertOutput,
+        delta: DeltaTarget,
+        files: Sequence[StagedFile],
+    ) -> pa.Table:
+        """The voted partial files of the output, read back whole (a partial holds one row
+        per group or key, small beside the batch), as the vote's schema says; no file or
+        only empty ones is the empty partial, which still records the batch."""
+        schema = decode_schema(batch.schemas[derived_target(spec.name)])
+        parts = [
+            storage.read_parquet(storage.join(delta.uri, f.path), schema.names).cast(schema)
+            for f in files
+            if f.records
+        ]
+        return pa.concat_tables(parts) if parts else schema.empty_table()

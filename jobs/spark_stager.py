@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from jobs.stage import QUARANTINE, TABLE, attempt_folder, stage
+from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target, stage
 from ledger.batch import Batch
 from ledger.errors import AuthenticationError, ExactlyError, UnreachableError
 from ledger.two_phase import StageOutput
@@ -90,9 +90,13 @@ class SharedSpark:
     @classmethod
     def for_config(cls, config: PipelineConfig) -> SharedSpark:
         """The session a pipeline stages with: with s3a pointed at the object store when
-        either table is on `s3://`: the process's access, the very one boto3, pyarrow and
-        delta-rs use."""
-        uris = (config.delta.table_uri, config.delta.quarantine_uri)
+        any output (a derived one too: Spark stages its partials) is on `s3://`: the
+        process's access, the very one boto3, pyarrow and delta-rs use."""
+        uris = (
+            config.delta.table_uri,
+            config.delta.quarantine_uri,
+            *(d.table_uri for d in config.derived),
+        )
         object_store = None
         if any(uri.startswith("s3://") for uri in uris):
             object_store = storage.s3_access()
@@ -194,7 +198,11 @@ class SparkStager:
     def job_arguments(self, batch: Batch) -> dict[str, Any]:
         """The stage job's inputs for `batch`: its ranges, the folders unique to its attempt,
         the tables' roots and the transform."""
-        roots = {TABLE: self.config.delta.table_uri, QUARANTINE: self.config.delta.quarantine_uri}
+        roots = {
+            TABLE: self.config.delta.table_uri,
+            QUARANTINE: self.config.delta.quarantine_uri,
+            **{derived_target(d.name): d.table_uri for d in self.config.derived},
+        }
         return {
             "bootstrap_servers": self.config.kafka.bootstrap_servers,
             "kafka_options": self.config.kafka.resolved_spark_options(),
@@ -205,6 +213,7 @@ class SparkStager:
                 for t, root in roots.items()
             },
             "table_roots": roots,
+            "derived": list(self.config.derived),
             **self._transform_for(batch),
         }
 

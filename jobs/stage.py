@@ -7,6 +7,7 @@ the prepare vote records them and the commit publishes them (docs/protocol.md: S
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,6 +19,8 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from derived.partials import aggregate_partial, latest_per_key
+from derived.spec import DELETED, AggregateOutput, UpsertOutput
 from jobs import coordinates, parquet_files
 from ledger.crash import crashpoint
 from ledger.errors import ConfigError, UnreachableError
@@ -28,6 +31,9 @@ from resources.delta import encode_schema
 
 COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_batch_id")
 TABLE, QUARANTINE = "table", "quarantine"
+#: A derived output's target in the vote (`StagedFile.target`, the schemas' keys):
+#: `derived:<name>`. Its files are partials (groups, latest records), not records.
+DERIVED_PREFIX = "derived:"
 #: The column that routes each row to its output in the stage's one write. Spark writes the
 #: rows of each value into a folder of their own (`exactly_output=table/`, `=quarantine/`),
 #: never into the files. Not `_`-prefixed: Delta's VACUUM treats such folders as hidden.
@@ -59,6 +65,21 @@ KAFKA_SCHEMA = T.StructType(
         T.StructField("timestampType", T.IntegerType()),
     ]
 )
+
+
+def derived_target(name: str) -> str:
+    """The vote's target for derived output `name`."""
+    return f"{DERIVED_PREFIX}{name}"
+
+
+def is_derived(target: str) -> bool:
+    return target.startswith(DERIVED_PREFIX)
+
+
+def carries_tombstones(derived: Sequence[AggregateOutput | UpsertOutput]) -> bool:
+    """Whether the raw table keeps `_deleted` (Kafka's value was null): an upsert output
+    reads its tombstones from the table's rows, which no longer hold `value`."""
+    return any(isinstance(d, UpsertOutput) for d in derived)
 
 
 def attempt_folder(root: str, app_id: str, batch_id: int, attempt: int, token: str) -> str:
@@ -137,17 +158,22 @@ def check_output(out: DataFrame, transform_name: str) -> None:
         )
 
 
-def split_outputs(out: DataFrame) -> tuple[DataFrame, DataFrame]:
+def split_outputs(out: DataFrame, tombstones: bool = False) -> tuple[DataFrame, DataFrame]:
     """The table's rows and the quarantine's: a row with an `_error` goes to quarantine, with
-    its raw value; every other row to the table, without it."""
-    good = out.where(F.col("_error").isNull()).drop("_error", "value")
+    its raw value; every other row to the table, without it. With `tombstones` (a pipeline
+    with an upsert output) the table's rows keep `_deleted = value IS NULL`, so a
+    tombstone stays one once `value` is gone (derived/partials.py)."""
+    good = out.where(F.col("_error").isNull())
+    if tombstones:
+        good = good.withColumn(DELETED, F.col("value").isNull())
+    good = good.drop("_error", "value")
     bad = out.where(F.col("_error").isNotNull()).select(
         *COORDINATES, "_error", F.col("value").alias("_raw_value")
     )
     return good, bad
 
 
-def routed(out: DataFrame) -> DataFrame:
+def routed(out: DataFrame, tombstones: bool = False) -> DataFrame:
     """Both outputs' rows in one frame, for one write routed by ROUTE.
 
     A row keeps the transform's columns and `_error`; the raw value (`_raw_value`) is kept
@@ -158,8 +184,10 @@ def routed(out: DataFrame) -> DataFrame:
     """
     error = F.col("_error").isNotNull()
     kept = [c for c in out.columns if c not in ("value", "_error")]
+    deleted = [F.col("value").isNull().alias(DELETED)] if tombstones else []
     return out.select(
         *kept,
+        *deleted,
         "_error",
         F.when(error, F.col("value")).alias("_raw_value"),
         F.when(error, F.lit(QUARANTINE)).otherwise(F.lit(TABLE)).alias(ROUTE),
@@ -256,8 +284,11 @@ def stage(
     table_roots: Mapping[str, str],
     transform: Callable[[DataFrame], DataFrame],
     transform_name: str = "transform",
+    derived: Sequence[AggregateOutput | UpsertOutput] = (),
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
+    Then each derived output's partial, computed from the table's staged files
+    (`stage_partials`).
 
     Every record read ends up in exactly one of the two outputs (invariant 9): the counts
     are checked before the vote.
@@ -277,9 +308,10 @@ def stage(
     ).observe(observation, F.count(F.lit(1)).alias(RECORDS_READ), coordinates.fingerprint())
     out = transform(source)
     check_output(out, transform_name)
-    good, bad = split_outputs(out)
+    tombstones = carries_tombstones(derived)
+    good, bad = split_outputs(out, tombstones)
     written = Observation()
-    rows = routed(out).observe(written, coordinates.fingerprint())
+    rows = routed(out, tombstones).observe(written, coordinates.fingerprint())
     seconds["write"] = write_routed(rows, attempt_dirs)
     crashpoint("during_stage")
     seconds["move"] = move_quarantine(bad, attempt_dirs)
@@ -312,7 +344,63 @@ def stage(
         read_fingerprint=observed_fingerprint(observation, wait_s=0.0),
         written={"both": written},
     )
-    return output
+    if not derived:
+        return output
+    return stage_partials(
+        spark, output, good, derived, attempt_dirs=attempt_dirs, table_roots=table_roots
+    )
+
+
+def _spark_file(uri: str) -> str:
+    """A staged file as Spark reads it back. Not `storage.spark_uri` for a local file: its
+    `file:` URI percent-encodes the `=` of the routed folder (`exactly_output%3Dtable`),
+    which Hadoop then takes literally and finds no such file."""
+    return storage.spark_uri(uri) if storage.is_remote(uri) else uri
+
+
+def stage_partials(
+    spark: SparkSession,
+    output: StageOutput,
+    good: DataFrame,
+    derived: Sequence[AggregateOutput | UpsertOutput],
+    *,
+    attempt_dirs: Mapping[str, str],
+    table_roots: Mapping[str, str],
+) -> StageOutput:
+    """`output` with each derived output's partial staged and described.
+
+    The partial is computed from the table's staged files, read back, not from the
+    transform's frame: Kafka is not read a second time (the stage's one job has no
+    cache), and the partial is a function of exactly the rows the vote publishes to the
+    raw table, which is what the recomputation check compares it with. Each partial is
+    written, in a job of its own, into its output's own attempt folder (fresh per attempt,
+    invariant 4). An empty partial still votes its schema: the commit must record the
+    batch in that output even when it changes no row (derived/merge.py).
+    """
+    started = time.perf_counter()
+    paths = [
+        _spark_file(storage.join(table_roots[TABLE], f.path))
+        for f in output.files
+        if f.target == TABLE
+    ]
+    # every column nullable, as Spark reads any Parquet file back: an empty batch's
+    # partial must have the schema of every other batch's (invariant 14 compares them)
+    schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in good.schema.fields])
+    reader = spark.read.schema(schema)
+    rows = reader.parquet(*paths) if paths else spark.createDataFrame([], schema)
+    files, schemas = list(output.files), dict(output.schemas)
+    for spec in derived:
+        target = derived_target(spec.name)
+        if isinstance(spec, AggregateOutput):
+            partial = aggregate_partial(rows, spec)
+        else:
+            partial = latest_per_key(rows, spec)
+        folder = attempt_dirs[target]
+        partial.write.mode("error").parquet(storage.spark_uri(folder))
+        files += parquet_files.describe(folder, table_roots[target], target, partial.columns)
+        schemas[target] = encode_schema(to_arrow_schema(partial.schema, timezone="UTC"))
+    seconds = {**output.seconds, "derived": time.perf_counter() - started}
+    return dataclasses.replace(output, files=files, schemas=schemas, seconds=seconds)
 
 
 def check_coordinates(
@@ -348,7 +436,12 @@ def check_coordinates(
         coordinates.Counts(output.records_read, output.table_records, output.quarantine_records),
         read_fingerprint=read_fingerprint,
         staged_fingerprint=staged_fingerprint,
-        staged_files=[storage.join(table_roots[f.target], f.path) for f in output.files],
+        # a derived output's partial holds groups, not records: not coordinates to count
+        staged_files=[
+            storage.join(table_roots[f.target], f.path)
+            for f in output.files
+            if f.target in (TABLE, QUARANTINE)
+        ],
         ranges=ranges,
         read_coordinates=read_again,
     )

@@ -8,6 +8,10 @@ commit and COMMITTED): `EXACTLY_PAUSE_AT=after_delta_commit` with `EXACTLY_PAUSE
 writes `<folder>/after_delta_commit.reached` and waits until `<folder>/after_delta_commit.resume`
 exists. Reaching the point again (the next batch) finds the resume file and goes on.
 
+A point reached more than once per batch (`between_derived_commits`, before each derived
+output) can be named with the reach to die at: `between_derived_commits#2` dies before the
+second output's commit, the first one committed.
+
 The points follow docs/protocol.md's list of crash points to inject.
 """
 
@@ -24,6 +28,7 @@ POINTS = (
     "during_stage",
     "after_stage",
     "after_prepare",
+    "between_derived_commits",
     "between_table_commits",
     "after_delta_commit",
     "after_committed",
@@ -34,13 +39,25 @@ POINTS = (
 CRASH_EXIT_CODE = 137
 #: how often a paused process looks for its resume file
 PAUSE_POLL_SECONDS = 0.1
+#: how often this process reached each point, for `point#n`
+_reached: dict[str, int] = {}
+
+
+def _wanted(name: str, wanted: str) -> bool:
+    """Whether `name`, reached now, is one of the points in EXACTLY_CRASH_AT's `wanted`."""
+    for item in wanted.split(","):
+        point, _sep, reach = item.partition("#")
+        if point == name and (not reach or int(reach) == _reached[name]):
+            return True
+    return False
 
 
 def crashpoint(name: str) -> None:
     if name not in POINTS:
         raise ValueError(f"unknown crash point {name!r}")
+    _reached[name] = _reached.get(name, 0) + 1
     wanted = os.environ.get("EXACTLY_CRASH_AT")
-    if wanted and name in wanted.split(","):
+    if wanted and _wanted(name, wanted):
         sys.stdout.flush()
         sys.stderr.write(f"exactly: crash point {name} reached; dying\n")
         sys.stderr.flush()

@@ -20,7 +20,8 @@ from ledger.errors import ConfigError, UnreachableError
 #: Bump with every schema change; a ledger written by a newer exactly is refused, an older
 #: one is migrated in place (`_migrate`).
 #: 2: topic ids on ranges, the decisions a batch was planned on, the decisions table.
-SCHEMA_VERSION = 2
+#: 3: a voted file's target holds `derived:<name>` (a derived output's, name up to 128).
+SCHEMA_VERSION = 3
 
 metadata = sa.MetaData()
 
@@ -77,7 +78,8 @@ files_table = sa.Table(
     metadata,
     sa.Column("app_id", sa.String(255), primary_key=True),
     sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-    sa.Column("target", sa.String(16), primary_key=True),
+    # `table`, `quarantine` or `derived:<name>` (jobs/stage.py derived_target)
+    sa.Column("target", sa.String(255), primary_key=True),
     sa.Column("path", sa.String(1024), primary_key=True),
     sa.Column("size", sa.BigInteger, nullable=False),
     sa.Column("records", sa.BigInteger, nullable=False),
@@ -112,6 +114,10 @@ decisions_table = sa.Table(
 #: Columns added to tables that existed before the version named, for `_migrate`.
 _ADDED_COLUMNS: dict[int, list[tuple[sa.Table, str]]] = {
     2: [(ranges_table, "topic_id"), (batches_table, "decisions")],
+}
+#: Columns of existing tables whose type grew at the version named, for `_migrate`.
+_WIDENED_COLUMNS: dict[int, list[tuple[sa.Table, str]]] = {
+    3: [(files_table, "target")],
 }
 
 
@@ -202,7 +208,8 @@ def _lock_schema(conn: Connection) -> None:
 def _migrate(conn: Connection, version: int) -> None:
     """Bring a ledger written by an older exactly to SCHEMA_VERSION, in the caller's
     transaction: new tables are already created (create_all); new columns of existing
-    tables are added here, NULL in existing rows (for a range's topic id: unknown, adopted
+    tables are added here and grown ones widened (PostgreSQL; SQLite ignores lengths), new
+    columns NULL in existing rows (for a range's topic id: unknown, adopted
     on the next plan and recorded as a decision, ledger/protocol.py check_topic_identity).
     Columns that exist already are left alone, so an interrupted migration can run again.
     """
@@ -215,6 +222,11 @@ def _migrate(conn: Connection, version: int) -> None:
             column = table.c[name]
             kind = column.type.compile(dialect=conn.dialect)
             conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}")
+        for table, name in _WIDENED_COLUMNS.get(step, []):
+            # SQLite keeps whatever length it is given; widening again is harmless
+            if conn.dialect.name == "postgresql":
+                kind = table.c[name].type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {table.name} ALTER COLUMN {name} TYPE {kind}")
     conn.execute(
         meta_table.update()
         .where(meta_table.c.key == "schema_version")

@@ -73,6 +73,9 @@ class StageOutput:
 class PublishResult:
     published: bool
     table_version: int
+    #: what the publisher wants kept in the batch's metrics (each derived output's
+    #: MERGE: applied, version, rows), recorded with COMMITTED
+    metrics: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -128,8 +131,9 @@ class Publisher(Protocol):
         """The size of a staged file of output `target` (path relative to the output's
         root) on storage now; None when it does not exist."""
 
-    def rows_held(self, batch: Batch, target: str) -> int:
-        """How many rows of output `target` have coordinates in the batch's ranges."""
+    def rows_held(self, batch: Batch, target: str) -> int | None:
+        """How many rows of output `target` have coordinates in the batch's ranges; None
+        for an output whose rows are not the batch's records (a derived output's groups)."""
 
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
         """Raise RefusedBatchError if a table cannot take its staged schema (invariant 14)."""
@@ -391,6 +395,7 @@ class TwoPhaseCommit:
             BatchState.COMMITTED,
             table_version=result.table_version,
             metrics={
+                **result.metrics,
                 "files_staged": len(check.staged),
                 "files_committed": published,
                 "files_already_committed": len(check.staged) - published,
@@ -411,11 +416,14 @@ class TwoPhaseCommit:
         records as the first did: per output that holds the batch, as many records as it
         holds in the batch's ranges. A transform changed in between (or one that is not
         deterministic) would otherwise put a record in two outputs or in none (invariant
-        1). Counts, not coordinates: an exchange of records between outputs passes."""
+        1). Counts, not coordinates: an exchange of records between outputs passes. An
+        output whose rows are not records (a derived output: `rows_held` is None) cannot be
+        counted back; the data table's count is its guard when the data table holds the
+        batch (docs/derived-tables.md: a partial fingerprint is the planned check)."""
         for target in sorted({f.target for f in check.already_committed}):
             staged = sum(f.records for f in files if f.target == target)
             held = self.publisher.rows_held(batch, target)
-            if staged != held:
+            if held is not None and staged != held:
                 raise InconsistencyError(
                     f"batch {batch.label}: the {target} holds {held} rows of its ranges from "
                     f"an earlier attempt, but the batch was staged again and staged {staged} "

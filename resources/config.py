@@ -17,45 +17,18 @@ from typing import Any, Literal
 import yaml
 from pydantic import (
     AliasChoices,
-    BaseModel,
-    ConfigDict,
     Field,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from derived.spec import AnyOutput, OutputSpec
 from ledger.batch import BACKFILL_SUFFIX
 from ledger.cleaning import parse_duration
 from ledger.errors import ConfigError
 from resources import storage
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class EnvValue(_Strict):
-    """An option whose value is read from an environment variable when it is used
-    (`sasl.password: {env: KAFKA_PASSWORD}`): the config then holds only the variable's
-    name, so neither the file, the Dagster UI and run config, the logs nor the ledger (all
-    of which show the config) ever hold the secret."""
-
-    env: str
-
-    @field_validator("env")
-    @classmethod
-    def _name(cls, value: str) -> str:
-        if not _ENV_NAME.fullmatch(value):
-            raise ValueError("must be the NAME of an environment variable, not its value")
-        return value
-
-
-#: A client option: its value, or the environment variable that holds it.
-OptionValue = str | EnvValue
+from resources.strict import _NAME, EnvValue, OptionValue, _Strict
 
 
 def resolve_options(
@@ -398,6 +371,21 @@ class PipelineConfig(_Strict):
     clean: CleanSettings = Field(default_factory=CleanSettings)
     compact: CompactSettings = Field(default_factory=CompactSettings)
     transform: str = "jobs.examples.pageviews:transform"
+    #: Delta tables kept from the raw rows in the same two-phase commit (derived/spec.py,
+    #: docs/derived-tables.md): published after the quarantine, before the raw table
+    derived: list[OutputSpec] = Field(default_factory=list)
+
+    @field_validator("derived")
+    @classmethod
+    def _unique_outputs(cls, value: list[AnyOutput]) -> list[AnyOutput]:
+        # the name is part of each output's application id and of its vote target
+        # (`derived:<name>`): two outputs of one name would take each other's commits
+        seen: set[str] = set()
+        for output in value:
+            if output.name in seen:
+                raise ValueError(f"two derived outputs are named {output.name!r}")
+            seen.add(output.name)
+        return value
 
     @field_validator("pipeline")
     @classmethod
@@ -448,7 +436,11 @@ def load_transform(spec: str) -> Callable[..., Any]:
 def _describe(error: ValidationError, source: str) -> str:
     problems = []
     for item in error.errors():
-        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        loc = list(item["loc"])
+        if loc[:1] == ["derived"]:
+            # the discriminator's tag ("aggregate"/"upsert") is noise in a location
+            loc = [p for p in loc if p not in ("aggregate", "upsert")]
+        where = ".".join(str(p) for p in loc) or "(top level)"
         kind = item["type"]
         if kind == "extra_forbidden":
             problems.append(f"{where}: unknown key")
@@ -476,14 +468,26 @@ def parse_config(
             "quarantine_uri": storage.resolve(config.delta.quarantine_uri, base),
         }
     )
-    if storage.overlaps(delta.table_uri, delta.quarantine_uri):
-        raise ConfigError(
-            f"invalid pipeline config {source}: delta.quarantine_uri and delta.table_uri must "
-            "be separate locations, neither inside the other (vacuum of one would delete the "
-            "other's files)"
-        )
+    derived = [
+        d.model_copy(update={"table_uri": storage.resolve(d.table_uri, base)})
+        for d in config.derived
+    ]
+    locations = {
+        "delta.table_uri": delta.table_uri,
+        "delta.quarantine_uri": delta.quarantine_uri,
+        **{f"derived.{d.name}.table_uri": d.table_uri for d in derived},
+    }
+    names = list(locations)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            if storage.overlaps(locations[first], locations[second]):
+                raise ConfigError(
+                    f"invalid pipeline config {source}: {second} and {first} must be separate "
+                    "locations, neither inside the other (vacuum of one would delete the "
+                    "other's files)"
+                )
     ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
-    return config.model_copy(update={"delta": delta, "ledger": ledger})
+    return config.model_copy(update={"delta": delta, "ledger": ledger, "derived": derived})
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:

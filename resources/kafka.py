@@ -587,10 +587,19 @@ class KafkaClient:
         items = ((p, None, v) for p, values in by_partition.items() for v in values)
         return self._produce_all(topic, items)
 
+    def produce_records(
+        self,
+        topic: str,
+        records: Iterable[tuple[int | None, bytes | str | None, bytes | str | None]],
+    ) -> int:
+        """Produce (partition, key, value) records in order; a None value is a tombstone
+        (how a compacted topic deletes a key). Returns the count, all acknowledged."""
+        return self._produce_all(topic, records)
+
     def _produce_all(
         self,
         topic: str,
-        items: Iterable[tuple[int | None, bytes | str | None, bytes | str]],
+        items: Iterable[tuple[int | None, bytes | str | None, bytes | str | None]],
     ) -> int:
         producer = self._new_producer()
         deliveries = Deliveries()
@@ -626,7 +635,7 @@ class KafkaClient:
         topic: str,
         partition: int | None,
         key: bytes | str | None,
-        value: bytes | str,
+        value: bytes | str | None,
         on_delivery: Any,
     ) -> None:
         """Queue one record, waiting (bounded) for room when the local queue is full."""

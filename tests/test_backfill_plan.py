@@ -174,6 +174,44 @@ def test_replace_of_committed_offsets_while_a_live_batch_is_in_flight_elsewhere(
     assert offsets_taken_twice(store, PIPELINE) == []
 
 
+def test_a_replace_is_refused_on_a_pipeline_with_derived_outputs_and_a_fill_is_not(
+    store: LedgerStore, source: FakeSource
+) -> None:
+    """A replace cannot correct derived outputs yet (their corrections are not wired): it
+    would leave the replaced rows' contributions in them. A fill is a batch like a live one
+    and is planned as usual."""
+    pipeline = live(store, source)
+    assert pipeline.run_batch() is not None  # pageviews-0[0,10), pageviews-1[5,12)
+    fills = backfiller(store, source)
+    with pytest.raises(BackfillError) as info:
+        plan_backfill(
+            fills,
+            live_app_id=PIPELINE,
+            mode=BackfillMode.REPLACE,
+            ranges=[OffsetRange(TOPIC, 0, 0, 10)],
+            transform=TRANSFORM,
+            derived=["views_per_app", "users"],
+        )
+    message = str(info.value)
+    assert "derived output(s) views_per_app, users" in message
+    assert "\n" not in message
+    assert store.batches(app_id=backfill_app_id(PIPELINE)) == []
+    # the same replace without derived outputs is accepted: the refusal is theirs alone
+    replace = request(fills, BackfillMode.REPLACE, OffsetRange(TOPIC, 0, 0, 10))
+    assert fills.finish(replace).batch.state is S.ACKED
+
+    source.offsets = {0: Available(0, 25), 1: Available(0, 12)}  # older records appear
+    fill, planned = plan_backfill(
+        fills,
+        live_app_id=PIPELINE,
+        mode=BackfillMode.FILL,
+        ranges=[OffsetRange(TOPIC, 1, 0, 5)],
+        transform=TRANSFORM,
+        derived=["views_per_app", "users"],
+    )
+    assert planned and fills.finish(fill).batch.state is S.ACKED
+
+
 def test_fill_over_a_live_batch_in_flight_names_it_and_its_state(store: LedgerStore) -> None:
     source = FakeSource({0: Available(0, 100)})
     pipeline = live(store, source, starting_offsets="latest")

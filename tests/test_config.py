@@ -347,3 +347,66 @@ def test_check_bounds_are_optional_and_load(tmp_path: Path) -> None:
         tmp_path,
     )
     assert (bounded.alerts.max_consumer_lag, bounded.alerts.max_quarantine_ratio) == (5000, 0.01)
+
+
+# -- derived outputs (docs/derived-tables.md) -------------------------------------------------
+
+COUNTS: dict[str, Any] = {
+    "kind": "aggregate",
+    "name": "views_per_app",
+    "table_uri": "tables/views_per_app",
+    "group_by": ["app"],
+    "measures": [{"name": "views", "fn": "count"}],
+}
+LATEST: dict[str, Any] = {
+    "kind": "upsert",
+    "name": "users",
+    "table_uri": "tables/users",
+    "key": ["user"],
+}
+
+
+def test_derived_outputs_parse_in_order_with_their_locations_resolved(tmp_path: Path) -> None:
+    config = parse_config(config_with(derived=[COUNTS, LATEST]), "test.yaml", tmp_path)
+    assert [d.name for d in config.derived] == ["views_per_app", "users"]
+    assert [d.kind for d in config.derived] == ["aggregate", "upsert"]
+    assert config.derived[0].table_uri == str(tmp_path / "tables" / "views_per_app")
+    assert config.derived[1].table_uri == str(tmp_path / "tables" / "users")
+
+
+def test_a_pipeline_has_no_derived_outputs_unless_given() -> None:
+    assert parse_config(config_with(), "test.yaml").derived == []
+
+
+def test_two_derived_outputs_of_one_name_are_refused() -> None:
+    message = config_error(config_with(derived=[COUNTS, {**LATEST, "name": "views_per_app"}]))
+    assert "derived: Value error, two derived outputs are named 'views_per_app'" in message
+    assert "\n" not in message
+
+
+def test_a_bad_derived_output_is_named_by_its_field_without_the_kind_tag() -> None:
+    bad = {**COUNTS, "measures": [{"name": "views", "fn": "median"}]}
+    message = config_error(config_with(derived=[bad]))
+    assert "derived.0.measures.0.fn:" in message
+    assert "aggregate" not in message.split(":")[1]
+
+
+@pytest.mark.parametrize(
+    ("uri", "other"),
+    [
+        ("tables/orders", "delta.table_uri"),
+        ("tables/orders/views", "delta.table_uri"),
+        ("tables/orders_quarantine", "delta.quarantine_uri"),
+        ("tables", "delta.table_uri"),
+    ],
+)
+def test_a_derived_output_inside_another_table_is_refused(uri: str, other: str) -> None:
+    message = config_error(config_with(derived=[{**COUNTS, "table_uri": uri}]))
+    assert f"derived.views_per_app.table_uri and {other} must be separate locations" in message
+
+
+def test_two_derived_outputs_in_one_location_are_refused() -> None:
+    message = config_error(
+        config_with(derived=[COUNTS, {**LATEST, "table_uri": "tables/views_per_app/users"}])
+    )
+    assert "derived.users.table_uri and derived.views_per_app.table_uri must be separate" in message

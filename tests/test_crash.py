@@ -2,7 +2,8 @@
 killed with os._exit at each crash point of docs/protocol.md, then the pipeline restarts twice
 from the state the crash left: once with the ledger kept, once with the ledger deleted (the
 Delta logs must rebuild it, invariants 7 and 12). Both restarts must end with every record
-once in the table or the quarantine (invariant 1).
+once in the table or the quarantine (invariant 1), and, for a pipeline with derived outputs,
+every output equal to its recomputation over the raw table.
 
 One broker topic, one crashed child and one set of tables per crash point: the state the
 crash left is copied (tables and staged files, without the ledger) for the ledger-lost
@@ -26,6 +27,7 @@ from ledger.backfill import BackfillMode, plan_backfill
 from ledger.crash import POINTS
 from ledger.protocol import BatchState, OffsetRange
 from ledger.store import LedgerStore
+from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 from tests.test_backfill import V2, apps_by_coordinate, cli
 
@@ -38,6 +40,7 @@ LEFT_IN = {
     "during_stage": S.PLANNED,
     "after_stage": S.STAGED,
     "after_prepare": S.PREPARED,
+    "between_derived_commits": S.PREPARED,
     "between_table_commits": S.PREPARED,
     "after_delta_commit": S.PREPARED,
     "after_committed": S.COMMITTED,
@@ -52,8 +55,15 @@ HELD = {
 }
 
 
+#: points reached only by a pipeline with derived outputs: in their own test below
+DERIVED_ONLY = {"between_derived_commits"}
+#: the points of the pipelines without derived outputs
+PLAIN = [p for p in LEFT_IN if p not in DERIVED_ONLY]
+
+
 def test_every_crash_point_is_in_the_matrix() -> None:
     assert set(LEFT_IN) == set(POINTS)
+    assert {p.partition("#")[0] for p in DERIVED_HELD} >= DERIVED_ONLY
 
 
 def without_ledger(config: Any, dest: Path) -> Any:
@@ -65,10 +75,18 @@ def without_ledger(config: Any, dest: Path) -> Any:
         copies[field] = str(dest / source.name)
         if source.exists():
             shutil.copytree(source, copies[field])
+    derived = []
+    for spec in config.derived:
+        source = Path(spec.table_uri)
+        copy = dest / "derived" / source.name
+        if source.exists():
+            shutil.copytree(source, copy)
+        derived.append(spec.model_copy(update={"table_uri": str(copy)}))
     return config.model_copy(
         update={
             "delta": config.delta.model_copy(update=copies),
             "ledger": config.ledger.model_copy(update={"url": f"sqlite:///{dest / 'new.db'}"}),
+            "derived": derived,
         }
     )
 
@@ -108,7 +126,7 @@ def live_restart(config: Any, spark: Any) -> None:
         pass
 
 
-@pytest.mark.parametrize("point", list(LEFT_IN))
+@pytest.mark.parametrize("point", PLAIN)
 def test_live_crash_then_restart_with_and_without_the_ledger(
     point: str, spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:
@@ -143,6 +161,73 @@ def test_live_crash_then_restart_with_and_without_the_ledger(
     if HELD.get(point, (False, False))[0]:
         # a batch some table holds is finished over its own ranges, never planned again
         assert rebuilt.ranges == crashed.ranges
+
+
+# -- a pipeline with derived outputs -------------------------------------------------------
+
+#: crash point -> which outputs hold the crashed batch: the quarantine, each derived output
+#: in config order (views_per_app, views_per_minute, latest_per_user), the table.
+#: `#2`: the second time the process reaches the point (ledger/crash.py), so the first
+#: derived output holds the batch and the others not
+DERIVED_HELD = {
+    "between_derived_commits": (True, False, False, False, False),
+    "between_derived_commits#2": (True, True, False, False, False),
+    "between_table_commits": (True, True, True, True, False),
+}
+
+
+def derived_held(config: Any, app_id: str, batch_id: int) -> tuple[bool, ...]:
+    """Whether each output (quarantine, derived ones, table) holds `batch_id` by its own
+    app transaction version."""
+
+    def at(uri: str, app: str) -> bool:
+        if not DeltaTable.is_deltatable(uri):
+            return False
+        return (DeltaTable(uri).transaction_version(app) or 0) >= batch_id
+
+    return (
+        at(config.delta.quarantine_uri, app_id),
+        *(at(spec.table_uri, spec.app_id(app_id)) for spec in config.derived),
+        at(config.delta.table_uri, app_id),
+    )
+
+
+@pytest.mark.parametrize("point", list(DERIVED_HELD))
+def test_derived_outputs_crash_then_restart_with_and_without_the_ledger(
+    point: str, spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """A crash between the commits of a batch's outputs leaves some holding it: recovery
+    with the ledger kept publishes to the others (each output skips by its own version);
+    with the ledger lost, the logs that hold the batch re-create it to be re-staged over
+    its ranges and published to the outputs that lack it. Either way every record is once
+    in the table or the quarantine and every derived output equals its recomputation."""
+    config = pipeline_factory(3, transform=TRANSFORM, derived=derived_outputs(tmp_path / "derived"))
+    topic = config.kafka.topic
+    kafka_client.produce_records(topic, user_events(0, 300, 3, malformed_every=20))
+    live_restart(config, spark)  # batch 1
+    kafka_client.produce_records(topic, user_events(300, 150, 3, malformed_every=20))
+
+    crash_run(config, point)
+    crashed = crashed_batch(config, config.app_id)
+    assert (crashed.batch_id, crashed.state) == (2, S.PREPARED)
+    assert derived_held(config, config.app_id, 2) == DERIVED_HELD[point]
+    kafka_client.produce_records(topic, user_events(450, 60, 3, malformed_every=20))
+    lost = without_ledger(config, tmp_path / "ledger-lost")
+
+    for restarted in (config, lost):
+        live_restart(restarted, spark)
+        table, quarantined = assert_exactly_once(restarted, kafka_client)
+        assert table + quarantined == 510
+        assert_derived_match(restarted)
+        store = LedgerStore(restarted.ledger.url)
+        try:
+            again = store.get(restarted.app_id, 2)
+        finally:
+            store.dispose()
+        assert again is not None and again.state in (S.COMMITTED, S.ACKED)
+        # a batch some output holds is finished over its own ranges, never planned again
+        assert again.ranges == crashed.ranges
+        assert all(derived_held(restarted, restarted.app_id, 2))
 
 
 # -- replace backfills --------------------------------------------------------------------
@@ -199,7 +284,7 @@ def assert_replaced(config: Any, before: dict[tuple[int, int], str]) -> None:
         assert app == (before[coord].upper() if inside else before[coord]), coord
 
 
-@pytest.mark.parametrize("point", list(LEFT_IN))
+@pytest.mark.parametrize("point", PLAIN)
 def test_backfill_crash_then_restart_with_and_without_the_ledger(
     point: str, spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from jobs import parquet_files
 from jobs.delta_publisher import DeltaPublisher, commit_metadata
@@ -115,3 +116,108 @@ def test_attempt_folders_differ_by_token_alone() -> None:
     one = attempt_folder("/t", APP, 7, 1, "aaaa")
     other = attempt_folder("/t", APP, 7, 1, "bbbb")
     assert one != other and one.startswith("/t/staged/pageviews/batch-000000000007-attempt-1-")
+
+
+# -- derived outputs ----------------------------------------------------------------------
+
+
+def test_derived_outputs_publish_between_the_quarantine_and_the_table_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The publisher MERGEs each derived output's voted partial under the output's own app
+    id, before the data table; a crash before the data table leaves a batch the derived
+    output holds and the data table not, reported unfinished (invariant 12); publishing it
+    again adds nothing to the output (its counts are not doubled) and completes the table."""
+    from deltalake import DeltaTable
+
+    import jobs.delta_publisher as publisher_module
+    from derived.spec import parse_output
+    from jobs.delta_publisher import DERIVED_METRICS
+    from jobs.stage import derived_target
+
+    spec = parse_output(
+        {
+            "kind": "aggregate",
+            "name": "views_per_app",
+            "table_uri": str(tmp_path / "views"),
+            "group_by": ["app"],
+            "measures": [{"name": "views", "fn": "count"}],
+        }
+    )
+    assert spec.kind == "aggregate"
+    target = derived_target(spec.name)
+    publisher = DeltaPublisher(
+        DeltaTarget(str(tmp_path / "table")),
+        DeltaTarget(str(tmp_path / "quarantine")),
+        [(spec, DeltaTarget(spec.table_uri))],
+    )
+    rows_schema = pa.schema(
+        [
+            ("_kafka_topic", pa.string()),
+            ("_kafka_partition", pa.int32()),
+            ("_kafka_offset", pa.int64()),
+        ]
+    )
+    partial_schema = pa.schema([("app", pa.string()), ("views", pa.int64())])
+
+    def voted(
+        batch_id: int, offsets: list[int], views: dict[str, int]
+    ) -> tuple[Batch, list[StagedFile]]:
+        b = batch(batch_id, [OffsetRange(TOPIC, 0, offsets[0], offsets[-1] + 1)])
+        b = Batch(
+            **{
+                **b.__dict__,
+                "schemas": {
+                    TABLE: encode_schema(rows_schema),
+                    QUARANTINE: encode_schema(rows_schema),
+                    target: encode_schema(partial_schema),
+                },
+            }
+        )
+        folder = attempt_folder(spec.table_uri, APP, batch_id, b.attempt, b.token)
+        Path(folder).mkdir(parents=True)
+        partial = pa.table({"app": list(views), "views": list(views.values())}, partial_schema)
+        pq.write_table(partial, f"{folder}/part-0.parquet")
+        files = [
+            *stage(tmp_path / "table", TABLE, b, offsets),
+            *parquet_files.describe(folder, spec.table_uri, target),
+        ]
+        return b, files
+
+    def counts() -> dict[str, int]:
+        rows = DeltaTable(spec.table_uri).to_pyarrow_table().to_pylist()
+        return {r["app"]: r["views"] for r in rows}
+
+    first, files = voted(1, [0, 1, 2], {"web": 2, "ios": 1})
+    result = publisher.publish(first, files)
+    assert result.metrics[DERIVED_METRICS]["views_per_app"]["applied"] is True
+    assert result.metrics[DERIVED_METRICS]["views_per_app"]["rows_inserted"] == 2
+    assert publisher.outputs_holding(first) == {TABLE, target}
+    # the output's own app id, never the pipeline's, is in its table
+    assert DeltaTable(spec.table_uri).transaction_version(APP) is None
+    assert DeltaTable(spec.table_uri).transaction_version(spec.app_id(APP)) == 1
+
+    second, files = voted(2, [3, 4], {"web": 1, "tv": 1})
+
+    def crash(name: str) -> None:
+        if name == "between_table_commits":
+            raise SystemExit("crashed")
+
+    monkeypatch.setattr(publisher_module, "crashpoint", crash)
+    with pytest.raises(SystemExit):
+        publisher.publish(second, files)
+    assert counts() == {"web": 3, "ios": 1, "tv": 1}
+    assert publisher.outputs_holding(second) == {target}
+    assert publisher.committed_version(APP) == 2
+    entries = publisher.committed_batches(APP)
+    assert [(e["batch_id"], e["outputs"], e["complete"], e["app_id"]) for e in entries] == [
+        (1, [target, TABLE], True, APP),
+        (2, [target], False, APP),
+    ]
+    assert publisher.rows_held(second, target) is None  # groups, not records
+
+    monkeypatch.setattr(publisher_module, "crashpoint", lambda _name: None)
+    again = publisher.publish(second, files)
+    assert again.metrics[DERIVED_METRICS]["views_per_app"]["applied"] is False
+    assert counts() == {"web": 3, "ios": 1, "tv": 1}  # not added twice
+    assert publisher.outputs_holding(second) == {TABLE, target}

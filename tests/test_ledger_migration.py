@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from ledger.errors import TopicChangedError
 from ledger.protocol import Available, BatchState
-from ledger.schema import SCHEMA_VERSION
+from ledger.schema import SCHEMA_VERSION, files_table
 from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
 from tests.fixtures.fakes import FakeSource, wired
@@ -140,7 +140,7 @@ def test_a_version_1_ledger_is_migrated_in_place_and_keeps_its_batches(ledger_ur
     write_version_1_ledger(ledger_url)
     store = LedgerStore(ledger_url)
     try:
-        assert store.schema_version() == SCHEMA_VERSION == 2
+        assert store.schema_version() == SCHEMA_VERSION == 3
         batches = sorted(store.batches(app_id=APP), key=lambda b: b.batch_id)
         assert [(b.batch_id, b.state) for b in batches] == [
             (1, BatchState.ACKED),
@@ -183,5 +183,25 @@ def test_a_version_1_ledger_is_migrated_in_place_and_keeps_its_batches(ledger_ur
         source.offsets = {0: Available(0, 40), 1: Available(0, 40)}
         with pytest.raises(TopicChangedError, match="T-current"):
             tpc.begin()
+        # version 3: a derived output's vote target (`derived:<name>`) fits the old column
+        target = "derived:" + "x" * 128
+        engine = sa.create_engine(ledger_url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    files_table.insert().values(
+                        app_id=APP,
+                        batch_id=2,
+                        target=target,
+                        path="p.parquet",
+                        size=1,
+                        records=1,
+                        modification_time=0,
+                        stats="{}",
+                    )
+                )
+        finally:
+            engine.dispose()
+        assert target in {f.target for f in store.files(APP, 2)}
     finally:
         store.dispose()

@@ -250,6 +250,19 @@ def test_files_only_with_the_prepare_vote(store: LedgerStore) -> None:
     assert store.files(APP, 1) == []
 
 
+def test_a_vote_records_a_derived_output_s_files_under_its_long_target(
+    store: LedgerStore,
+) -> None:
+    """A derived output votes as `derived:<name>`, its name up to 128 characters
+    (derived/spec.py): the vote's target column must hold it on every database, not only
+    on SQLite, which ignores declared lengths."""
+    target = "derived:" + "views_per_app_and_minute".ljust(128, "x")
+    batch = walk_to(store, plan(store), S.STAGED)
+    files = [staged_file("a"), staged_file("p", target=target)]
+    store.transition(batch, S.PREPARED, files=files, schemas={"table": "{}", target: "{}"})
+    assert sorted(f.target for f in store.files(APP, 1)) == sorted(["table", target])
+
+
 def test_failed_vote_leaves_no_vote(store: LedgerStore) -> None:
     batch = walk_to(store, plan(store), S.STAGED)
     duplicate = [staged_file("a"), staged_file("b"), staged_file("a")]

@@ -8,6 +8,7 @@ import os
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from jobs.examples.pageviews import COORDINATES, PAGEVIEW
 from jobs.examples.pageviews import transform as pageviews
 
 
@@ -71,3 +72,37 @@ def pageviews_or_fail(records: DataFrame) -> DataFrame:
     if os.environ.get(FAIL_STAGE_ENV):
         raise RuntimeError("simulated transient stage failure (EXACTLY_TEST_FAIL_STAGE is set)")
     return pageviews(records)
+
+
+# -- derived outputs (docs/derived-tables.md) ------------------------------------------------
+
+
+def pageviews_with_tombstones(records: DataFrame) -> DataFrame:
+    """The page-view parse for a topic keyed by user, where a null value is a tombstone
+    (the user is deleted), not a bad record: it goes to the table with `user` taken from
+    the Kafka key and its other fields null, so an upsert output can delete the key."""
+    text = F.col("value").cast("string")
+    parsed = F.when(
+        F.ltrim(text).startswith("{"),
+        F.from_json(
+            text, PAGEVIEW, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"}
+        ),
+    )
+    with_json = records.withColumn("_p", parsed)
+    tombstone = F.col("value").isNull()
+    error = (
+        F.when(tombstone, F.lit(None).cast("string"))
+        .when(F.col("_p").isNull(), F.lit("value is not a JSON object"))
+        .when(F.col("_p._corrupt").isNotNull(), F.lit("value is not valid JSON"))
+        .when(F.col("_p.app").isNull(), F.lit("missing field: app"))
+    )
+    return with_json.select(
+        F.col("_p.event_id").alias("event_id"),
+        F.col("_p.app").alias("app"),
+        F.when(tombstone, F.col("key").cast("string")).otherwise(F.col("_p.user")).alias("user"),
+        F.col("_p.url").alias("url"),
+        F.try_to_timestamp(F.col("_p.ts")).alias("ts"),
+        *COORDINATES,
+        "value",
+        error.alias("_error"),
+    )
