@@ -410,3 +410,20 @@ def test_two_derived_outputs_in_one_location_are_refused() -> None:
         config_with(derived=[COUNTS, {**LATEST, "table_uri": "tables/views_per_app/users"}])
     )
     assert "derived.users.table_uri and derived.views_per_app.table_uri must be separate" in message
+
+
+def test_a_postgres_output_is_refused_until_the_pipeline_publishes_it() -> None:
+    # derived/postgres.py applies a partial on its own, but no publisher calls it yet: a
+    # config that named one would vote its partial and never apply it, so it must not load
+    dashboard = {
+        "kind": "postgres",
+        "name": "views_dashboard",
+        "url": {"env": "DASHBOARD_URL"},
+        "table": "views_per_app",
+        "group_by": ["app"],
+        "measures": [{"name": "views", "fn": "count"}],
+    }
+    message = config_error(config_with(derived=[COUNTS, dashboard]))
+    assert "derived output views_dashboard" in message
+    assert "not wired into the pipeline yet" in message
+    assert "\n" not in message
