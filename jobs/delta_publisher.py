@@ -206,10 +206,13 @@ class DeltaPublisher:
 
     @staticmethod
     def _table_schema(spec: AggregateOutput | UpsertOutput, encoded: str) -> pa.Schema:
-        """The columns a partial brings to its table: an upsert's `_deleted` is not one."""
+        """The columns a partial brings to its table. An upsert table keeps its tombstones
+        as rows, so `_deleted` is one of them, never null there (derived/merge.py
+        `merge_upsert` writes it so): a partial's nullable flag must not read as a change."""
         schema = decode_schema(encoded)
         if isinstance(spec, UpsertOutput) and DELETED in schema.names:
-            schema = schema.remove(schema.get_field_index(DELETED))
+            at = schema.get_field_index(DELETED)
+            schema = schema.set(at, pa.field(DELETED, pa.bool_(), nullable=False))
         return schema
 
     def rows_reach(self, topic: str) -> dict[int, int]:
