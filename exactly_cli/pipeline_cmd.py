@@ -339,13 +339,34 @@ def _demo(config: PipelineConfig, bootstrap: str, events: int) -> None:
 
 
 def _print_counts(config: PipelineConfig) -> None:
+    """Page views per app recounted from the raw table, beside what each count aggregate
+    kept batch by batch holds: the two agree, or a batch was counted twice or never."""
+    from pyspark.sql import functions as F
+
+    from derived.spec import AggregateOutput
     from jobs.spark_stager import SharedSpark
 
     spark = SharedSpark.for_config(config)()
     table = spark.read.format("delta").load(config.delta.table_uri)
-    _say(f"\npage views per app in {config.delta.table_uri} (read through delta-spark):")
-    for row in table.groupBy("app").count().orderBy("app").collect():
-        _say(f"  {row['app']:<10} {row['count']:>8}")
+    recount = {r["app"]: r["count"] for r in table.groupBy("app").count().collect()}
+    kept: dict[str, dict[str, int]] = {}
+    for spec in config.derived:
+        if not isinstance(spec, AggregateOutput) or spec.group_by != ["app"]:
+            continue
+        counts = [m.name for m in spec.measures if m.fn == "count"]
+        if not counts:
+            continue
+        rows = spark.read.format("delta").load(spec.table_uri)
+        summed = rows.groupBy("app").agg(F.sum(counts[0]).alias("n")).collect()
+        kept[spec.name] = {r["app"]: int(r["n"]) for r in summed}
+    _say(
+        f"\npage views per app, recounted from {config.delta.table_uri} and as kept by "
+        "each aggregate table (read through delta-spark):"
+    )
+    _say(f"  {'app':<10} {'recount':>8}" + "".join(f" {name:>22}" for name in kept))
+    for app in sorted(set(recount) | {a for k in kept.values() for a in k}, key=str):
+        cells = "".join(f" {k.get(app, 0):>22}" for k in kept.values())
+        _say(f"  {app!s:<10} {recount.get(app, 0):>8}{cells}")
     try:
         quarantined = spark.read.format("delta").load(config.delta.quarantine_uri).count()
     except Exception:
