@@ -237,3 +237,43 @@ def test_the_walk_gives_no_verdict_past_its_bound(tmp_path: Path) -> None:
 
     assert match_version((3, None), 200, ahead) == (None, None)
     assert len(calls) == MAX_WALK
+
+
+# -- the materializations ------------------------------------------------------------------
+
+
+def test_a_batch_is_materialized_on_each_derived_asset_with_or_without_its_metrics(
+    tmp_path: Path,
+) -> None:
+    """A run logs the batch's merge outcome; a batch the history sensor rebuilt from the
+    Delta log has none, and still gets the output's version and rows from its log."""
+    from types import SimpleNamespace
+
+    from orchestration.metadata import derived_materializations
+    from resources.delta import DeltaTarget
+    from tests.fixtures.batches import a_batch
+
+    spec = parse_output({**PER_APP, "table_uri": str(tmp_path / "per_app")})
+    commit(tmp_path / "per_app", {"orders.derived.views_per_app": 1})  # v0: 1 row
+    commit(tmp_path / "per_app", {"orders.derived.views_per_app": 2})  # v1: 2 rows
+    pipeline: Any = SimpleNamespace(
+        config=SimpleNamespace(pipeline="orders"),
+        publisher=SimpleNamespace(derived=[(spec, DeltaTarget(spec.table_uri))]),
+    )
+    outcome = {"applied": True, "version": 0, "seconds": 0.25, "tries": 1}
+    outcome |= {"rows_inserted": 3, "rows_updated": 1, "rows_deleted": 0}
+    ran = a_batch(1, app_id="orders", pipeline="orders", metrics={"derived": {spec.name: outcome}})
+    (logged,) = derived_materializations(pipeline, ran, "1")
+    meta = {k: v.value for k, v in logged.metadata.items()}
+    assert (logged.asset_key, logged.partition) == (dg.AssetKey("orders_views_per_app"), "1")
+    assert meta["applied"] is True and meta["merge_seconds"] == 0.25
+    assert (meta["rows_inserted"], meta["rows_updated"], meta["rows_deleted"]) == (3, 1, 0)
+    # as of the MERGE's version, not today's table
+    assert (meta["merge_version"], meta["table_version"], meta["row_count"]) == (0, 0, 1)
+    assert meta["batch"] == "orders/1" and meta["last_batch_id"] == "1"
+
+    rebuilt = a_batch(2, app_id="orders", pipeline="orders")  # no metrics
+    (logged,) = derived_materializations(pipeline, rebuilt, "2")
+    meta = {k: v.value for k, v in logged.metadata.items()}
+    assert "applied" not in meta and "rows_inserted" not in meta
+    assert (meta["table_version"], meta["row_count"], meta["last_batch_id"]) == (1, 2, "2")
