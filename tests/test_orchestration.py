@@ -402,8 +402,10 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
 ) -> None:
     """An aggregate and an upsert output through the micro-batch job: each is an asset
     downstream of the table, materialized with its batch's merge outcome on the batch's
-    partition; `<name>_matches_recomputation` passes through the checks sensor, and fails,
+    partition, by the run or, for a batch the CLI committed, by the history sensor;
+    `<name>_matches_recomputation` passes through the checks sensor, and fails,
     naming the group or the key, once the derived table is changed behind exactly's back."""
+    from jobs.pipeline import build
     from orchestration.checks_sensor import loads
     from tests.fixtures.derived import TRANSFORM, derived_outputs, user_events
 
@@ -434,6 +436,22 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
             held = DeltaTable(spec.table_uri, version=outcome["version"]).to_pyarrow_table()
             assert meta["row_count"] == held.num_rows > 0
     assert batch.batch_id == 2 and batch.metrics["derived"]["views_per_app"]["rows_updated"] > 0
+
+    # a batch committed outside Dagster (the CLI): the history sensor materializes it
+    kafka_client.produce_records(config.kafka.topic, user_events(120, 40, 2))
+    report = build(config, spark_factory=lambda: spark).run_batch()
+    assert report is not None and report.batch.batch_id == 3
+    history = next(s for s in jobs.sensors if s.name == "pageviews_history_sensor")
+    with dg.build_sensor_context(instance=instance, resources=jobs.resources) as context:
+        history(context)
+    for spec, key in zip(config.derived, keys, strict=True):
+        records = instance.fetch_materializations(key, limit=10).records
+        found = [r.asset_materialization for r in records]
+        assert sorted(m.partition for m in found if m is not None) == ["1", "2", "3"]
+        (third,) = [m for m in found if m is not None and m.partition == "3"]
+        outcome = report.batch.metrics["derived"][spec.name]
+        assert third.metadata["merge_version"].value == outcome["version"]
+        assert third.metadata["batch"].value == "pageviews/3"
 
     checks = next(s for s in jobs.sensors if s.name == "pageviews_checks_sensor")
     names = ["views_per_app_matches_recomputation", "latest_per_user_matches_recomputation"]
