@@ -7,7 +7,9 @@ sensor for batches committed where Dagster did not see it (the CLI, recovery, a 
 died before logging). Measures are numbers, so the asset's plots draw them; identifiers
 (batch, application id, attempt) are text, so they are labels and never plotted. The table's
 version and row count are read as of the version the batch committed, so the history shows
-each commit's table rather than today's.
+each commit's table rather than today's. The quarantine and each derived output are
+materialized for the same commit on the same partition (`quarantine_materialization`,
+`derived_materializations`): they are published in the batch's commit too.
 
 Live batches materialize their own partition (the batch id). Backfill batches are not live
 batches and have no partition of their own: they materialize the asset without a partition
