@@ -191,12 +191,11 @@ def test_an_upsert_compares_live_rows_only_and_names_the_differing_key() -> None
 
 def commit(uri: Path, apps: dict[str, int], mode: str = "append") -> None:
     """One commit of a row, recording application transactions as the publisher does."""
-    txns = [Transaction(app_id=a, version=v) for a, v in apps.items()]
     write_deltalake(
         str(uri),
         pa.table({"x": [1]}),
         mode=mode,  # type: ignore[arg-type]
-        commit_properties=CommitProperties(app_transactions=txns),
+        commit_properties=txns(apps),
     )
 
 
@@ -277,3 +276,51 @@ def test_a_batch_is_materialized_on_each_derived_asset_with_or_without_its_metri
     meta = {k: v.value for k, v in logged.metadata.items()}
     assert "applied" not in meta and "rows_inserted" not in meta
     assert (meta["table_version"], meta["row_count"], meta["last_batch_id"]) == (1, 2, "2")
+
+
+def test_the_check_reads_the_derived_table_at_the_raw_tables_batches(tmp_path: Path) -> None:
+    """On real tables: a derived table ahead by the batch in flight is read at the version
+    that holds the raw table's batches (passes); one behind the raw table fails (invariant
+    12); no verdict until both tables exist."""
+    from types import SimpleNamespace
+
+    from orchestration.derived_checks import derived_verdict
+    from resources.delta import DeltaTarget
+
+    raw_uri, out_uri = tmp_path / "raw", tmp_path / "per_app"
+    spec = parse_output({**PER_APP, "table_uri": str(out_uri)})
+    assert isinstance(spec, AggregateOutput)
+    pipeline: Any = SimpleNamespace(
+        config=SimpleNamespace(pipeline="orders", app_id="orders"),
+        publisher=SimpleNamespace(table=DeltaTarget(str(raw_uri))),
+    )
+    target = DeltaTarget(spec.table_uri)
+    assert derived_verdict(pipeline, spec, target) is None  # no table yet
+
+    txn = "orders.derived.views_per_app"
+    rows = raw_rows()
+    write_deltalake(str(out_uri), recompute_aggregate(rows, spec), commit_properties=txns({txn: 1}))
+    assert derived_verdict(pipeline, spec, target) is None  # the raw table not yet
+    write_deltalake(str(raw_uri), rows, commit_properties=txns({"orders": 1}))
+    # batch 2 in flight: in the derived table, not yet in the raw table
+    more = rows.slice(0, 1)
+    ahead = recompute_aggregate(pa.concat_tables([rows, more]), spec)
+    write_deltalake(str(out_uri), ahead, mode="overwrite", commit_properties=txns({txn: 2}))
+    verdict = derived_verdict(pipeline, spec, target)
+    assert verdict is not None and verdict.passed, verdict
+    assert verdict.metadata["derived_version"] == 0 and verdict.metadata["raw_version"] == 0
+
+    write_deltalake(str(raw_uri), more, mode="append", commit_properties=txns({"orders": 2}))
+    verdict = derived_verdict(pipeline, spec, target)
+    assert verdict is not None and verdict.passed and verdict.metadata["derived_version"] == 1
+
+    write_deltalake(str(raw_uri), more, mode="append", commit_properties=txns({"orders": 3}))
+    verdict = derived_verdict(pipeline, spec, target)
+    assert verdict is not None and not verdict.passed
+    assert "behind the raw table's 3 and None" in verdict.text and "invariant 12" in verdict.text
+
+
+def txns(apps: dict[str, int]) -> CommitProperties:
+    return CommitProperties(
+        app_transactions=[Transaction(app_id=a, version=v) for a, v in apps.items()]
+    )
