@@ -109,7 +109,8 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
             "Evaluates the asset checks of the pipeline's table, quarantine and derived outputs, "
-            "shows them on the assets, and alerts once when a check fails and once when it passes again; "
+            "shows them on the assets, and alerts once when a check fails and once when it "
+            "passes again; "
             f"a stuck batch is alerted by {name}_stuck_prepared_sensor, batch by batch."
         ),
         required_resource_keys={pipeline_key(name), alerts_key(name)},
