@@ -108,8 +108,9 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
         minimum_interval_seconds=config.schedule.sensor_interval(60),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
-            "Evaluates the asset checks of the pipeline's table and quarantine, shows them on "
-            "the assets, and alerts once when a check fails and once when it passes again; "
+            "Evaluates the asset checks of the pipeline's table, quarantine and derived outputs, "
+            "shows them on the assets, and alerts once when a check fails and once when it "
+            "passes again; "
             f"a stuck batch is alerted by {name}_stuck_prepared_sensor, batch by batch."
         ),
         required_resource_keys={pipeline_key(name), alerts_key(name)},

@@ -26,6 +26,7 @@ from ledger.two_phase import BatchReport
 from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import (
     commit_materialization,
+    derived_materializations,
     maintenance_metadata,
     quarantine_materialization,
 )
@@ -87,6 +88,8 @@ def build_continuous_job(
             )
             context.log_event(materialization)
             context.log_event(quarantine_materialization(pipeline, batch, str(batch.batch_id)))
+            for derived in derived_materializations(pipeline, batch, str(batch.batch_id)):
+                context.log_event(derived)
 
         cadence = Cadence(config.min_interval_seconds, config.max_batches)
         done = run_continuously(run_batch, cadence, threading.Event(), committed)

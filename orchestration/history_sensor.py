@@ -5,7 +5,8 @@ not see it: by the CLI, by recovery inside another run, or by a run that died be
 commit and its log. Each evaluation makes the asset agree with the ledger: every live batch
 has its dynamic partition, and every published (COMMITTED or ACKED) batch, live or backfill,
 has one materialization of the table asset with the metadata a run would have logged
-(orchestration/metadata.py) and its original timings from the ledger.
+(orchestration/metadata.py) and its original timings from the ledger, and with it the
+quarantine's and each derived output's for the same commit.
 
 Never twice: what has been materialized is read from the event log itself (the `batch` label
 of each materialization since the cursor's storage id), not assumed from the cursor, and a
@@ -36,6 +37,7 @@ from orchestration.liveness import batch_run_tags, run_alive
 from orchestration.metadata import (
     batch_label,
     commit_materialization,
+    derived_materializations,
     quarantine_materialization,
 )
 from orchestration.resources import pipeline_in, pipeline_key
@@ -153,9 +155,12 @@ def record_history(
                 if label not in events.seen:
                     materialization = commit_materialization(table, pipeline, batch, with_lag=False)
                     instance.report_runless_asset_event(materialization)
-                    instance.report_runless_asset_event(
-                        quarantine_materialization(pipeline, batch, materialization.partition)
-                    )
+                    partition = materialization.partition
+                    for side in (
+                        quarantine_materialization(pipeline, batch, partition),
+                        *derived_materializations(pipeline, batch, partition),
+                    ):
+                        instance.report_runless_asset_event(side)
                     events.seen.add(label)
                     recorded.append(f"batch {label} ({batch.state}) materialized from the ledger")
             final = batch.state is BatchState.ABORTED or label in events.seen

@@ -7,7 +7,9 @@ sensor for batches committed where Dagster did not see it (the CLI, recovery, a 
 died before logging). Measures are numbers, so the asset's plots draw them; identifiers
 (batch, application id, attempt) are text, so they are labels and never plotted. The table's
 version and row count are read as of the version the batch committed, so the history shows
-each commit's table rather than today's.
+each commit's table rather than today's. The quarantine and each derived output are
+materialized for the same commit on the same partition (`quarantine_materialization`,
+`derived_materializations`): they are published in the batch's commit too.
 
 Live batches materialize their own partition (the batch id). Backfill batches are not live
 batches and have no partition of their own: they materialize the asset without a partition
@@ -23,9 +25,10 @@ from typing import Any
 
 import dagster as dg
 
+from jobs.delta_publisher import DERIVED_METRICS
 from jobs.pipeline import Pipeline
 from ledger.batch import Batch, BatchKind
-from orchestration.assets import quarantine_key
+from orchestration.assets import derived_key, quarantine_key
 
 _COUNTS = (
     "records_read",
@@ -142,7 +145,7 @@ def log_commit(
     context: dg.OpExecutionContext, table: dg.AssetKey, pipeline: Pipeline, batch: Batch
 ) -> None:
     """Materialize the table asset for a batch the run committed (on the run's partition,
-    when it has one), and the quarantine asset's for the same commit."""
+    when it has one), and the quarantine's and each derived output's for the same commit."""
     partition = context.partition_key if context.has_partition_key else None
     extra = maintenance_metadata(pipeline, context.instance)
     materialization = commit_materialization(
@@ -150,6 +153,8 @@ def log_commit(
     )
     context.log_event(materialization)
     context.log_event(quarantine_materialization(pipeline, batch, materialization.partition))
+    for derived in derived_materializations(pipeline, batch, materialization.partition):
+        context.log_event(derived)
 
 
 def maintenance_metadata(
@@ -203,3 +208,56 @@ def quarantine_materialization(
         meta["row_count"] = stats.row_count
     key = quarantine_key(config.pipeline)
     return dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta)
+
+
+#: A derived output's merge outcome (jobs/delta_publisher.py `merge_outcome`) as metadata:
+#: the measures as numbers, so the asset's plots draw rows changed and seconds per batch.
+_MERGE_FIGURES = ("rows_inserted", "rows_updated", "rows_deleted", "tries")
+
+
+def derived_materializations(
+    pipeline: Pipeline, batch: Batch, partition: str | None
+) -> list[dg.AssetMaterialization]:
+    """Each derived output's materialization of the same commit as the table's (on the same
+    partition): the batch MERGEd into every output before the table (invariant 12), so each
+    output's history moves with the table's, also when the batch changed no group.
+
+    With the batch's outcome for the output when the ledger has it (applied, the version
+    the MERGE made, rows inserted/updated/deleted, seconds); a batch rebuilt from the Delta
+    log has none, and gets what the output's log says: its version and row count, read from
+    the log's file statistics (cheap, as the quarantine's), as of the MERGE's version when
+    known so the history shows each commit's table. A version no longer readable is said.
+    """
+    outcomes: Mapping[str, Any] = batch.metrics.get(DERIVED_METRICS, {})
+    found = []
+    for spec, delta in pipeline.publisher.derived:
+        app_id = spec.app_id(batch.app_id)
+        meta: dict[str, Any] = {
+            "table_uri": dg.MetadataValue.path(spec.table_uri),
+            "batch": dg.MetadataValue.text(batch_label(batch)),
+            "output_app_id": dg.MetadataValue.text(app_id),
+        }
+        outcome: Mapping[str, Any] | None = outcomes.get(spec.name)
+        version = None
+        if outcome is not None:
+            meta["applied"] = dg.MetadataValue.bool(bool(outcome.get("applied")))
+            if outcome.get("version") is not None:
+                version = int(outcome["version"])
+                meta["merge_version"] = dg.MetadataValue.int(version)
+            if outcome.get("seconds") is not None:
+                meta["merge_seconds"] = dg.MetadataValue.float(float(outcome["seconds"]))
+            for key in _MERGE_FIGURES:
+                if key in outcome:
+                    meta[key] = dg.MetadataValue.int(int(outcome[key]))
+        try:
+            stats = delta.stats(app_id, version)
+        except Exception as exc:  # the version's log was cleaned, the store unreachable
+            meta["table_stats_error"] = dg.MetadataValue.text(str(exc))
+            stats = None
+        if stats is not None:
+            meta["table_version"] = dg.MetadataValue.int(stats.version)
+            meta["row_count"] = dg.MetadataValue.int(stats.row_count)
+            meta["last_batch_id"] = dg.MetadataValue.text(str(stats.app_version or 0))
+        key = derived_key(pipeline.config.pipeline, spec.name)
+        found.append(dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta))
+    return found

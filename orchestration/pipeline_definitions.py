@@ -1,6 +1,6 @@
 """Everything Dagster knows of one pipeline config, assembled in one place: its resources,
-its batch partitions, its assets (the topic, the table and the quarantine) and the table
-checks, its seven jobs, its three schedules and its five sensors.
+its batch partitions, its assets (the topic, the table, the quarantine and one per derived
+output) and the table checks, its seven jobs, its three schedules and its five sensors.
 
 Each piece is built by the module named for it; this module only wires them together and
 declares the resources once, in the pipeline's `Definitions`, which the code location
@@ -17,7 +17,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.assets import quarantine_spec, topic_spec
+from orchestration.assets import derived_spec, quarantine_spec, topic_spec
 from orchestration.backfill_job import build_backfill_job
 from orchestration.checks_sensor import build_checks_sensor
 from orchestration.clean_job import build_clean_job
@@ -60,6 +60,8 @@ class PipelineDefinitions:
     compact_schedule: dg.ScheduleDefinition
     sensors: list[dg.SensorDefinition]
     definitions: dg.Definitions
+    #: one asset per derived output, in config order, downstream of `table`
+    derived: tuple[dg.AssetSpec, ...] = ()
 
 
 def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
@@ -82,6 +84,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         kinds={"delta"},
     )
     quarantine = quarantine_spec(config, batches)
+    derived = tuple(derived_spec(config, output, batches) for output in config.derived)
     one_batch = build_micro_batch_graph(config, batches, table)
     micro_batch = build_micro_batch_job(config, one_batch, batches)
     next_batch = build_next_batch_job(config, one_batch)
@@ -103,7 +106,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         build_checks_sensor(config),
     ]
     definitions = dg.Definitions(
-        assets=[topic, table, quarantine],
+        assets=[topic, table, quarantine, *derived],
         asset_checks=[build_table_checks(config)],
         jobs=[micro_batch, next_batch, continuous, redrive, backfill, clean, compact],
         schedules=[schedule, clean_schedule, compact_schedule],
@@ -128,4 +131,5 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         compact_schedule=compact_schedule,
         sensors=sensors,
         definitions=definitions,
+        derived=derived,
     )

@@ -10,7 +10,9 @@
   batch's records: what it read minus what it quarantined in the table, what it quarantined
   in the quarantine (invariants 1 and 9), counted in the batch's own topic incarnation;
 - `quarantine_ratio_within_bound` (quarantine): the last committed batch quarantined at most
-  `alerts.max_quarantine_ratio` of what it read.
+  `alerts.max_quarantine_ratio` of what it read;
+- `<name>_matches_recomputation` (each derived output's asset): the derived table equals its
+  recomputation from the raw table (orchestration/derived_checks.py).
 
 An unset bound does not skip its check: it passes and reports the figure, so lag and
 quarantine ratio are followed in the UI before anyone picks a bound. A check that cannot
@@ -24,7 +26,7 @@ an operator run them from the UI (same verdicts, no alert).
 """
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,45 +40,16 @@ from ledger.decisions import DecisionKind
 from ledger.errors import CONFIG_PLACEHOLDER
 from ledger.protocol import IN_FLIGHT, PUBLISHED
 from orchestration.assets import quarantine_key, table_key
+from orchestration.derived_checks import derived_check_specs, derived_verdicts
 from orchestration.resources import PipelineResource, pipeline_key, resource_in
 from orchestration.stuck_sensor import batch_key, decide_stuck, in_state_since
+from orchestration.verdict import Verdict
 from resources.config import PipelineConfig
 
 NO_STUCK_BATCH = "no_stuck_batch"
 CONSUMER_LAG = "consumer_lag_within_bound"
 QUARANTINE_RATIO = "quarantine_ratio_within_bound"
 LAST_BATCH_COMPLETE = "last_batch_complete"
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One check's result: pass or fail, one line that says why, and plottable figures."""
-
-    check: str
-    asset: dg.AssetKey
-    passed: bool
-    text: str
-    metadata: Mapping[str, Any]
-
-    def evaluation(self) -> dg.AssetCheckEvaluation:
-        """As a sensor reports it."""
-        return dg.AssetCheckEvaluation(
-            asset_key=self.asset,
-            check_name=self.check,
-            passed=self.passed,
-            metadata=dict(self.metadata),
-            description=self.text,
-        )
-
-    def result(self) -> dg.AssetCheckResult:
-        """As a check run reports it."""
-        return dg.AssetCheckResult(
-            asset_key=self.asset,
-            check_name=self.check,
-            passed=self.passed,
-            metadata=dict(self.metadata),
-            description=self.text,
-        )
 
 
 def check_specs(config: PipelineConfig) -> list[dg.AssetCheckSpec]:
@@ -117,6 +90,7 @@ def check_specs(config: PipelineConfig) -> list[dg.AssetCheckSpec]:
                 f"({ratio_bound}) of its records"
             ),
         ),
+        *derived_check_specs(config),
     ]
 
 
@@ -359,6 +333,7 @@ def verdicts(resource: PipelineResource, log: Callable[[str], None]) -> list[Ver
             log(f"{check}: batch {batch_key(batch)} has no record counts in the ledger")
         elif judged is not None:
             found.append(judged)
+    found += derived_verdicts(pipeline, log)
     return [replace(v, text=resource.spell(v.text)) for v in found]
 
 

@@ -1,0 +1,326 @@
+"""Derived outputs in Dagster without a server or Spark: their asset keys and lineage, the
+judge of `<name>_matches_recomputation`, and the walk to the derived table's version that
+holds the raw table's batches (on real delta-rs tables)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import pyarrow as pa
+import pytest
+import yaml
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from derived.invariants import recompute_aggregate, recompute_latest
+from derived.spec import AggregateOutput, UpsertOutput, parse_output
+from ledger.errors import ConfigError
+from orchestration.assets import derived_key
+from orchestration.derived_checks import (
+    MAX_WALK,
+    check_name,
+    judge_derived,
+    match_version,
+)
+from orchestration.pipeline_definitions import pipeline_definitions
+
+PER_APP: dict[str, Any] = {
+    "kind": "aggregate",
+    "name": "views_per_app",
+    "table_uri": "d/views_per_app",
+    "group_by": ["app"],
+    "measures": [{"name": "views", "fn": "count"}, {"name": "bytes", "fn": "sum", "column": "n"}],
+}
+PER_MINUTE: dict[str, Any] = {
+    "kind": "aggregate",
+    "name": "views_per_minute",
+    "table_uri": "d/views_per_minute",
+    "group_by": ["app"],
+    "window": {"column": "ts", "size": "1 minute"},
+    "measures": [{"name": "views", "fn": "count"}],
+}
+LATEST: dict[str, Any] = {
+    "kind": "upsert",
+    "name": "latest_per_user",
+    "table_uri": "d/latest_per_user",
+    "key": ["user"],
+}
+
+
+def write_config(tmp_path: Path, derived: list[dict[str, Any]]) -> Path:
+    path = tmp_path / "orders.yaml"
+    doc = {
+        "pipeline": "orders",
+        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "orders-events"},
+        "delta": {"table_uri": "t", "quarantine_uri": "q"},
+        "derived": derived,
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+# -- keys and lineage ----------------------------------------------------------------------
+
+
+def test_each_derived_output_is_an_asset_downstream_of_the_table_with_its_check(
+    tmp_path: Path,
+) -> None:
+    jobs = pipeline_definitions(write_config(tmp_path, [PER_APP, PER_MINUTE, LATEST]))
+    graph = jobs.definitions.resolve_asset_graph()
+    table = dg.AssetKey("orders_table")
+    keys = [dg.AssetKey(f"orders_{n}") for n in ("views_per_app", "views_per_minute")]
+    keys.append(dg.AssetKey("orders_latest_per_user"))
+    assert [spec.key for spec in jobs.derived] == keys
+    for key in keys:
+        node = graph.get(key)
+        assert node.parent_keys == {table}
+        assert node.kinds == {"delta"}
+        assert node.partitions_def == graph.get(table).partitions_def
+        name = key.path[0].removeprefix("orders_")
+        assert node.check_keys == {dg.AssetCheckKey(key, f"{name}_matches_recomputation")}
+    described = {spec.key.path[0]: spec.description or "" for spec in jobs.derived}
+    assert "bytes = sum(n) by app" in described["orders_views_per_app"]
+    assert "per 1 minute tumbling window of ts" in described["orders_views_per_minute"]
+    assert "latest record per key (user)" in described["orders_latest_per_user"]
+    # the UI runs them with the table checks
+    checks = jobs.definitions.resolve_asset_graph().asset_check_keys
+    assert dg.AssetCheckKey(keys[2], "latest_per_user_matches_recomputation") in checks
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("table", "the pipeline's own table asset"),
+        ("Quarantine", "the pipeline's own quarantine asset"),
+        ("topic", "the pipeline's own topic asset"),
+        ("per.app", "only letters, digits and '_'"),
+        ("per-app", "only letters, digits and '_'"),
+    ],
+)
+def test_a_name_that_would_collide_or_that_dagster_refuses_is_refused_in_one_line(
+    tmp_path: Path, name: str, says: str
+) -> None:
+    assert derived_key("orders", "tables") == dg.AssetKey("orders_tables")
+    with pytest.raises(ConfigError, match=says) as raised:
+        pipeline_definitions(write_config(tmp_path, [{**PER_APP, "name": name}]))
+    assert "\n" not in str(raised.value) and repr(name) in str(raised.value)
+
+
+# -- the judge -----------------------------------------------------------------------------
+
+
+def raw_rows() -> pa.Table:
+    ts = [datetime(2026, 1, 1, 0, m, s, tzinfo=UTC) for m, s in ((0, 1), (0, 59), (1, 0), (2, 5))]
+    return pa.table(
+        {
+            "app": ["web", "web", "ios", None],
+            "user": ["u1", "u2", "u1", "u3"],
+            "n": [10, 20, 5, 7],
+            "ts": pa.array(ts, pa.timestamp("us", tz="UTC")),
+            "_kafka_partition": [0, 0, 0, 0],
+            "_kafka_offset": [0, 1, 2, 3],
+            "_deleted": [False, False, False, True],
+        }
+    )
+
+
+def test_an_aggregate_passes_with_its_figures_and_fails_naming_the_first_groups() -> None:
+    spec = parse_output(PER_APP)
+    assert isinstance(spec, AggregateOutput)
+    expected = recompute_aggregate(raw_rows(), spec)
+    ok = judge_derived("orders", spec, expected, expected, raw_version=7, derived_version=9)
+    assert ok.passed and ok.check == check_name(spec) == "views_per_app_matches_recomputation"
+    assert ok.asset == dg.AssetKey("orders_views_per_app")
+    assert "all 3 groups equal" in ok.text and "version 9" in ok.text and "version 7" in ok.text
+    assert ok.metadata["recomputed_groups"] == 3 and ok.metadata["differing_groups"] == 0
+
+    # one more view counted for web than its rows give
+    apps, counts = expected["app"].to_pylist(), expected["views"].to_pylist()
+    views = pa.array([v + (a == "web") for a, v in zip(apps, counts, strict=True)], pa.int64())
+    tampered = expected.set_column(expected.column_names.index("views"), "views", views)
+    bad = judge_derived("orders", spec, expected, tampered, raw_version=7, derived_version=9)
+    assert not bad.passed and "\n" not in bad.text
+    assert "1 of 3 groups differ" in bad.text
+    assert "group {'app': 'web'}: views is 3, recomputed 2" in bad.text
+    assert bad.metadata["differing_groups"] == 1
+
+    tv = expected.slice(0, 1).set_column(0, "app", pa.array(["tv"]))
+    extra = pa.concat_tables([expected, tv])
+    assert (
+        "group {'app': 'tv'}: in the derived table"
+        in judge_derived("orders", spec, expected, extra, 1, 1).text
+    )
+
+
+def test_an_upsert_compares_live_rows_only_and_names_the_differing_key() -> None:
+    spec = parse_output(LATEST)
+    assert isinstance(spec, UpsertOutput)
+    expected = recompute_latest(raw_rows(), spec)
+    assert sorted(expected["user"].to_pylist()) == ["u1", "u2"]  # u3's last record deletes it
+    # a table keeping tombstones as rows (`_deleted` true): the deleted key is not compared
+    kept = pa.concat_tables(
+        [
+            expected.append_column("_deleted", pa.array([False] * expected.num_rows)),
+            raw_rows().slice(3, 1).select([*expected.column_names, "_deleted"]),
+        ]
+    )
+    ok = judge_derived("orders", spec, expected, kept, 4, 4)
+    assert ok.passed, ok.text
+    assert "all 2 keys equal" in ok.text
+
+    users = kept["user"].to_pylist()
+    n = [99 if u == "u2" else v for u, v in zip(users, kept["n"].to_pylist(), strict=True)]
+    changed = kept.set_column(kept.column_names.index("n"), "n", pa.array(n, pa.int64()))
+    bad = judge_derived("orders", spec, expected, changed, 4, 4)
+    assert not bad.passed
+    assert "key {'user': 'u2'}: n is 99, recomputed 20" in bad.text
+
+    revived = kept.set_column(
+        kept.column_names.index("_deleted"), "_deleted", pa.array([False] * kept.num_rows)
+    )
+    assert (
+        "key {'user': 'u3'}: in the derived table, absent or deleted in the raw rows"
+        in judge_derived("orders", spec, expected, revived, 4, 4).text
+    )
+
+
+# -- the version walk ----------------------------------------------------------------------
+
+
+def commit(uri: Path, apps: dict[str, int], mode: str = "append") -> None:
+    """One commit of a row, recording application transactions as the publisher does."""
+    write_deltalake(
+        str(uri),
+        pa.table({"x": [1]}),
+        mode=mode,  # type: ignore[arg-type]
+        commit_properties=txns(apps),
+    )
+
+
+def walk(uri: Path, raw_apps: tuple[int | None, int | None]) -> tuple[int | None, str | None]:
+    table = DeltaTable(str(uri))
+    live, backfill = "orders.derived.d", "orders.backfill.derived.d"
+
+    def apps_at(version: int) -> tuple[int | None, int | None]:
+        table.load_as_version(version)
+        return table.transaction_version(live), table.transaction_version(backfill)
+
+    return match_version(raw_apps, table.version(), apps_at)
+
+
+def test_the_walk_finds_the_version_holding_the_raw_tables_batches(tmp_path: Path) -> None:
+    uri = tmp_path / "derived"
+    commit(uri, {"orders.derived.d": 1})  # v0
+    commit(uri, {"orders.derived.d": 2})  # v1
+    commit(uri, {"orders.backfill.derived.d": 1})  # v2
+    commit(uri, {})  # v3: a compaction, no transaction
+    commit(uri, {"orders.derived.d": 3})  # v4: the batch in flight, not in the raw table yet
+    assert walk(uri, (2, 1)) == (3, None)  # the latest version at (2, 1)
+    assert walk(uri, (3, 1)) == (4, None)  # caught up
+    assert walk(uri, (1, None)) == (0, None)
+    version, why = walk(uri, (4, 1))  # the raw table holds live batch 4: the derived not
+    assert version is None and why is not None and "invariant 12" in why
+    assert "holds live batch 3 and backfill batch 1, behind the raw table's 4 and 1" in why
+    version, why = walk(uri, (2, 2))
+    assert version is None and why is not None and "behind" in why
+
+
+def test_the_walk_gives_no_verdict_past_its_bound(tmp_path: Path) -> None:
+    calls: list[int] = []
+
+    def ahead(version: int) -> tuple[int | None, int | None]:
+        calls.append(version)
+        return (version + 10, None)
+
+    assert match_version((3, None), 200, ahead) == (None, None)
+    assert len(calls) == MAX_WALK
+
+
+# -- the materializations ------------------------------------------------------------------
+
+
+def test_a_batch_is_materialized_on_each_derived_asset_with_or_without_its_metrics(
+    tmp_path: Path,
+) -> None:
+    """A run logs the batch's merge outcome; a batch the history sensor rebuilt from the
+    Delta log has none, and still gets the output's version and rows from its log."""
+    from types import SimpleNamespace
+
+    from orchestration.metadata import derived_materializations
+    from resources.delta import DeltaTarget
+    from tests.fixtures.batches import a_batch
+
+    spec = parse_output({**PER_APP, "table_uri": str(tmp_path / "per_app")})
+    commit(tmp_path / "per_app", {"orders.derived.views_per_app": 1})  # v0: 1 row
+    commit(tmp_path / "per_app", {"orders.derived.views_per_app": 2})  # v1: 2 rows
+    pipeline: Any = SimpleNamespace(
+        config=SimpleNamespace(pipeline="orders"),
+        publisher=SimpleNamespace(derived=[(spec, DeltaTarget(spec.table_uri))]),
+    )
+    outcome = {"applied": True, "version": 0, "seconds": 0.25, "tries": 1}
+    outcome |= {"rows_inserted": 3, "rows_updated": 1, "rows_deleted": 0}
+    ran = a_batch(1, app_id="orders", pipeline="orders", metrics={"derived": {spec.name: outcome}})
+    (logged,) = derived_materializations(pipeline, ran, "1")
+    meta = {k: v.value for k, v in logged.metadata.items()}
+    assert (logged.asset_key, logged.partition) == (dg.AssetKey("orders_views_per_app"), "1")
+    assert meta["applied"] is True and meta["merge_seconds"] == 0.25
+    assert (meta["rows_inserted"], meta["rows_updated"], meta["rows_deleted"]) == (3, 1, 0)
+    # as of the MERGE's version, not today's table
+    assert (meta["merge_version"], meta["table_version"], meta["row_count"]) == (0, 0, 1)
+    assert meta["batch"] == "orders/1" and meta["last_batch_id"] == "1"
+
+    rebuilt = a_batch(2, app_id="orders", pipeline="orders")  # no metrics
+    (logged,) = derived_materializations(pipeline, rebuilt, "2")
+    meta = {k: v.value for k, v in logged.metadata.items()}
+    assert "applied" not in meta and "rows_inserted" not in meta
+    assert (meta["table_version"], meta["row_count"], meta["last_batch_id"]) == (1, 2, "2")
+
+
+def test_the_check_reads_the_derived_table_at_the_raw_tables_batches(tmp_path: Path) -> None:
+    """On real tables: a derived table ahead by the batch in flight is read at the version
+    that holds the raw table's batches (passes); one behind the raw table fails (invariant
+    12); no verdict until both tables exist."""
+    from types import SimpleNamespace
+
+    from orchestration.derived_checks import derived_verdict
+    from resources.delta import DeltaTarget
+
+    raw_uri, out_uri = tmp_path / "raw", tmp_path / "per_app"
+    spec = parse_output({**PER_APP, "table_uri": str(out_uri)})
+    assert isinstance(spec, AggregateOutput)
+    pipeline: Any = SimpleNamespace(
+        config=SimpleNamespace(pipeline="orders", app_id="orders"),
+        publisher=SimpleNamespace(table=DeltaTarget(str(raw_uri))),
+    )
+    target = DeltaTarget(spec.table_uri)
+    assert derived_verdict(pipeline, spec, target) is None  # no table yet
+
+    txn = "orders.derived.views_per_app"
+    rows = raw_rows()
+    write_deltalake(str(out_uri), recompute_aggregate(rows, spec), commit_properties=txns({txn: 1}))
+    assert derived_verdict(pipeline, spec, target) is None  # the raw table not yet
+    write_deltalake(str(raw_uri), rows, commit_properties=txns({"orders": 1}))
+    # batch 2 in flight: in the derived table, not yet in the raw table
+    more = rows.slice(0, 1)
+    ahead = recompute_aggregate(pa.concat_tables([rows, more]), spec)
+    write_deltalake(str(out_uri), ahead, mode="overwrite", commit_properties=txns({txn: 2}))
+    verdict = derived_verdict(pipeline, spec, target)
+    assert verdict is not None and verdict.passed, verdict
+    assert verdict.metadata["derived_version"] == 0 and verdict.metadata["raw_version"] == 0
+
+    write_deltalake(str(raw_uri), more, mode="append", commit_properties=txns({"orders": 2}))
+    verdict = derived_verdict(pipeline, spec, target)
+    assert verdict is not None and verdict.passed and verdict.metadata["derived_version"] == 1
+
+    write_deltalake(str(raw_uri), more, mode="append", commit_properties=txns({"orders": 3}))
+    verdict = derived_verdict(pipeline, spec, target)
+    assert verdict is not None and not verdict.passed
+    assert "behind the raw table's 3 and None" in verdict.text and "invariant 12" in verdict.text
+
+
+def txns(apps: dict[str, int]) -> CommitProperties:
+    return CommitProperties(
+        app_transactions=[Transaction(app_id=a, version=v) for a, v in apps.items()]
+    )
