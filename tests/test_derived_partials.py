@@ -308,3 +308,23 @@ def test_an_upsert_replace_over_spark_partials_matches_the_raw_rows_after_it(
     table = DeltaTable(uri).to_pyarrow_table()
     assert upsert_differences(recompute_latest(raw_after, spec), table, spec) == []
     assert sorted(live_rows(table)["user"].to_pylist()) == ["u1", "u2"]
+
+
+def test_a_tombstone_row_is_no_event_for_an_aggregate(spark: SparkSession, tmp_path: Path) -> None:
+    # a pipeline with an upsert output keeps its tombstones in the raw table (`_deleted`
+    # true, every parsed field null): a delete marker, not a page view of no app
+    from pyspark.sql import functions as F
+
+    spec = windowed(str(tmp_path / "agg"))
+    rows = [
+        ("u1", "a", 10, 1, 0, 0, V, None),
+        ("u2", None, 7, 2, 0, 1, V, None),  # a record with no app: a group of its own
+        (None, None, None, None, 0, 2, None, None),  # the tombstone of a key
+    ]
+    staged = stage_out(spark, rows, 1).withColumn("_deleted", F.col("value").isNull())
+    table_rows = staged.drop("value", "_error")
+    partial = aggregate_partial(table_rows, spec).toArrow()
+    by_app = sorted((r["app"] or "", r["views"]) for r in partial.to_pylist())
+    assert by_app == [("", 1), ("a", 1)]
+    recomputed = recompute_aggregate(table_rows.toArrow(), spec)
+    assert sorted((r["app"] or "", r["views"]) for r in recomputed.to_pylist()) == by_app
