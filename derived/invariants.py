@@ -51,6 +51,9 @@ def recompute_aggregate(raw_rows: pa.Table, spec: AggregateOutput) -> pa.Table:
     rows = raw_rows
     if "_error" in rows.column_names:
         rows = rows.filter(pc.is_null(rows["_error"]))
+    if DELETED in rows.column_names:
+        # an upsert's tombstones in the raw table are delete markers, not events
+        rows = rows.filter(pc.invert(pc.fill_null(rows[DELETED], False)))
     rows = rows.drop_columns([c for c in STAGE_ONLY if c in rows.column_names])
     keys = list(spec.group_by)
     if spec.window is not None:

@@ -45,6 +45,13 @@ def good_rows(df: DataFrame) -> DataFrame:
     return df.where(F.col("_error").isNull()) if "_error" in df.columns else df
 
 
+def event_rows(df: DataFrame) -> DataFrame:
+    """The rows an aggregate counts: the table's, less the tombstones a pipeline with an
+    upsert output keeps in the raw table (`_deleted` true): a delete marker is no event."""
+    rows = good_rows(df)
+    return rows.where(~F.coalesce(F.col(DELETED), F.lit(False))) if DELETED in df.columns else rows
+
+
 def _missing(df: DataFrame, columns: list[str], name: str) -> None:
     absent = [c for c in columns if c not in df.columns]
     if absent:
@@ -76,7 +83,7 @@ def aggregate_partial(df: DataFrame, spec: AggregateOutput) -> DataFrame:
     if spec.window is not None:
         needed.append(spec.window.column)
     _missing(df, needed, spec.name)
-    rows = good_rows(df)
+    rows = event_rows(df)
     keys: list[Column] = [F.col(c) for c in spec.group_by]
     if spec.window is not None:
         size = F.lit(spec.window.micros).cast("long")

@@ -160,7 +160,8 @@ def _raw_columns(spec: AggregateOutput | UpsertOutput, derived: Sequence[str]) -
         wanted = [*spec.group_by, *(m.column for m in spec.measures if m.column)]
         if spec.window is not None:
             wanted.append(spec.window.column)
-        return [*wanted, "_error"]
+        # `_deleted`: an upsert's tombstones in the raw table are no events to count
+        return [*wanted, "_error", DELETED]
     return [*spec.key, *derived, PARTITION, OFFSET, DELETED, "value", "_error"]
 
 
