@@ -11,6 +11,7 @@ JVM in a check.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -81,6 +82,29 @@ def _sort_key(row: dict[str, Any], keys: list[str]) -> tuple[Any, ...]:
     return tuple((row[k] is not None, row[k]) for k in keys)
 
 
+def _by_key(
+    want: dict[tuple[Any, ...], dict[str, Any]],
+    have: dict[tuple[Any, ...], dict[str, Any]],
+    keys: list[str],
+    unit: str,
+    extra: str,
+    problems: list[str],
+) -> Iterator[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+    """Every key either side holds, in key order: a key one side lacks adds its line to
+    `problems` (missing from the derived table, or in it but `extra`); a key both hold is
+    yielded as (the key by column, the recomputed row, the held row) for the caller to
+    compare, so the lines stay in key order."""
+    for key in sorted(set(want) | set(have)):
+        row = want.get(key) or have[key]
+        named = {k: row[k] for k in keys}
+        if key not in have:
+            problems.append(f"{unit} {named}: missing from the derived table")
+        elif key not in want:
+            problems.append(f"{unit} {named}: in the derived table, {extra}")
+        else:
+            yield named, want[key], have[key]
+
+
 def aggregate_differences(
     expected: pa.Table, actual: pa.Table, spec: AggregateOutput, rel_tol: float = 1e-9
 ) -> list[str]:
@@ -90,17 +114,11 @@ def aggregate_differences(
     keys = spec.key_columns
     want = {_sort_key(r, keys): r for r in expected.to_pylist()}
     have = {_sort_key(r, keys): r for r in actual.to_pylist()}
-    problems = []
-    for key in sorted(set(want) | set(have)):
-        group = {k: v for k, v in (want.get(key) or have[key]).items() if k in keys}
-        if key not in have:
-            problems.append(f"group {group}: missing from the derived table")
-            continue
-        if key not in want:
-            problems.append(f"group {group}: in the derived table, not in the raw rows")
-            continue
+    problems: list[str] = []
+    extra = "not in the raw rows"
+    for group, wanted, held in _by_key(want, have, keys, "group", extra, problems):
         for m in spec.measures:
-            w, h = want[key][m.name], have[key][m.name]
+            w, h = wanted[m.name], held[m.name]
             same = (
                 math.isclose(w, h, rel_tol=rel_tol)
                 if isinstance(w, float) and isinstance(h, float)
@@ -213,18 +231,9 @@ def upsert_differences(expected: pa.Table, actual: pa.Table, spec: UpsertOutput)
         if key in have:
             problems.append(f"key { ({k: r[k] for k in keys}) }: twice in the derived table")
         have[key] = r
-    for key in sorted(set(want) | set(have)):
-        row = want.get(key) or have[key]
-        named = {k: row[k] for k in keys}
-        if key not in have:
-            problems.append(f"key {named}: missing from the derived table")
-            continue
-        if key not in want:
-            problems.append(f"key {named}: in the derived table, absent or deleted in the raw rows")
-            continue
+    extra = "absent or deleted in the raw rows"
+    for named, wanted, held in _by_key(want, have, keys, "key", extra, problems):
         for c in columns:
-            if c not in keys and want[key][c] != have[key][c]:
-                problems.append(
-                    f"key {named}: {c} is {have[key][c]!r}, recomputed {want[key][c]!r}"
-                )
+            if c not in keys and wanted[c] != held[c]:
+                problems.append(f"key {named}: {c} is {held[c]!r}, recomputed {wanted[c]!r}")
     return problems
