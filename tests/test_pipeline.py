@@ -410,3 +410,74 @@ def test_a_fill_updates_derived_outputs_like_a_live_batch(
             )
             == batch.batch_id
         )  # ... derived from the backfills'
+
+
+def test_an_output_added_to_a_pipeline_with_history_waits_for_its_rebuild(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """A derived output added to a pipeline that already committed batches would start
+    empty and stay short of its recomputation for ever (a MERGE into a missing table
+    creates it). The first batch after is refused before the vote, naming the command;
+    `exactly derived rebuild` builds each output from the raw table in one commit; the
+    pipeline then goes on, and every output equals its recomputation. A rebuild over an
+    output that holds batches is refused (exit 2), as is the same output's table deleted
+    under a running pipeline."""
+    import shutil
+
+    from ledger.errors import RefusedBatchError
+    from resources.config import load_config
+    from tests.fixtures.derived import (
+        TRANSFORM,
+        assert_derived_match,
+        derived_outputs,
+        user_events,
+    )
+    from tests.fixtures.pipeline import save_config
+
+    plain = pipeline_factory(2, max_records=60, transform=TRANSFORM)
+    topic = plain.kafka.topic
+    kafka_client.produce_records(topic, user_events(0, 150, 2, tombstone_every=0))
+    assert len(run_until_caught_up(build(plain, spark_factory=lambda: spark))) >= 2
+
+    doc = plain.model_dump(mode="json")
+    doc["derived"] = derived_outputs(tmp_path / "derived")
+    path = save_config(plain, tmp_path / "with-derived.yaml")
+    path.write_text(json.dumps(doc))
+    config = load_config(path)
+    kafka_client.produce_records(topic, user_events(150, 90, 2, tombstone_every=7))
+    with pytest.raises(RefusedBatchError, match="exactly derived rebuild"):
+        run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert not any(DeltaTable.is_deltatable(spec.table_uri) for spec in config.derived)
+
+    def rebuild(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*EXACTLY, "derived", "rebuild", "-c", str(path), name],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    for spec in config.derived:
+        done = rebuild(spec.name)
+        assert done.returncode == 0, done.stderr
+        assert f"rebuilt derived output {spec.name}" in done.stdout
+    assert_derived_match(config)
+    again = rebuild("views_per_app")
+    assert again.returncode == 2
+    assert "already holds batches" in again.stderr and len(again.stderr.splitlines()) == 1
+    unknown = rebuild("no_such_output")
+    assert (unknown.returncode, "no_such_output" in unknown.stderr) == (2, True)
+
+    assert len(run_until_caught_up(build(config, spark_factory=lambda: spark))) >= 1
+    assert assert_exactly_once(config, kafka_client)[0] == 240
+    assert_derived_match(config)
+
+    # an output's table deleted under the pipeline: refused again, rebuilt, right again
+    shutil.rmtree(config.derived[0].table_uri)
+    kafka_client.produce_records(topic, user_events(240, 60, 2, tombstone_every=7))
+    with pytest.raises(RefusedBatchError, match=config.derived[0].name):
+        run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert rebuild(config.derived[0].name).returncode == 0
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert assert_exactly_once(config, kafka_client)[0] == 300
+    assert_derived_match(config)
