@@ -159,6 +159,17 @@ def tombstones(rows: pa.Table, name: str) -> pa.ChunkedArray:
     )
 
 
+def raw_table_rows(rows: pa.Table) -> pa.Table:
+    """The raw table's rows as the recomputations take them: with a `_deleted` column, all
+    false, when the table has none. The raw table keeps tombstones (and the column) only
+    since the pipeline has an upsert output (jobs/stage.py `carries_tombstones`); rows
+    written before were published as records, so records they are. Only for the raw
+    table's rows: a stage's frame always has Kafka's `value` (`tombstones`)."""
+    if DELETED in rows.column_names or "value" in rows.column_names:
+        return rows
+    return rows.append_column(DELETED, pa.array([False] * rows.num_rows, pa.bool_()))
+
+
 def _require(rows: pa.Table, columns: list[str], name: str) -> None:
     missing = [c for c in columns if c not in rows.column_names]
     if missing:

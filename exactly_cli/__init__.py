@@ -19,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
         backfill_cmd,
         bench_cmd,
         clean_cmd,
+        derived_cmd,
         kafka_cmd,
         pipeline_cmd,
         skip_cmd,
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_cmd.register(sub)
     backfill_cmd.register(sub)
     clean_cmd.register(sub)
+    derived_cmd.register(sub)
     skip_cmd.register(sub)
     spark_cmd.register(sub)
     return parser

@@ -18,11 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from derived.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
+from derived.rebuild import behind_reason
 from derived.spec import DELETED, AggregateOutput, UpsertOutput
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target, is_derived
+from ledger.backfill import backfill_app_id
 from ledger.batch import Batch, StagedFile
 from ledger.crash import crashpoint
-from ledger.errors import InconsistencyError
+from ledger.errors import InconsistencyError, RefusedBatchError
 from ledger.two_phase import PublishResult
 from resources import storage
 from resources.config import PipelineConfig
@@ -75,10 +77,14 @@ class DeltaPublisher:
         table: DeltaTarget,
         quarantine: DeltaTarget,
         derived: Sequence[tuple[AggregateOutput | UpsertOutput, DeltaTarget]] = (),
+        app_ids: Sequence[str] = (),
     ) -> None:
         self.table = table
         self.quarantine = quarantine
         self.derived = tuple(derived)
+        #: the pipeline's application ids (live, backfill): a derived output must hold the
+        #: batches of each that the raw table holds (`check_not_behind`)
+        self.app_ids = tuple(app_ids)
         self._specs = {derived_target(spec.name): spec for spec, _d in self.derived}
 
     @classmethod
@@ -89,6 +95,7 @@ class DeltaPublisher:
             DeltaTarget(config.delta.table_uri, options),
             DeltaTarget(config.delta.quarantine_uri, options),
             [(spec, DeltaTarget(spec.table_uri, options)) for spec in config.derived],
+            (config.app_id, backfill_app_id(config.pipeline)),
         )
 
     def _outputs(self) -> tuple[tuple[str, DeltaTarget], ...]:
@@ -191,8 +198,10 @@ class DeltaPublisher:
         a transform's incompatible quarantine schema then fails at once, not on the first
         batch that happens to hold a bad record. A table not created yet takes any schema.
         A derived output's partial must fit its table as it is (derived/merge.py's rule,
-        which the MERGE applies again: no new columns yet).
+        which the MERGE applies again: no new columns yet), and the output must not be
+        behind the raw table (`check_not_behind`).
         """
+        self.check_not_behind(self.app_ids)
         for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
             if target in schemas:
                 delta.check_schema(decode_schema(schemas[target]))
@@ -203,6 +212,20 @@ class DeltaPublisher:
                 _check_schema(
                     table, self._table_schema(spec, schemas[target]), delta.uri, spec.name
                 )
+
+    def check_not_behind(self, app_ids: Collection[str]) -> None:
+        """Refuse to merge into a derived output that holds no batch of an application id
+        whose batches the raw table holds: a new output on a pipeline with history, or an
+        output whose table was deleted. Merged from here it would miss every earlier batch
+        for ever, silently (a MERGE into a missing table creates it); it must be built
+        from the raw table first (derived/rebuild.py). Checked before the vote, where the
+        refusal abandons the batch, and again at the commit, where it keeps a voted batch
+        waiting (invariant 5) for the rebuild."""
+        for spec, delta in self.derived:
+            for app_id in app_ids:
+                reason = behind_reason(spec, delta, self.table, app_id)
+                if reason is not None:
+                    raise RefusedBatchError(reason)
 
     @staticmethod
     def _table_schema(spec: AggregateOutput | UpsertOutput, encoded: str) -> pa.Schema:
@@ -319,6 +342,9 @@ class DeltaPublisher:
     ) -> MergeOutcome:
         """MERGE the batch's voted partial into derived output `spec`'s table, under the
         output's own app transaction, carrying the batch's commit info (invariant 7)."""
+        reason = behind_reason(spec, delta, self.table, batch.app_id)
+        if reason is not None:
+            raise InconsistencyError(reason)
         partial = self.read_partial(batch, spec, delta, files)
         common: dict[str, Any] = {
             "app_id": spec.app_id(batch.app_id),

@@ -29,6 +29,7 @@ from deltalake.exceptions import TableNotFoundError
 from derived.invariants import (
     aggregate_differences,
     live_rows,
+    raw_table_rows,
     recompute_aggregate,
     recompute_latest,
     upsert_differences,
@@ -205,7 +206,7 @@ def derived_verdict(
     columns = list(
         dict.fromkeys(c for c in _raw_columns(spec, actual.column_names) if c in present)
     )
-    rows = dataset.to_table(columns=columns)
+    rows = raw_table_rows(dataset.to_table(columns=columns))
     if isinstance(spec, AggregateOutput):
         expected = recompute_aggregate(rows, spec)
     else:
