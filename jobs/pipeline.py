@@ -49,6 +49,9 @@ class Pipeline:
         self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
         self.source = KafkaOffsetSource(self.kafka, config.kafka.topic, config.group_id)
         self.publisher = DeltaPublisher.for_config(config)
+        # a PostgreSQL output's server that refuses us or does not answer fails here too
+        for output in self.publisher.postgres.values():
+            output.check_reachable()
         self.spark = spark_factory or SharedSpark.for_config(config)
         self._backfills: dict[str, TwoPhaseCommit] = {}
         self._lock = threading.Lock()

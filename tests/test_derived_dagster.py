@@ -67,7 +67,16 @@ def write_config(tmp_path: Path, derived: list[dict[str, Any]]) -> Path:
 def test_each_derived_output_is_an_asset_downstream_of_the_table_with_its_check(
     tmp_path: Path,
 ) -> None:
-    jobs = pipeline_definitions(write_config(tmp_path, [PER_APP, PER_MINUTE, LATEST]))
+    # a PostgreSQL output is published with them but has no asset yet (nor a check)
+    dashboard = {
+        "kind": "postgres",
+        "name": "dashboard",
+        "url": {"env": "DASHBOARD_URL"},
+        "table": "views",
+        "group_by": ["app"],
+        "measures": [{"name": "views", "fn": "count"}],
+    }
+    jobs = pipeline_definitions(write_config(tmp_path, [PER_APP, PER_MINUTE, LATEST, dashboard]))
     graph = jobs.definitions.resolve_asset_graph()
     table = dg.AssetKey("orders_table")
     keys = [dg.AssetKey(f"orders_{n}") for n in ("views_per_app", "views_per_minute")]
