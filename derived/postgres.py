@@ -30,7 +30,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -559,3 +559,31 @@ class PostgresTarget:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def read_output(
+    engine: Engine, spec: PostgresOutput, app_ids: Sequence[str]
+) -> tuple[pa.Table, tuple[int | None, ...]]:
+    """The output table's rows (its keys and measures) and the batch id each of `app_ids`
+    has in the state, read in one REPEATABLE READ transaction so the rows are exactly those
+    batches' (the recomputation check, orchestration/derived_checks.py); an output never
+    applied reads as empty with no batch."""
+    columns = [*spec.key_columns, *(m.name for m in spec.measures)]
+    names = ", ".join(_quote(c) for c in columns)
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": _table(spec)}).scalar():
+                    found = conn.execute(sa.text(f"SELECT {names} FROM {_table(spec)}"))
+                    rows = [dict(r._mapping) for r in found]
+                else:
+                    rows = []
+                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": _state(spec)}).scalar():
+                    held = tuple(_read_state(conn, spec, a)[0] for a in app_ids)
+                else:
+                    held = tuple(None for _a in app_ids)
+    except OperationalError as exc:
+        raise UnreachableError(f"{_where(engine, spec)}: {_one_line(exc)}") from exc
+    table = pa.Table.from_pylist(rows) if rows else pa.table({c: [] for c in columns})
+    return table, held

@@ -17,7 +17,6 @@ from typing import Any
 
 import dagster as dg
 
-from derived.spec import PostgresOutput
 from orchestration.assets import derived_spec, quarantine_spec, topic_spec
 from orchestration.backfill_job import build_backfill_job
 from orchestration.checks_sensor import build_checks_sensor
@@ -85,13 +84,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         kinds={"delta"},
     )
     quarantine = quarantine_spec(config, batches)
-    # a PostgreSQL output is published with the others but has no asset yet
-    # (docs/derived-tables.md, "What is not done")
-    derived = tuple(
-        derived_spec(config, output, batches)
-        for output in config.derived
-        if not isinstance(output, PostgresOutput)
-    )
+    derived = tuple(derived_spec(config, output, batches) for output in config.derived)
     one_batch = build_micro_batch_graph(config, batches, table)
     micro_batch = build_micro_batch_job(config, one_batch, batches)
     next_batch = build_next_batch_job(config, one_batch)
