@@ -105,9 +105,11 @@ class Pipeline:
         return replacement
 
     def close(self) -> None:
-        """Dispose of the ledger's engine and the Kafka client. The Spark session belongs to
-        the process (one per process) and outlives the pipeline."""
+        """Dispose of the ledger's engine, the PostgreSQL outputs' and the Kafka client. The
+        Spark session belongs to the process (one per process) and outlives the pipeline."""
         self.store.dispose()
+        for output in self.publisher.postgres.values():
+            output.dispose()
         self.kafka.close()
 
     def __enter__(self) -> Pipeline:
