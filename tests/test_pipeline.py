@@ -408,6 +408,25 @@ def test_derived_outputs_equal_their_recomputation_batch_after_batch(
         )
         assert batch_ids == [r.batch.batch_id for r in (*first, *second)], spec.name
 
+    # the output's state row lost behind the pipeline's back: the next batch is out of
+    # order for it, refused loudly, never skipped; it waits PREPARED, nothing applied
+    import sqlalchemy as sa
+
+    from derived.postgres import STATE_TABLE
+    from ledger.errors import InconsistencyError
+
+    engine = sa.create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'DELETE FROM "{STATE_TABLE}" WHERE output = :t'), {"t": pg.table})
+    engine.dispose()
+    kafka_client.produce_records(topic, user_events(390, 30, 3))
+    tpc = build(config, spark_factory=lambda: spark)
+    with pytest.raises(InconsistencyError, match="out of order: the output holds batch none"):
+        tpc.run_batch()
+    (stuck,) = tpc.store.batches(app_id=config.app_id, limit=1)
+    assert stuck.state is BatchState.PREPARED
+    assert postgres_rows(pg).sort_by("app") == before
+
 
 def test_a_fill_updates_derived_outputs_like_a_live_batch(
     spark: Any, kafka_client: Any, pipeline_factory: Any, postgres_url: str, tmp_path: Path
