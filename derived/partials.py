@@ -35,6 +35,7 @@ from derived.spec import (
     WINDOW_END,
     WINDOW_START,
     AggregateOutput,
+    PostgresOutput,
     UpsertOutput,
 )
 from ledger.errors import ConfigError
@@ -68,7 +69,7 @@ def _measure(fn: str, column: str | None) -> Column:
     return {"sum": F.sum, "min": F.min, "max": F.max}[fn](F.col(column))
 
 
-def aggregate_partial(df: DataFrame, spec: AggregateOutput) -> DataFrame:
+def aggregate_partial(df: DataFrame, spec: AggregateOutput | PostgresOutput) -> DataFrame:
     """The batch's partial aggregate: one row per group (and window), its measures over the
     batch's good rows only. Merged into the table by derived/merge.py `merge_aggregate`.
 

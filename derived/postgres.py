@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -43,8 +42,14 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from derived.spec import PostgresOutput
-from ledger.crash import CRASH_EXIT_CODE
-from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError, UnreachableError
+from ledger.crash import crashpoint
+from ledger.errors import (
+    AuthenticationError,
+    ConfigError,
+    InconsistencyError,
+    RefusedBatchError,
+    UnreachableError,
+)
 from resources.config import resolve_options
 from resources.delta import MAX_UNKNOWN_OUTCOMES, METADATA_KEY
 
@@ -52,24 +57,12 @@ STATE_TABLE = "exactly_output_state"
 #: NULLS NOT DISTINCT unique indexes (a null group key is one group, as in the Delta
 #: output's null-safe MERGE) exist from PostgreSQL 15 on.
 MIN_SERVER_VERSION = 150000
-#: Named crash points of this module, for the crash tests: `EXACTLY_CRASH_AT=<point>` kills
-#: the process there as ledger/crash.py's points do. Kept here rather than in
-#: ledger/crash.py's POINTS until the publisher's wiring adds them to the protocol's matrix.
+#: The crash points of this module (ledger/crash.py POINTS, in the crash matrix of
+#: tests/test_crash.py): the transaction's end, before and after its COMMIT.
 CRASH_POINTS = ("postgres_before_commit", "postgres_after_commit")
 
 #: A hook the tests run at a named moment of the transaction, on its connection.
 Hook = Callable[[Connection], None]
-
-
-def _crashpoint(name: str) -> None:
-    """Die like kill -9 at `name` when EXACTLY_CRASH_AT names it (ledger/crash.py's
-    convention); unset in production, one dictionary lookup."""
-    assert name in CRASH_POINTS, name
-    wanted = os.environ.get("EXACTLY_CRASH_AT")
-    if wanted and name in wanted.split(","):
-        sys.stderr.write(f"exactly: crash point {name} reached; dying\n")
-        sys.stderr.flush()
-        os._exit(CRASH_EXIT_CODE)
 
 
 @dataclass(frozen=True)
@@ -441,9 +434,9 @@ def apply_partial(
                 )
                 if before_commit is not None:
                     before_commit(conn)
-                _crashpoint("postgres_before_commit")
+                crashpoint("postgres_before_commit")
                 _commit(conn)
-            _crashpoint("postgres_after_commit")
+            crashpoint("postgres_after_commit")
             return PostgresOutcome(
                 applied=True,
                 held_batch_id=batch_id,
@@ -466,3 +459,131 @@ def apply_partial(
             raise InconsistencyError(
                 f"{where}: {batch} was not applied: {str(exc.orig).strip().splitlines()[0]}"
             ) from exc
+
+
+# -- in the pipeline ----------------------------------------------------------------------
+
+
+def _one_line(exc: OperationalError) -> str:
+    """psycopg's connection error as one line (it spans several: host, then FATAL)."""
+    return " ".join(line.strip() for line in str(exc.orig).splitlines() if line.strip())
+
+
+def held_state(
+    engine: Engine, spec: PostgresOutput, app_id: str
+) -> tuple[int | None, dict[str, Any] | None]:
+    """The last batch id of `app_id` the output holds and the commit info it was applied
+    with (the batch's ranges, invariant 7), or (None, None) before its first batch."""
+    try:
+        with engine.connect() as conn:
+            row = conn.execute(
+                sa.text(
+                    f"SELECT batch_id, metadata FROM {_state(spec)} "
+                    "WHERE output = :o AND app_id = :a"
+                ),
+                {"o": spec.table, "a": app_id},
+            ).one_or_none()
+    except OperationalError as exc:
+        raise UnreachableError(f"{_where(engine, spec)}: {_one_line(exc)}") from exc
+    except DBAPIError as exc:
+        if isinstance(exc.orig, psycopg.errors.UndefinedTable):
+            return None, None
+        raise
+    if row is None or row.batch_id is None:
+        return None, None
+    meta = row.metadata if isinstance(row.metadata, dict) else json.loads(row.metadata or "{}")
+    return row.batch_id, meta.get(METADATA_KEY)
+
+
+class PostgresTarget:
+    """A PostgreSQL output as the publisher holds it (jobs/delta_publisher.py): the spec,
+    its engine, and `root`, the folder its staged partials are relative to (the raw
+    table's: a database has no folder of its own; jobs/spark_stager.py stages them under
+    `<root>/staged/<the output's app id>/`)."""
+
+    def __init__(self, spec: PostgresOutput, root: str, env: Mapping[str, str] = os.environ):
+        self.spec = spec
+        self.root = root
+        self.engine = create_output_engine(spec, env)
+
+    @property
+    def where(self) -> str:
+        return _where(self.engine, self.spec)
+
+    def check_reachable(self) -> None:
+        """Connect now and create the state table: a wrong password, an unreachable
+        server or a server older than 15 fails the start in one line, not the first
+        commit. A refused password is an AuthenticationError, the rest UnreachableError."""
+        try:
+            ensure_tables(self.engine, self.spec)
+        except UnreachableError as exc:
+            text = " ".join(str(exc).split())
+            if "password authentication failed" in text or "no password supplied" in text:
+                raise AuthenticationError(text) from exc
+            raise UnreachableError(text) from exc
+
+    def held_batch(self, app_id: str) -> int | None:
+        return held_state(self.engine, self.spec, app_id)[0]
+
+    def check_schema(self, schema: pa.Schema) -> None:
+        """Refuse a partial the existing table cannot take (invariant 14), before the vote;
+        read only: a table not created yet takes any partial."""
+        where = self.where
+        columns = _expected_columns(self.spec, schema, where)
+        try:
+            with self.engine.connect() as conn:
+                exists = conn.execute(
+                    sa.text("SELECT to_regclass(:t)"), {"t": _table(self.spec)}
+                ).scalar_one()
+                if exists is None:
+                    return
+                have = {
+                    r.attname: r.type
+                    for r in conn.execute(
+                        sa.text(
+                            "SELECT attname, format_type(atttypid, atttypmod) AS type "
+                            "FROM pg_attribute WHERE attrelid = CAST(:t AS regclass) "
+                            "AND attnum > 0 AND NOT attisdropped"
+                        ),
+                        {"t": _table(self.spec)},
+                    )
+                }
+        except OperationalError as exc:
+            raise UnreachableError(f"{where}: {_one_line(exc)}") from exc
+        for column, kind in columns.items():
+            if have.get(column) != kind:
+                raise RefusedBatchError(
+                    f"{where}: column {column} is {have.get(column, 'missing')} in the "
+                    f"table, {kind} in the partial (invariant 14)"
+                )
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def read_output(
+    engine: Engine, spec: PostgresOutput, app_ids: Sequence[str]
+) -> tuple[pa.Table, tuple[int | None, ...]]:
+    """The output table's rows (its keys and measures) and the batch id each of `app_ids`
+    has in the state, read in one REPEATABLE READ transaction so the rows are exactly those
+    batches' (the recomputation check, orchestration/derived_checks.py); an output never
+    applied reads as empty with no batch."""
+    columns = [*spec.key_columns, *(m.name for m in spec.measures)]
+    names = ", ".join(_quote(c) for c in columns)
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": _table(spec)}).scalar():
+                    found = conn.execute(sa.text(f"SELECT {names} FROM {_table(spec)}"))
+                    rows = [dict(r._mapping) for r in found]
+                else:
+                    rows = []
+                if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": _state(spec)}).scalar():
+                    held = tuple(_read_state(conn, spec, a)[0] for a in app_ids)
+                else:
+                    held = tuple(None for _a in app_ids)
+    except OperationalError as exc:
+        raise UnreachableError(f"{_where(engine, spec)}: {_one_line(exc)}") from exc
+    table = pa.Table.from_pylist(rows) if rows else pa.table({c: [] for c in columns})
+    return table, held

@@ -18,8 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from derived.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
+from derived.postgres import PostgresOutcome, PostgresTarget, apply_partial, held_state
 from derived.rebuild import behind_reason
-from derived.spec import DELETED, AggregateOutput, UpsertOutput
+from derived.spec import DELETED, AggregateOutput, PostgresOutput, UpsertOutput
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target, is_derived
 from ledger.backfill import backfill_app_id
 from ledger.batch import Batch, StagedFile
@@ -51,6 +52,24 @@ def commit_metadata(batch: Batch) -> dict[str, Any]:
     }
 
 
+def held_state_of(pg: PostgresTarget, app_id: str) -> tuple[int | None, dict[str, Any] | None]:
+    """The batch PostgreSQL output `pg` holds of the pipeline's `app_id`, and its commit
+    info (derived/postgres.py `held_state`)."""
+    return held_state(pg.engine, pg.spec, pg.spec.app_id(app_id))
+
+
+def postgres_outcome(outcome: PostgresOutcome) -> dict[str, Any]:
+    """What a PostgreSQL output's transaction did, as `merge_outcome` says a MERGE's: the
+    state's batch id stands for the version."""
+    return {
+        "applied": outcome.applied,
+        "held_batch_id": outcome.held_batch_id,
+        "seconds": round(outcome.seconds, 4),
+        "tries": outcome.tries,
+        "rows_upserted": int(outcome.metrics.get("rows_upserted", 0) or 0),
+    }
+
+
 def merge_outcome(outcome: MergeOutcome) -> dict[str, Any]:
     """What a derived output's commit did, as the batch's metrics keep it (for `exactly
     ledger` and the Dagster materializations)."""
@@ -77,15 +96,21 @@ class DeltaPublisher:
         table: DeltaTarget,
         quarantine: DeltaTarget,
         derived: Sequence[tuple[AggregateOutput | UpsertOutput, DeltaTarget]] = (),
+        postgres: Sequence[PostgresTarget] = (),
+        order: Sequence[str] = (),
         app_ids: Sequence[str] = (),
     ) -> None:
         self.table = table
         self.quarantine = quarantine
+        #: the Delta derived outputs; the PostgreSQL ones are `postgres`
         self.derived = tuple(derived)
         #: the pipeline's application ids (live, backfill): a derived output must hold the
         #: batches of each that the raw table holds (`check_not_behind`)
         self.app_ids = tuple(app_ids)
+        self.postgres = {derived_target(t.spec.name): t for t in postgres}
         self._specs = {derived_target(spec.name): spec for spec, _d in self.derived}
+        #: every derived output's target in config order (default: Delta ones, then these)
+        self._order = tuple(order) or (*self._specs, *self.postgres)
 
     @classmethod
     def for_config(cls, config: PipelineConfig) -> DeltaPublisher:
@@ -94,7 +119,17 @@ class DeltaPublisher:
         return cls(
             DeltaTarget(config.delta.table_uri, options),
             DeltaTarget(config.delta.quarantine_uri, options),
-            [(spec, DeltaTarget(spec.table_uri, options)) for spec in config.derived],
+            [
+                (spec, DeltaTarget(spec.table_uri, options))
+                for spec in config.derived
+                if not isinstance(spec, PostgresOutput)
+            ],
+            [
+                PostgresTarget(spec, config.delta.table_uri)
+                for spec in config.derived
+                if isinstance(spec, PostgresOutput)
+            ],
+            [derived_target(spec.name) for spec in config.derived],
             (config.app_id, backfill_app_id(config.pipeline)),
         )
 
@@ -114,6 +149,7 @@ class DeltaPublisher:
     def committed_version(self, app_id: str) -> int | None:
         """The newest batch id any output holds for `app_id` (invariant 12)."""
         versions = [d.transaction_version(self._app_id(t, app_id)) for t, d in self._outputs()]
+        versions += [pg.held_batch(pg.spec.app_id(app_id)) for pg in self.postgres.values()]
         return max((v for v in versions if v is not None), default=None)
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
@@ -138,18 +174,50 @@ class DeltaPublisher:
                 else:
                     found["table_version"] = None
         table_version = self.table.transaction_version(app_id)
+        self._postgres_batches(app_id, table_version, merged)
         for entry in merged.values():
             entry["complete"] = table_version is not None and entry["batch_id"] <= table_version
         return [merged[b] for b in sorted(merged)]
+
+    def _postgres_batches(
+        self, app_id: str, table_version: int | None, merged: dict[int, dict[str, Any]]
+    ) -> None:
+        """Add to `merged` the batch a PostgreSQL output holds past the data table.
+
+        Its state row keeps only the last batch applied, with that batch's commit info; that
+        is enough: an output is applied before the data table, batch after batch in order,
+        so it is at most one batch past it, and a batch at or below the table's version is
+        complete whatever the other logs say. A batch the output holds past the table is
+        entered incomplete (invariant 12: re-staged and finished, never forgotten).
+        """
+        for target, pg in self.postgres.items():
+            held, meta = held_state_of(pg, app_id)
+            if held is None or (table_version is not None and held <= table_version):
+                continue
+            if meta is None or "ranges" not in meta:
+                raise InconsistencyError(
+                    f"{pg.where} holds batch {app_id}/{held}, past the data table, but its "
+                    "state row has no commit info to rebuild the batch from (invariant 7)"
+                )
+            entry = {**meta, "app_id": app_id, "batch_id": held}
+            found = merged.setdefault(held, {**entry, "outputs": []})
+            found["outputs"].append(target)
+            found.setdefault("table_version", None)
 
     def outputs_holding(self, batch: Batch) -> set[str]:
         """The outputs whose app-transaction version for the batch's app id (a derived
         output's own) is at or past its id: they already hold the batch, and the commit
         leaves them alone."""
-        return {
+        delta = {
             target
             for target, delta in self._outputs()
             if (v := delta.transaction_version(self._app_id(target, batch.app_id))) is not None
+            and v >= batch.batch_id
+        }
+        return delta | {
+            target
+            for target, pg in self.postgres.items()
+            if (v := pg.held_batch(pg.spec.app_id(batch.app_id))) is not None
             and v >= batch.batch_id
         }
 
@@ -188,7 +256,8 @@ class DeltaPublisher:
 
     def file_size(self, target: str, path: str) -> int | None:
         """A staged file's size now (None if gone); `path` is relative to its table's root."""
-        root = dict(self._outputs())[target].uri
+        pg = self.postgres.get(target)
+        root = pg.root if pg is not None else dict(self._outputs())[target].uri
         return storage.file_size(storage.join(root, path))
 
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
@@ -212,6 +281,9 @@ class DeltaPublisher:
                 _check_schema(
                     table, self._table_schema(spec, schemas[target]), delta.uri, spec.name
                 )
+        for target, pg in self.postgres.items():
+            if target in schemas:
+                pg.check_schema(decode_schema(schemas[target]))
 
     def check_not_behind(self, app_ids: Collection[str]) -> None:
         """Refuse to merge into a derived output that holds no batch of an application id
@@ -278,12 +350,13 @@ class DeltaPublisher:
         """
         meta = commit_metadata(batch)
         replace = batch.params.get("mode") == "replace"
-        if replace and self.derived:
+        if replace and (self.derived or self.postgres):
             raise InconsistencyError(
                 f"batch {batch.label} is a replace backfill, and replaces cannot keep derived "
                 "outputs right yet (docs/derived-tables.md); it should have been refused"
             )
         by_target: dict[str, list[StagedFile]] = {t: [] for t, _d in self._outputs()}
+        by_target.update({t: [] for t in self.postgres})
         for f in files:
             if f.target not in by_target:
                 raise InconsistencyError(
@@ -291,7 +364,7 @@ class DeltaPublisher:
                     "config no longer has: restore the output to publish the batch"
                 )
             by_target[f.target].append(f)
-        lacking = [t for t in self._specs if t not in batch.schemas]
+        lacking = [t for t in self._order if t not in batch.schemas]
         if lacking:
             raise InconsistencyError(
                 f"batch {batch.label} voted before output(s) {', '.join(lacking)} were "
@@ -299,9 +372,16 @@ class DeltaPublisher:
             )
         outcome = None
         merged: dict[str, Any] = {}
-        for target, delta in self._outputs():
+        for target, delta in self._publish_order():
             if target == TABLE:
                 crashpoint("between_table_commits")
+            pg = self.postgres.get(target)
+            if pg is not None:
+                crashpoint("between_derived_commits")
+                merged[pg.spec.name] = postgres_outcome(
+                    self._apply_postgres(batch, pg, by_target[target], meta)
+                )
+                continue
             spec = self._specs.get(target)
             if spec is not None:
                 crashpoint("between_derived_commits")
@@ -332,6 +412,65 @@ class DeltaPublisher:
         metrics = {DERIVED_METRICS: merged} if merged else {}
         return PublishResult(outcome.published, outcome.table_version, metrics)
 
+    def _publish_order(self) -> list[tuple[str, DeltaTarget]]:
+        """`_outputs` with the PostgreSQL outputs among the derived ones in config order
+        (their entry's DeltaTarget is the data table's, never used: `publish` dispatches
+        them by target first)."""
+        delta = dict(self._outputs())
+        derived = [(t, delta.get(t, self.table)) for t in self._order]
+        return [(QUARANTINE, self.quarantine), *derived, (TABLE, self.table)]
+
+    def _apply_postgres(
+        self,
+        batch: Batch,
+        pg: PostgresTarget,
+        files: Sequence[StagedFile],
+        metadata: Mapping[str, Any],
+    ) -> PostgresOutcome:
+        """Apply the batch's voted partial to PostgreSQL output `pg`, by the compare-and-set
+        on the batch id (derived/postgres.py), which needs the previous committed batch of
+        the app id. It is read from the data table, not passed in (the Publisher protocol
+        stays as it is): the data table is published last, batch after batch, so while it
+        does not hold this batch its app-transaction version IS the last batch of the app
+        id committed whole (invariant 5: one batch in flight per app id, in order).
+
+        - first batch of the app id: the table has no version (None); the output's state
+          has none either, and the batch applies;
+        - ABORTED ids leave gaps (batch 7 after 4): the table says 4, the state holds 4;
+        - a re-drive after the data table already holds the batch (a crash after the table
+          commit; a racing committer that finished first): every output before the table
+          holds it, so nothing is applied; the output must hold it, or it was reset behind
+          the pipeline's back (a restored backup, a dropped state row) and that is refused
+          loudly rather than applied against the wrong previous id;
+        - a lost ledger: nothing here reads the ledger; a rebuilt batch the output holds
+          past the table (`_postgres_batches`) is re-driven and skipped by the state's id;
+        - a backfill (fill) batch: its app id (`<pipeline>.backfill`) has its own version
+          in the data table and its own state row (derived/spec.py `app_id`), so live and
+          backfill ids never meet; a replace is refused before it is planned;
+        - a racing committer that read the table's version before the other finished: the
+          row lock serialises them and the state's id (at or past the batch) skips it.
+
+        An output whose state does not hold the table's previous batch (a state row
+        deleted, a PostgreSQL output added to a pipeline with history) is refused by the
+        compare-and-set (InconsistencyError): the batch stays PREPARED, the pipeline stops
+        and alerts; it is never skipped.
+        """
+        app_id = pg.spec.app_id(batch.app_id)
+        previous = self.table.transaction_version(batch.app_id)
+        if previous is not None and previous >= batch.batch_id:
+            held = pg.held_batch(app_id)
+            if held is None or held < batch.batch_id:
+                raise InconsistencyError(
+                    f"{pg.where}: the data table holds batch {batch.label} but the output "
+                    f"holds {'none' if held is None else held} of {app_id}: it was reset "
+                    "behind the pipeline (invariant 12); rebuild it from the raw table"
+                )
+            return PostgresOutcome(applied=False, held_batch_id=held, tries=0, seconds=0.0)
+        partial = self.read_partial(batch, pg.spec, pg.root, files)
+        return apply_partial(
+            pg.engine, pg.spec, app_id, batch.batch_id, previous, partial, metadata
+        )
+
     def _merge(
         self,
         batch: Batch,
@@ -345,7 +484,7 @@ class DeltaPublisher:
         reason = behind_reason(spec, delta, self.table, batch.app_id)
         if reason is not None:
             raise InconsistencyError(reason)
-        partial = self.read_partial(batch, spec, delta, files)
+        partial = self.read_partial(batch, spec, delta.uri, files)
         common: dict[str, Any] = {
             "app_id": spec.app_id(batch.app_id),
             "batch_id": batch.batch_id,
@@ -358,8 +497,8 @@ class DeltaPublisher:
     @staticmethod
     def read_partial(
         batch: Batch,
-        spec: AggregateOutput | UpsertOutput,
-        delta: DeltaTarget,
+        spec: AggregateOutput | UpsertOutput | PostgresOutput,
+        root: str,
         files: Sequence[StagedFile],
     ) -> pa.Table:
         """The voted partial files of the output, read back whole (a partial holds one row
@@ -367,7 +506,7 @@ class DeltaPublisher:
         only empty ones is the empty partial, which still records the batch."""
         schema = decode_schema(batch.schemas[derived_target(spec.name)])
         parts = [
-            storage.read_parquet(storage.join(delta.uri, f.path), schema.names).cast(schema)
+            storage.read_parquet(storage.join(root, f.path), schema.names).cast(schema)
             for f in files
             if f.records
         ]

@@ -49,6 +49,9 @@ class Pipeline:
         self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
         self.source = KafkaOffsetSource(self.kafka, config.kafka.topic, config.group_id)
         self.publisher = DeltaPublisher.for_config(config)
+        # a PostgreSQL output's server that refuses us or does not answer fails here too
+        for output in self.publisher.postgres.values():
+            output.check_reachable()
         self.spark = spark_factory or SharedSpark.for_config(config)
         self._backfills: dict[str, TwoPhaseCommit] = {}
         self._lock = threading.Lock()
@@ -102,9 +105,11 @@ class Pipeline:
         return replacement
 
     def close(self) -> None:
-        """Dispose of the ledger's engine and the Kafka client. The Spark session belongs to
-        the process (one per process) and outlives the pipeline."""
+        """Dispose of the ledger's engine, the PostgreSQL outputs' and the Kafka client. The
+        Spark session belongs to the process (one per process) and outlives the pipeline."""
         self.store.dispose()
+        for output in self.publisher.postgres.values():
+            output.dispose()
         self.kafka.close()
 
     def __enter__(self) -> Pipeline:

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from derived.spec import AnyOutput, PostgresOutput
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target, stage
 from ledger.batch import Batch
 from ledger.errors import AuthenticationError, ExactlyError, UnreachableError
@@ -95,7 +96,7 @@ class SharedSpark:
         uris = (
             config.delta.table_uri,
             config.delta.quarantine_uri,
-            *(d.table_uri for d in config.derived),
+            *(d.table_uri for d in config.derived if not isinstance(d, PostgresOutput)),
         )
         object_store = None
         if any(uri.startswith("s3://") for uri in uris):
@@ -201,7 +202,7 @@ class SparkStager:
         roots = {
             TABLE: self.config.delta.table_uri,
             QUARANTINE: self.config.delta.quarantine_uri,
-            **{derived_target(d.name): d.table_uri for d in self.config.derived},
+            **{derived_target(d.name): staging_root(self.config, d) for d in self.config.derived},
         }
         return {
             "bootstrap_servers": self.config.kafka.bootstrap_servers,
@@ -209,7 +210,13 @@ class SparkStager:
             "ranges": batch.ranges,
             "batch_id": batch.batch_id,
             "attempt_dirs": {
-                t: attempt_folder(root, batch.app_id, batch.batch_id, batch.attempt, batch.token)
+                t: attempt_folder(
+                    root,
+                    staging_app_id(self.config, t, batch.app_id),
+                    batch.batch_id,
+                    batch.attempt,
+                    batch.token,
+                )
                 for t, root in roots.items()
             },
             "table_roots": roots,
@@ -224,6 +231,28 @@ class SparkStager:
         name = batch.params.get("transform") or self.config.transform
         transform = self.transform if name == self.config.transform else load_transform(name)
         return {"transform": transform, "transform_name": name}
+
+
+def staging_root(config: PipelineConfig, output: AnyOutput) -> str:
+    """The root a derived output's staged partials are relative to: its Delta table's, or
+    for a PostgreSQL output (a database has no folder) the raw table's
+    (jobs/delta_publisher.py `file_size` joins the same root)."""
+    if isinstance(output, PostgresOutput):
+        return config.delta.table_uri
+    return output.table_uri
+
+
+def staging_app_id(config: PipelineConfig, target: str, app_id: str) -> str:
+    """The folder under `<root>/staged/` an attempt of `app_id` writes `target`'s files in:
+    the app id's own, but a PostgreSQL output's partials, under the raw table's root, go
+    under the output's app id (`<app id>.derived.<name>`), beside and never inside the raw
+    table's staged folders: the cleaner (jobs/cleaner.py), which lists only those, never
+    takes them for the raw table's; like a Delta output's partials they are left for the
+    table's VACUUM (never in its log)."""
+    for output in config.derived:
+        if isinstance(output, PostgresOutput) and derived_target(output.name) == target:
+            return output.app_id(app_id)
+    return app_id
 
 
 def stage_failure(

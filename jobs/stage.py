@@ -20,7 +20,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from derived.partials import aggregate_partial, latest_per_key
-from derived.spec import DELETED, AggregateOutput, UpsertOutput
+from derived.spec import DELETED, AnyOutput, UpsertOutput
 from jobs import coordinates, parquet_files
 from ledger.crash import crashpoint
 from ledger.errors import ConfigError, UnreachableError
@@ -76,7 +76,7 @@ def is_derived(target: str) -> bool:
     return target.startswith(DERIVED_PREFIX)
 
 
-def carries_tombstones(derived: Sequence[AggregateOutput | UpsertOutput]) -> bool:
+def carries_tombstones(derived: Sequence[AnyOutput]) -> bool:
     """Whether the raw table keeps `_deleted` (Kafka's value was null): an upsert output
     reads its tombstones from the table's rows, which no longer hold `value`."""
     return any(isinstance(d, UpsertOutput) for d in derived)
@@ -284,7 +284,7 @@ def stage(
     table_roots: Mapping[str, str],
     transform: Callable[[DataFrame], DataFrame],
     transform_name: str = "transform",
-    derived: Sequence[AggregateOutput | UpsertOutput] = (),
+    derived: Sequence[AnyOutput] = (),
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
     Then each derived output's partial, computed from the table's staged files
@@ -362,7 +362,7 @@ def stage_partials(
     spark: SparkSession,
     output: StageOutput,
     good: DataFrame,
-    derived: Sequence[AggregateOutput | UpsertOutput],
+    derived: Sequence[AnyOutput],
     *,
     attempt_dirs: Mapping[str, str],
     table_roots: Mapping[str, str],
@@ -391,10 +391,10 @@ def stage_partials(
     files, schemas = list(output.files), dict(output.schemas)
     for spec in derived:
         target = derived_target(spec.name)
-        if isinstance(spec, AggregateOutput):
-            partial = aggregate_partial(rows, spec)
-        else:
+        if isinstance(spec, UpsertOutput):
             partial = latest_per_key(rows, spec)
+        else:  # an aggregate, kept in Delta or in PostgreSQL: the same partial
+            partial = aggregate_partial(rows, spec)
         folder = attempt_dirs[target]
         partial.write.mode("error").parquet(storage.spark_uri(folder))
         files += parquet_files.describe(folder, table_roots[target], target, partial.columns)

@@ -29,6 +29,9 @@ POINTS = (
     "after_stage",
     "after_prepare",
     "between_derived_commits",
+    # derived/postgres.py: a PostgreSQL output's transaction, before and after its COMMIT
+    "postgres_before_commit",
+    "postgres_after_commit",
     "between_table_commits",
     "after_delta_commit",
     "after_committed",

@@ -387,7 +387,11 @@ class TwoPhaseCommit:
         if batch.voted_once and check.already_committed:
             self.check_same_split(batch, files, check)
         with self._heartbeat(batch):
-            result = self.publisher.publish(batch, files)
+            try:
+                result = self.publisher.publish(batch, files)
+            except InconsistencyError as exc:
+                self._alert_refused(batch, exc)
+                raise
         crashpoint("recovery_after_delta_commit" if recovering else "after_delta_commit")
         published = len(check.to_publish) if result.published else 0
         batch = self.store.transition(
@@ -457,6 +461,25 @@ class TwoPhaseCommit:
         self.log(f"re-staging batch {planned.label} over {_ranges_text(planned)}")
         staged, output = self.invoke(planned)
         return self.pre_commit(staged, output)
+
+    def _alert_refused(self, batch: Batch, exc: InconsistencyError) -> None:
+        """Tell operators an output refused the batch at publish (a PostgreSQL output's
+        compare-and-set found it out of order, a schema no output can take): a protocol
+        violation or an operator's fix to make; the batch waits PREPARED, never skipped
+        (invariant 5), and the pipeline stops on the error."""
+        self.alert(
+            Incident(
+                kind="publish_refused",
+                title=f"{self.pipeline}: batch {batch.batch_id} refused at publish",
+                text=f"batch {batch.label} ({_ranges_text(batch)}) was not published: {exc}",
+                details={
+                    "app_id": batch.app_id,
+                    "batch_id": batch.batch_id,
+                    "attempt": batch.attempt,
+                    "error": str(exc),
+                },
+            )
+        )
 
     def _alert_missing(self, batch: Batch, check: VoteCheck, *, restaging: bool) -> None:
         """Tell operators a vote lost files: it is a storage problem someone must fix."""

@@ -17,7 +17,7 @@ import re
 
 import dagster as dg
 
-from derived.spec import AggregateOutput, UpsertOutput
+from derived.spec import AggregateOutput, PostgresOutput, UpsertOutput
 from ledger.errors import ConfigError
 from resources.config import PipelineConfig
 
@@ -90,7 +90,7 @@ def derived_key(pipeline: str, name: str) -> dg.AssetKey:
     return dg.AssetKey(f"{pipeline}_{name}")
 
 
-def describe_output(output: AggregateOutput | UpsertOutput) -> str:
+def describe_output(output: AggregateOutput | UpsertOutput | PostgresOutput) -> str:
     """What the output holds, in one line: what an operator needs to read its rows."""
     if isinstance(output, UpsertOutput):
         return (
@@ -108,21 +108,27 @@ def describe_output(output: AggregateOutput | UpsertOutput) -> str:
 
 def derived_spec(
     config: PipelineConfig,
-    output: AggregateOutput | UpsertOutput,
+    output: AggregateOutput | UpsertOutput | PostgresOutput,
     batches: dg.DynamicPartitionsDefinition,
 ) -> dg.AssetSpec:
     """A derived output's asset, downstream of the data table it is computed from (the
     lineage: topic -> table -> derived table), one partition per committed batch like the
     table: every batch's commit changes it (invariant 12, derived outputs before the
     table)."""
+    # a PostgreSQL output's URL may come from the environment (a password): not shown
+    where = (
+        f"PostgreSQL table {output.table}"
+        if isinstance(output, PostgresOutput)
+        else f"Delta table {output.table_uri}"
+    )
     return dg.AssetSpec(
         key=derived_key(config.pipeline, output.name),
         description=(
-            f"Delta table {output.table_uri}, derived from {table_key(config.pipeline).path[0]} "
+            f"{where}, derived from {table_key(config.pipeline).path[0]} "
             f"in the same commit: {describe_output(output)}"
         ),
         partitions_def=batches,
         deps=[table_key(config.pipeline)],
         group_name="exactly",
-        kinds={"delta"},
+        kinds={"postgres"} if isinstance(output, PostgresOutput) else {"delta"},
     )

@@ -19,6 +19,7 @@ sensor alerts on them once and resolves them once, and the UI runs them with the
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import dagster as dg
@@ -34,6 +35,7 @@ from derived.invariants import (
     recompute_latest,
     upsert_differences,
 )
+from derived.postgres import PostgresTarget, read_output
 from derived.spec import DELETED, OFFSET, PARTITION, AggregateOutput, UpsertOutput
 from jobs.pipeline import Pipeline
 from ledger.backfill import backfill_app_id
@@ -109,7 +111,7 @@ def judge_derived(
 ) -> Verdict:
     """Pure: the derived table's rows (`actual`, as read) against their recomputation from
     the raw rows (`expected`), with the figures compared, or the first differing groups."""
-    if isinstance(spec, AggregateOutput):
+    if not isinstance(spec, UpsertOutput):  # an aggregate, in Delta or PostgreSQL
         unit = "groups"
         problems = aggregate_differences(expected, actual, spec)
     else:
@@ -157,7 +159,7 @@ def _open(target: DeltaTarget) -> DeltaTable | None:
 
 def _raw_columns(spec: AggregateOutput | UpsertOutput, derived: Sequence[str]) -> list[str]:
     """Only what the recomputation reads: the raw table can be wide."""
-    if isinstance(spec, AggregateOutput):
+    if not isinstance(spec, UpsertOutput):  # an aggregate, in Delta or PostgreSQL
         wanted = [*spec.group_by, *(m.column for m in spec.measures if m.column)]
         if spec.window is not None:
             wanted.append(spec.window.column)
@@ -217,12 +219,58 @@ def derived_verdict(
     return judge_derived(name, spec, expected, actual, raw_version, version)
 
 
+def postgres_verdict(pipeline: Pipeline, pg: PostgresTarget) -> Verdict | None:
+    """A PostgreSQL output's verdict now, or None while they cannot be compared.
+
+    A database table has no versions to walk back: the table's rows and the state's batch
+    ids are read in one transaction (`read_output`), after the raw table's snapshot, and
+    compared only when the state holds exactly the raw snapshot's last batch of each app id
+    (live and backfill). One past it is a batch between its commits (the output is
+    published before the raw table): no verdict, the next check compares. Behind it breaks
+    invariant 12, a failure."""
+    config = pipeline.config
+    name = config.pipeline
+    spec = pg.spec
+    raw = _open(pipeline.publisher.table)
+    if raw is None:
+        return None
+    apps = (config.app_id, backfill_app_id(name))
+    raw_version = raw.version()
+    raw_apps: Apps = (raw.transaction_version(apps[0]), raw.transaction_version(apps[1]))
+    actual, held = read_output(pg.engine, spec, [spec.app_id(a) for a in apps])
+    behind = [a for a, h, r in zip(apps, held, raw_apps, strict=True) if _behind(h, r)]
+    if behind:
+        return Verdict(
+            check_name(spec),
+            derived_key(name, spec.name),
+            False,
+            f"{spec.name}: holds batch(es) {list(held)} of {list(apps)}, behind the raw table's "
+            f"{list(raw_apps)} (raw table at version {raw_version}; invariant 12)",
+            {"raw_version": raw_version},
+        )
+    if tuple(held) != raw_apps:
+        return None
+    dataset = raw.to_pyarrow_dataset()
+    present = set(dataset.schema.names)
+    columns = list(dict.fromkeys(c for c in _raw_columns(spec, []) if c in present))
+    expected = recompute_aggregate(dataset.to_table(columns=columns), spec)  # type: ignore[arg-type]
+    return judge_derived(name, spec, expected, actual, raw_version, held[0] or 0)
+
+
 def derived_verdicts(pipeline: Pipeline, log: Callable[[str], None]) -> list[Verdict]:
     """Every derived output's verdict; one that cannot be given is left out, and logged."""
     found = []
-    for spec, target in pipeline.publisher.derived:
+    outputs: list[tuple[Any, Callable[[], Verdict | None]]] = [
+        (spec, partial(derived_verdict, pipeline, spec, target))
+        for spec, target in pipeline.publisher.derived
+    ]
+    outputs += [
+        (pg.spec, partial(postgres_verdict, pipeline, pg))
+        for pg in pipeline.publisher.postgres.values()
+    ]
+    for spec, verdict_now in outputs:
         try:
-            verdict = derived_verdict(pipeline, spec, target)
+            verdict = verdict_now()
         except Exception as exc:  # a store unreachable, a version's log cleaned
             log(f"{check_name(spec)}: could not compare the tables: {exc}")
             continue

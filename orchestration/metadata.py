@@ -260,4 +260,33 @@ def derived_materializations(
             meta["last_batch_id"] = dg.MetadataValue.text(str(stats.app_version or 0))
         key = derived_key(pipeline.config.pipeline, spec.name)
         found.append(dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta))
+    return found + postgres_materializations(pipeline, batch, partition)
+
+
+def postgres_materializations(
+    pipeline: Pipeline, batch: Batch, partition: str | None
+) -> list[dg.AssetMaterialization]:
+    """Each PostgreSQL output's materialization of the commit: the batch was applied to it
+    before the table (jobs/delta_publisher.py), with the transaction's outcome when the
+    ledger has it (applied, the state's batch id, rows upserted, seconds, tries). A database
+    table has no version to read stats at; the check reads it."""
+    outcomes: Mapping[str, Any] = batch.metrics.get(DERIVED_METRICS, {})
+    found = []
+    for pg in pipeline.publisher.postgres.values():
+        spec = pg.spec
+        meta: dict[str, Any] = {
+            "table": dg.MetadataValue.text(spec.table),
+            "batch": dg.MetadataValue.text(batch_label(batch)),
+            "output_app_id": dg.MetadataValue.text(spec.app_id(batch.app_id)),
+        }
+        outcome: Mapping[str, Any] | None = outcomes.get(spec.name)
+        if outcome is not None:
+            meta["applied"] = dg.MetadataValue.bool(bool(outcome.get("applied")))
+            if outcome.get("seconds") is not None:
+                meta["apply_seconds"] = dg.MetadataValue.float(float(outcome["seconds"]))
+            for key in ("held_batch_id", "rows_upserted", "tries"):
+                if outcome.get(key) is not None:
+                    meta[key] = dg.MetadataValue.int(int(outcome[key]))
+        key = derived_key(pipeline.config.pipeline, spec.name)
+        found.append(dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta))
     return found

@@ -381,15 +381,18 @@ class PipelineConfig(_Strict):
         # the name is part of each output's application id and of its vote target
         # (`derived:<name>`): two outputs of one name would take each other's commits
         seen: set[str] = set()
+        tables: set[tuple[str, str]] = set()
         for output in value:
             if isinstance(output, PostgresOutput):
-                # derived/postgres.py applies a partial by itself, but no publisher calls
-                # it yet: the batch would be voted with a partial nobody ever applies
-                raise ValueError(
-                    f"derived output {output.name}: kind postgres is not wired into the "
-                    "pipeline yet (docs/derived-tables.md); apply it with "
-                    "derived/postgres.py apply_partial outside the pipeline for now"
-                )
+                # the state row is keyed by table and app id: a second output on the same
+                # table of the same database would find its batches "already applied"
+                where = (repr(output.url), output.table)
+                if where in tables:
+                    raise ValueError(
+                        f"derived output {output.name}: another postgres output keeps table "
+                        f"{output.table} at the same url"
+                    )
+                tables.add(where)
             if output.name in seen:
                 raise ValueError(f"two derived outputs are named {output.name!r}")
             seen.add(output.name)
@@ -477,13 +480,19 @@ def parse_config(
         }
     )
     derived = [
-        d.model_copy(update={"table_uri": storage.resolve(d.table_uri, base)})
+        d
+        if isinstance(d, PostgresOutput)  # a database table: no location on storage
+        else d.model_copy(update={"table_uri": storage.resolve(d.table_uri, base)})
         for d in config.derived
     ]
     locations = {
         "delta.table_uri": delta.table_uri,
         "delta.quarantine_uri": delta.quarantine_uri,
-        **{f"derived.{d.name}.table_uri": d.table_uri for d in derived},
+        **{
+            f"derived.{d.name}.table_uri": d.table_uri
+            for d in derived
+            if not isinstance(d, PostgresOutput)
+        },
     }
     names = list(locations)
     for i, first in enumerate(names):

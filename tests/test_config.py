@@ -412,9 +412,9 @@ def test_two_derived_outputs_in_one_location_are_refused() -> None:
     assert "derived.users.table_uri and derived.views_per_app.table_uri must be separate" in message
 
 
-def test_a_postgres_output_is_refused_until_the_pipeline_publishes_it() -> None:
-    # derived/postgres.py applies a partial on its own, but no publisher calls it yet: a
-    # config that named one would vote its partial and never apply it, so it must not load
+def test_a_postgres_output_loads_among_the_others_in_config_order(tmp_path: Path) -> None:
+    # published by jobs/delta_publisher.py in config order with the Delta outputs; it has
+    # no location on storage, so none is resolved or checked for overlaps
     dashboard = {
         "kind": "postgres",
         "name": "views_dashboard",
@@ -423,7 +423,10 @@ def test_a_postgres_output_is_refused_until_the_pipeline_publishes_it() -> None:
         "group_by": ["app"],
         "measures": [{"name": "views", "fn": "count"}],
     }
-    message = config_error(config_with(derived=[COUNTS, dashboard]))
-    assert "derived output views_dashboard" in message
-    assert "not wired into the pipeline yet" in message
-    assert "\n" not in message
+    config = parse_config(config_with(derived=[dashboard, COUNTS]), "test.yaml", tmp_path)
+    assert [d.name for d in config.derived] == ["views_dashboard", "views_per_app"]
+    assert not hasattr(config.derived[0], "table_uri")
+    assert config.derived[1].table_uri == str(tmp_path / "tables/views_per_app")
+    # two outputs on one table of one database would share one state row
+    message = config_error(config_with(derived=[dashboard, {**dashboard, "name": "again"}]))
+    assert "derived output again: another postgres output keeps table views_per_app" in message

@@ -15,19 +15,30 @@ process on the session's Spark.
 from __future__ import annotations
 
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from deltalake import DeltaTable
 
+from derived.postgres import STATE_TABLE, create_output_engine
+from derived.spec import PostgresOutput
 from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build, build_backfill
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.crash import POINTS
 from ledger.protocol import BatchState, OffsetRange
 from ledger.store import LedgerStore
-from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
+from tests.fixtures.derived import (
+    TRANSFORM,
+    assert_derived_match,
+    derived_outputs,
+    postgres_held,
+    postgres_output,
+    user_events,
+)
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 from tests.test_backfill import V2, apps_by_coordinate, cli
 
@@ -41,6 +52,8 @@ LEFT_IN = {
     "after_stage": S.STAGED,
     "after_prepare": S.PREPARED,
     "between_derived_commits": S.PREPARED,
+    "postgres_before_commit": S.PREPARED,
+    "postgres_after_commit": S.PREPARED,
     "between_table_commits": S.PREPARED,
     "after_delta_commit": S.PREPARED,
     "after_committed": S.COMMITTED,
@@ -56,7 +69,7 @@ HELD = {
 
 
 #: points reached only by a pipeline with derived outputs: in their own test below
-DERIVED_ONLY = {"between_derived_commits"}
+DERIVED_ONLY = {"between_derived_commits", "postgres_before_commit", "postgres_after_commit"}
 #: the points of the pipelines without derived outputs
 PLAIN = [p for p in LEFT_IN if p not in DERIVED_ONLY]
 
@@ -77,6 +90,9 @@ def without_ledger(config: Any, dest: Path) -> Any:
             shutil.copytree(source, copies[field])
     derived = []
     for spec in config.derived:
+        if isinstance(spec, PostgresOutput):
+            derived.append(copy_postgres_output(spec))
+            continue
         source = Path(spec.table_uri)
         copy = dest / "derived" / source.name
         if source.exists():
@@ -89,6 +105,30 @@ def without_ledger(config: Any, dest: Path) -> Any:
             "derived": derived,
         }
     )
+
+
+def copy_postgres_output(spec: PostgresOutput) -> PostgresOutput:
+    """The PostgreSQL output's table and its state rows copied to `<table>_lost`, as the
+    crash left them: the ledger-lost restart must not see what the kept one applied."""
+    copy = spec.model_copy(update={"table": f"{spec.table}_lost"})
+    engine = create_output_engine(spec)
+    state = f'"{STATE_TABLE}"'
+    try:
+        with engine.begin() as conn:
+            if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": spec.table}).scalar():
+                conn.execute(sa.text(f'CREATE TABLE "{copy.table}" AS TABLE "{spec.table}"'))
+            if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": STATE_TABLE}).scalar():
+                conn.execute(
+                    sa.text(
+                        f"INSERT INTO {state} (output, app_id, batch_id, token, metadata) "
+                        f"SELECT :copy, app_id, batch_id, token, metadata FROM {state} "
+                        "WHERE output = :o"
+                    ),
+                    {"copy": copy.table, "o": spec.table},
+                )
+    finally:
+        engine.dispose()
+    return copy
 
 
 def held(config: Any, app_id: str) -> tuple[bool, bool]:
@@ -170,9 +210,12 @@ def test_live_crash_then_restart_with_and_without_the_ledger(
 #: `#2`: the second time the process reaches the point (ledger/crash.py), so the first
 #: derived output holds the batch and the others not
 DERIVED_HELD = {
-    "between_derived_commits": (True, False, False, False, False),
-    "between_derived_commits#2": (True, True, False, False, False),
-    "between_table_commits": (True, True, True, True, False),
+    "between_derived_commits": (True, False, False, False, False, False),
+    "between_derived_commits#2": (True, True, False, False, False, False),
+    "postgres_before_commit": (True, True, True, True, False, False),
+    # every derived output holds the batch, the table not: between_table_commits's state
+    # (that point is in the plain matrix)
+    "postgres_after_commit": (True, True, True, True, True, False),
 }
 
 
@@ -185,23 +228,36 @@ def derived_held(config: Any, app_id: str, batch_id: int) -> tuple[bool, ...]:
             return False
         return (DeltaTable(uri).transaction_version(app) or 0) >= batch_id
 
+    def output(spec: Any) -> bool:
+        if isinstance(spec, PostgresOutput):
+            return (postgres_held(spec, app_id) or 0) >= batch_id
+        return at(spec.table_uri, spec.app_id(app_id))
+
     return (
         at(config.delta.quarantine_uri, app_id),
-        *(at(spec.table_uri, spec.app_id(app_id)) for spec in config.derived),
+        *(output(spec) for spec in config.derived),
         at(config.delta.table_uri, app_id),
     )
 
 
 @pytest.mark.parametrize("point", list(DERIVED_HELD))
 def test_derived_outputs_crash_then_restart_with_and_without_the_ledger(
-    point: str, spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+    point: str,
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    postgres_url: str,
+    tmp_path: Path,
 ) -> None:
     """A crash between the commits of a batch's outputs leaves some holding it: recovery
     with the ledger kept publishes to the others (each output skips by its own version);
     with the ledger lost, the logs that hold the batch re-create it to be re-staged over
     its ranges and published to the outputs that lack it. Either way every record is once
     in the table or the quarantine and every derived output equals its recomputation."""
-    config = pipeline_factory(3, transform=TRANSFORM, derived=derived_outputs(tmp_path / "derived"))
+    # the PostgreSQL output last of the derived ones, on the suite's server
+    dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
+    derived = [*derived_outputs(tmp_path / "derived"), dashboard]
+    config = pipeline_factory(3, transform=TRANSFORM, derived=derived)
     topic = config.kafka.topic
     kafka_client.produce_records(topic, user_events(0, 300, 3, malformed_every=20))
     live_restart(config, spark)  # batch 1

@@ -221,3 +221,89 @@ def test_derived_outputs_publish_between_the_quarantine_and_the_table_once_each(
     assert again.metrics[DERIVED_METRICS]["views_per_app"]["applied"] is False
     assert counts() == {"web": 3, "ios": 1, "tv": 1}  # not added twice
     assert publisher.outputs_holding(second) == {TABLE, target}
+
+
+# -- a PostgreSQL output: the previous committed batch the compare-and-set needs -----------
+
+
+class _Table:
+    """The data table as `_apply_postgres` reads it: its app-transaction version."""
+
+    def __init__(self, version: int | None) -> None:
+        self.version = version
+
+    def transaction_version(self, app_id: str) -> int | None:
+        return self.version
+
+
+class _Postgres:
+    """A PostgreSQL output as the publisher holds it, holding batch `held` of every app id."""
+
+    def __init__(self, held: int | None) -> None:
+        from derived.spec import PostgresOutput, parse_output
+
+        spec = parse_output(
+            {
+                "kind": "postgres",
+                "name": "dash",
+                "url": "postgresql://exactly@db/x",
+                "table": "views",
+                "group_by": ["app"],
+                "measures": [{"name": "views", "fn": "count"}],
+            }
+        )
+        assert isinstance(spec, PostgresOutput)
+        self.spec, self.root, self.engine, self.held = spec, "/tables/raw", None, held
+        self.where = "postgres output dash (views at postgresql://exactly@db/x)"
+
+    def held_batch(self, app_id: str) -> int | None:
+        return self.held
+
+
+@pytest.mark.parametrize(
+    ("table_version", "held", "expected"),
+    [
+        (None, None, ("apply", None)),  # the app id's first batch
+        (4, 4, ("apply", 4)),  # ids 5 and 6 were aborted: the gap is no hole
+        (4, 7, ("apply", 4)),  # a racing committer applied it: the state's id skips it
+        (7, 7, ("held", None)),  # a re-drive after the data table's commit
+        (9, 9, ("held", None)),  # ... of an older batch
+        (7, 4, ("refused", None)),  # the output was reset behind the pipeline
+        (7, None, ("refused", None)),
+    ],
+)
+def test_a_postgres_output_s_previous_batch_is_the_data_table_s_version(
+    monkeypatch: pytest.MonkeyPatch,
+    table_version: int | None,
+    held: int | None,
+    expected: tuple[str, int | None],
+) -> None:
+    """Batch 7: while the data table (published last) does not hold it, its version is the
+    last batch committed whole, which the compare-and-set gets as the previous batch; once
+    it holds it, nothing is applied and the output must hold it too."""
+    import jobs.delta_publisher as publisher_module
+    from derived.postgres import PostgresOutcome
+    from ledger.errors import InconsistencyError
+
+    calls: list[tuple[str, int, int | None]] = []
+
+    def apply(engine, spec, app_id, batch_id, previous, partial, metadata):  # type: ignore[no-untyped-def]
+        calls.append((app_id, batch_id, previous))
+        return PostgresOutcome(applied=True, held_batch_id=batch_id, tries=1, seconds=0.0)
+
+    monkeypatch.setattr(publisher_module, "apply_partial", apply)
+    monkeypatch.setattr(DeltaPublisher, "read_partial", staticmethod(lambda *a: pa.table({})))
+    publisher = DeltaPublisher(_Table(table_version), _Table(None))  # type: ignore[arg-type]
+    pg = _Postgres(held)
+    seventh = batch(7, [OffsetRange(TOPIC, 0, 0, 10)])
+    kind, previous = expected
+    if kind == "refused":
+        with pytest.raises(InconsistencyError, match="reset behind the pipeline"):
+            publisher._apply_postgres(seventh, pg, [], {})  # type: ignore[arg-type]
+        assert calls == []
+        return
+    outcome = publisher._apply_postgres(seventh, pg, [], {})  # type: ignore[arg-type]
+    if kind == "held":
+        assert (outcome.applied, calls) == (False, [])
+    else:
+        assert calls == [(f"{APP}.derived.dash", 7, previous)]

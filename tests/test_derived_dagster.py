@@ -61,22 +61,37 @@ def write_config(tmp_path: Path, derived: list[dict[str, Any]]) -> Path:
     return path
 
 
+DASHBOARD: dict[str, Any] = {
+    "kind": "postgres",
+    "name": "dashboard",
+    "url": {"env": "DASHBOARD_URL"},
+    "table": "views",
+    "group_by": ["app"],
+    "measures": [{"name": "views", "fn": "count"}],
+}
+
+
+PER_APP_MEASURES = {"group_by": PER_APP["group_by"], "measures": PER_APP["measures"]}
+
+
 # -- keys and lineage ----------------------------------------------------------------------
 
 
 def test_each_derived_output_is_an_asset_downstream_of_the_table_with_its_check(
     tmp_path: Path,
 ) -> None:
-    jobs = pipeline_definitions(write_config(tmp_path, [PER_APP, PER_MINUTE, LATEST]))
+    # a PostgreSQL output too, of kind postgres, its URL (a secret) not shown
+    jobs = pipeline_definitions(write_config(tmp_path, [PER_APP, PER_MINUTE, LATEST, DASHBOARD]))
     graph = jobs.definitions.resolve_asset_graph()
     table = dg.AssetKey("orders_table")
     keys = [dg.AssetKey(f"orders_{n}") for n in ("views_per_app", "views_per_minute")]
     keys.append(dg.AssetKey("orders_latest_per_user"))
+    keys.append(dg.AssetKey("orders_dashboard"))
     assert [spec.key for spec in jobs.derived] == keys
     for key in keys:
         node = graph.get(key)
         assert node.parent_keys == {table}
-        assert node.kinds == {"delta"}
+        assert node.kinds == ({"postgres"} if key == keys[3] else {"delta"})
         assert node.partitions_def == graph.get(table).partitions_def
         name = key.path[0].removeprefix("orders_")
         assert node.check_keys == {dg.AssetCheckKey(key, f"{name}_matches_recomputation")}
@@ -84,6 +99,8 @@ def test_each_derived_output_is_an_asset_downstream_of_the_table_with_its_check(
     assert "bytes = sum(n) by app" in described["orders_views_per_app"]
     assert "per 1 minute tumbling window of ts" in described["orders_views_per_minute"]
     assert "latest record per key (user)" in described["orders_latest_per_user"]
+    assert described["orders_dashboard"].startswith("PostgreSQL table views, derived from")
+    assert "views = count(*) by app" in described["orders_dashboard"]
     # the UI runs them with the table checks
     checks = jobs.definitions.resolve_asset_graph().asset_check_keys
     assert dg.AssetCheckKey(keys[2], "latest_per_user_matches_recomputation") in checks
@@ -257,12 +274,22 @@ def test_a_batch_is_materialized_on_each_derived_asset_with_or_without_its_metri
     commit(tmp_path / "per_app", {"orders.derived.views_per_app": 2})  # v1: 2 rows
     pipeline: Any = SimpleNamespace(
         config=SimpleNamespace(pipeline="orders"),
-        publisher=SimpleNamespace(derived=[(spec, DeltaTarget(spec.table_uri))]),
+        publisher=SimpleNamespace(
+            derived=[(spec, DeltaTarget(spec.table_uri))],
+            postgres={"derived:dashboard": SimpleNamespace(spec=parse_output(DASHBOARD))},
+        ),
     )
     outcome = {"applied": True, "version": 0, "seconds": 0.25, "tries": 1}
     outcome |= {"rows_inserted": 3, "rows_updated": 1, "rows_deleted": 0}
-    ran = a_batch(1, app_id="orders", pipeline="orders", metrics={"derived": {spec.name: outcome}})
-    (logged,) = derived_materializations(pipeline, ran, "1")
+    applied = {"applied": True, "held_batch_id": 1, "seconds": 0.5, "tries": 1}
+    applied |= {"rows_upserted": 4}
+    metrics = {"derived": {spec.name: outcome, "dashboard": applied}}
+    ran = a_batch(1, app_id="orders", pipeline="orders", metrics=metrics)
+    logged, in_postgres = derived_materializations(pipeline, ran, "1")
+    meta = {k: v.value for k, v in in_postgres.metadata.items()}
+    assert (in_postgres.asset_key, in_postgres.partition) == (dg.AssetKey("orders_dashboard"), "1")
+    assert (meta["applied"], meta["held_batch_id"], meta["rows_upserted"]) == (True, 1, 4)
+    assert meta["table"] == "views" and meta["output_app_id"] == "orders.derived.dashboard"
     meta = {k: v.value for k, v in logged.metadata.items()}
     assert (logged.asset_key, logged.partition) == (dg.AssetKey("orders_views_per_app"), "1")
     assert meta["applied"] is True and meta["merge_seconds"] == 0.25
@@ -272,7 +299,8 @@ def test_a_batch_is_materialized_on_each_derived_asset_with_or_without_its_metri
     assert meta["batch"] == "orders/1" and meta["last_batch_id"] == "1"
 
     rebuilt = a_batch(2, app_id="orders", pipeline="orders")  # no metrics
-    (logged,) = derived_materializations(pipeline, rebuilt, "2")
+    logged, in_postgres = derived_materializations(pipeline, rebuilt, "2")
+    assert "applied" not in {k for k in in_postgres.metadata}
     meta = {k: v.value for k, v in logged.metadata.items()}
     assert "applied" not in meta and "rows_inserted" not in meta
     assert (meta["table_version"], meta["row_count"], meta["last_batch_id"]) == (1, 2, "2")
@@ -324,3 +352,60 @@ def txns(apps: dict[str, int]) -> CommitProperties:
     return CommitProperties(
         app_transactions=[Transaction(app_id=a, version=v) for a, v in apps.items()]
     )
+
+
+def test_the_postgres_check_compares_when_the_state_holds_the_raw_tables_batches(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """On the suite's PostgreSQL and a real raw table: no verdict until both exist, nor
+    while the output holds the batch in flight (it is published before the raw table);
+    equal when its state holds the raw table's batches; behind the raw table fails
+    (invariant 12); a row changed behind the pipeline's back fails naming the group."""
+    import uuid
+    from types import SimpleNamespace
+
+    import sqlalchemy as sa
+
+    from derived.postgres import PostgresTarget, apply_partial
+    from derived.spec import PostgresOutput
+    from orchestration.derived_checks import postgres_verdict
+    from resources.delta import DeltaTarget
+
+    raw_uri = tmp_path / "raw"
+    table = f"per_app_{uuid.uuid4().hex[:12]}"
+    spec = parse_output({**DASHBOARD, "url": postgres_url, "table": table, **PER_APP_MEASURES})
+    assert isinstance(spec, PostgresOutput)
+    pg = PostgresTarget(spec, str(raw_uri))
+    pipeline: Any = SimpleNamespace(
+        config=SimpleNamespace(pipeline="orders", app_id="orders"),
+        publisher=SimpleNamespace(table=DeltaTarget(str(raw_uri))),
+    )
+    app = spec.app_id("orders")
+    try:
+        assert postgres_verdict(pipeline, pg) is None  # no raw table yet
+        rows = raw_rows()
+        apply_partial(pg.engine, spec, app, 1, None, recompute_aggregate(rows, spec))  # type: ignore[arg-type]
+        write_deltalake(str(raw_uri), rows, commit_properties=txns({"orders": 1}))
+        verdict = postgres_verdict(pipeline, pg)
+        assert verdict is not None and verdict.passed, verdict
+        assert verdict.metadata["recomputed_groups"] == 2
+
+        more = rows.slice(0, 1)
+        apply_partial(pg.engine, spec, app, 2, 1, recompute_aggregate(more, spec))  # type: ignore[arg-type]
+        assert postgres_verdict(pipeline, pg) is None  # batch 2 in flight
+        write_deltalake(str(raw_uri), more, mode="append", commit_properties=txns({"orders": 2}))
+        verdict = postgres_verdict(pipeline, pg)
+        assert verdict is not None and verdict.passed, verdict
+
+        with pg.engine.begin() as conn:
+            conn.execute(sa.text(f"UPDATE \"{table}\" SET views = views + 1 WHERE app = 'ios'"))
+        verdict = postgres_verdict(pipeline, pg)
+        assert verdict is not None and not verdict.passed and "ios" in verdict.text, verdict
+
+        write_deltalake(str(raw_uri), more, mode="append", commit_properties=txns({"orders": 3}))
+        verdict = postgres_verdict(pipeline, pg)
+        assert verdict is not None and not verdict.passed
+        assert "behind the raw table's [3, None]" in verdict.text, verdict.text
+        assert "invariant 12" in verdict.text
+    finally:
+        pg.dispose()

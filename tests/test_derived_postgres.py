@@ -43,7 +43,13 @@ from derived.postgres import (
 )
 from derived.spec import AggregateOutput, PostgresOutput, parse_output
 from ledger.crash import CRASH_EXIT_CODE
-from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError
+from ledger.errors import (
+    AuthenticationError,
+    ConfigError,
+    InconsistencyError,
+    RefusedBatchError,
+    UnreachableError,
+)
 
 APP = "pageviews.derived.views_dashboard"
 MEASURES = [
@@ -510,3 +516,33 @@ def test_a_process_killed_at_a_crash_point_leaves_the_batch_whole_or_absent(
         assert differences(engine, spec, 1, 2) == []
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("cause", "error"),
+    [
+        ('FATAL:  password authentication failed for user "exactly"', AuthenticationError),
+        ("Connection refused\n\tIs the server running on that host?", UnreachableError),
+    ],
+)
+def test_a_refused_or_unreachable_server_fails_the_start_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, cause: str, error: type[Exception]
+) -> None:
+    """The pipeline's start (jobs/pipeline.py) connects to every PostgreSQL output: a
+    refused password or a server that does not answer is one line, exit code 2 (an
+    ExactlyError), never the URL's password."""
+    spec = make_spec({"env": "DASHBOARD_URL"}, "views")
+    target = pg.PostgresTarget(
+        spec, "/tables/raw", {"DASHBOARD_URL": "postgresql://exactly:s3cret@db.invalid/x"}
+    )
+
+    def fails(engine: Engine, spec: PostgresOutput, schema: Any = None) -> None:
+        raise UnreachableError(f"{pg._where(engine, spec)}: connection failed: {cause}")
+
+    monkeypatch.setattr(pg, "ensure_tables", fails)
+    with pytest.raises(error) as info:
+        target.check_reachable()
+    message = str(info.value)
+    assert "\n" not in message and "s3cret" not in message
+    assert message.startswith("postgres output views_dashboard (views at postgresql")
+    assert info.value.exit_code == 2  # type: ignore[attr-defined]

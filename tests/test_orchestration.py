@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import sqlalchemy as sa
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
@@ -398,25 +400,31 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
     kafka_client: Any,
     pipeline_factory: Any,
     instance: dg.DagsterInstance,
+    postgres_url: str,
     tmp_path: Path,
 ) -> None:
-    """An aggregate and an upsert output through the micro-batch job: each is an asset
+    """An aggregate, an upsert and a PostgreSQL output through the micro-batch job: each is an
+    asset
     downstream of the table, materialized with its batch's merge outcome on the batch's
     partition, by the run or, for a batch the CLI committed, by the history sensor;
     `<name>_matches_recomputation` passes through the checks sensor, and fails,
     naming the group or the key, once the derived table is changed behind exactly's back."""
     from jobs.pipeline import build
     from orchestration.checks_sensor import loads
-    from tests.fixtures.derived import TRANSFORM, derived_outputs, user_events
+    from tests.fixtures.derived import TRANSFORM, derived_outputs, postgres_output, user_events
 
     per_app, _per_minute, latest = derived_outputs(tmp_path / "derived")
-    config = pipeline_factory(2, max_records=60, transform=TRANSFORM, derived=[per_app, latest])
+    dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
+    config = pipeline_factory(
+        2, max_records=60, transform=TRANSFORM, derived=[per_app, latest, dashboard]
+    )
     kafka_client.produce_records(config.kafka.topic, user_events(0, 120, 2))
     jobs = pipeline_definitions(config_path(config))
     table = dg.AssetKey("pageviews_table")
     keys = [dg.AssetKey("pageviews_views_per_app"), dg.AssetKey("pageviews_latest_per_user")]
+    keys.append(dg.AssetKey("pageviews_views_dashboard"))
     graph = jobs.definitions.resolve_asset_graph()
-    assert [graph.get(key).parent_keys for key in keys] == [{table}, {table}]
+    assert [graph.get(key).parent_keys for key in keys] == [{table}, {table}, {table}]
 
     for partition in ("1", "2"):
         instance.add_dynamic_partitions(jobs.batches.name, [partition])
@@ -430,6 +438,9 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
             outcome = batch.metrics["derived"][spec.name]
             assert materialization.partition == partition
             assert meta["batch"] == f"pageviews/{partition}" and meta["applied"] is True
+            if spec.kind == "postgres":
+                assert meta["held_batch_id"] == int(partition) and meta["rows_upserted"] > 0
+                continue
             assert meta["merge_version"] == meta["table_version"] == outcome["version"]
             assert meta["rows_inserted"] == outcome["rows_inserted"]
             assert meta["last_batch_id"] == partition
@@ -450,11 +461,15 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
         assert sorted(m.partition for m in found if m is not None) == ["1", "2", "3"]
         (third,) = [m for m in found if m is not None and m.partition == "3"]
         outcome = report.batch.metrics["derived"][spec.name]
-        assert third.metadata["merge_version"].value == outcome["version"]
         assert third.metadata["batch"].value == "pageviews/3"
+        if spec.kind == "postgres":
+            assert third.metadata["held_batch_id"].value == 3
+            continue
+        assert third.metadata["merge_version"].value == outcome["version"]
 
     checks = next(s for s in jobs.sensors if s.name == "pageviews_checks_sensor")
     names = ["views_per_app_matches_recomputation", "latest_per_user_matches_recomputation"]
+    names.append("views_dashboard_matches_recomputation")
 
     def evaluate(cursor: str | None) -> tuple[dict[str, Any], str | None]:
         with dg.build_sensor_context(
@@ -477,6 +492,10 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
     held = DeltaTable(latest["table_uri"]).to_pyarrow_table(columns=["user", "_deleted"])
     gone = sorted(r["user"] for r in held.to_pylist() if not r["_deleted"])[0]  # a live one
     DeltaTable(latest["table_uri"]).delete(f"user = '{gone}'")
+    engine = sa.create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DELETE FROM \"{dashboard['table']}\" WHERE app = 'web'"))
+    engine.dispose()
     failed, cursor = evaluate(cursor)
     assert not any(e.passed for e in failed.values())
     text = failed[names[0]].description or ""
@@ -484,6 +503,7 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
     assert f"key {{'user': '{gone}'}}: missing from the derived table" in (
         failed[names[1]].description or ""
     )
+    assert "group {'app': 'web'}: missing" in (failed[names[2]].description or "")
     assert sorted(loads(cursor)) == sorted(names)  # alerted once; the next tick keeps it open
     _again, cursor = evaluate(cursor)
     assert sorted(loads(cursor)) == sorted(names)

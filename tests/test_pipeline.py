@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,31 @@ def test_offsets_deleted_from_kafka_fail_loudly_and_commit_nothing(
     assert DeltaTable(config.delta.table_uri).version() == version
 
 
+def test_an_unreachable_postgres_output_stops_the_start_in_one_line(
+    kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """A PostgreSQL output whose server does not answer fails `exactly run` before anything
+    is planned: one line naming the output, exit code 2 (a refused password says so the
+    same way: tests/test_derived_postgres.py)."""
+    from devtools.jvm_process import free_port
+    from tests.fixtures.derived import postgres_output
+
+    url = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    config = pipeline_factory(1, derived=[postgres_output(url, "views")])
+    kafka_client.produce(config.kafka.topic, pageviews(10))
+    result = subprocess.run(
+        [*EXACTLY, "run", "-c", str(config_path(config)), "--until-caught-up"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert "postgres output views_dashboard (views at postgresql" in lines[0], lines
+    assert LedgerStore(config.ledger.url).batches(app_id=config.app_id) == []
+
+
 def test_each_output_s_files_hold_its_own_columns_and_statistics(
     spark: Any, kafka_client: Any, pipeline_factory: Any
 ) -> None:
@@ -304,24 +330,31 @@ def test_a_transform_may_not_return_the_columns_the_stage_adds(spark: Any) -> No
 
 
 def test_derived_outputs_equal_their_recomputation_batch_after_batch(
-    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+    spark: Any, kafka_client: Any, pipeline_factory: Any, postgres_url: str, tmp_path: Path
 ) -> None:
-    """An aggregate per app, one per app and minute, and the latest record per user, kept in
-    the same two-phase commit as the raw table over several batches, with tombstones, keys
-    updated in batch after batch in no order, and quarantined records: after every run each
-    output equals its recomputation over the raw table, and each batch records what each
-    output's MERGE did."""
-    from derived.spec import DELETED
+    """An aggregate per app, one per app and minute, the latest record per user, and an
+    aggregate per app in PostgreSQL, kept in the same two-phase commit as the raw table over
+    several batches, with tombstones, keys updated in batch after batch in no order, and
+    quarantined records: after every run each output equals its recomputation over the raw
+    table, and each batch records what each output's commit did. A committed batch published
+    again (a re-drive) changes no output."""
+    from derived.spec import DELETED, PostgresOutput
     from jobs.delta_publisher import DERIVED_METRICS
     from tests.fixtures.derived import (
         TRANSFORM,
         assert_derived_match,
         derived_outputs,
+        postgres_output,
+        postgres_rows,
         user_events,
     )
 
+    dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
     config = pipeline_factory(
-        3, max_records=40, transform=TRANSFORM, derived=derived_outputs(tmp_path / "derived")
+        3,
+        max_records=40,
+        transform=TRANSFORM,
+        derived=[*derived_outputs(tmp_path / "derived"), dashboard],
     )
     topic = config.kafka.topic
     kafka_client.produce_records(topic, user_events(0, 240, 3, malformed_every=25))
@@ -342,10 +375,29 @@ def test_derived_outputs_equal_their_recomputation_batch_after_batch(
     assert 0 < sizes["latest_per_user"] < 15
     for report in (*first, *second):
         outcomes = report.batch.metrics[DERIVED_METRICS]
-        assert list(outcomes) == ["views_per_app", "views_per_minute", "latest_per_user"]
+        assert list(outcomes) == [
+            "views_per_app",
+            "views_per_minute",
+            "latest_per_user",
+            "views_dashboard",
+        ]
         assert all(o["applied"] for o in outcomes.values()), outcomes
+    assert outcomes["views_dashboard"]["held_batch_id"] == report.batch.batch_id
+
+    # a re-drive of a committed batch (all its outputs hold it) applies nothing again
+    pg = next(s for s in config.derived if isinstance(s, PostgresOutput))
+    before = postgres_rows(pg).sort_by("app")
+    tpc = build(config, spark_factory=lambda: spark)
+    last = report.batch
+    again = tpc.publisher.publish(last, tpc.store.files(last.app_id, last.batch_id))
+    assert not any(o["applied"] for o in again.metrics[DERIVED_METRICS].values())
+    assert postgres_rows(pg).sort_by("app") == before
+    assert_derived_match(config)
+
     # every derived commit carries the batch's commit info (invariant 7)
     for spec in config.derived:
+        if isinstance(spec, PostgresOutput):
+            continue
         infos = DeltaTable(spec.table_uri).history()
         batch_ids = sorted(
             json.loads(i["exactly"])["batch_id"]
@@ -356,15 +408,35 @@ def test_derived_outputs_equal_their_recomputation_batch_after_batch(
         )
         assert batch_ids == [r.batch.batch_id for r in (*first, *second)], spec.name
 
+    # the output's state row lost behind the pipeline's back: the next batch is out of
+    # order for it, refused loudly, never skipped; it waits PREPARED, nothing applied
+    import sqlalchemy as sa
+
+    from derived.postgres import STATE_TABLE
+    from ledger.errors import InconsistencyError
+
+    engine = sa.create_engine(postgres_url)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'DELETE FROM "{STATE_TABLE}" WHERE output = :t'), {"t": pg.table})
+    engine.dispose()
+    kafka_client.produce_records(topic, user_events(390, 30, 3))
+    tpc = build(config, spark_factory=lambda: spark)
+    with pytest.raises(InconsistencyError, match="out of order: the output holds batch none"):
+        tpc.run_batch()
+    (stuck,) = tpc.store.batches(app_id=config.app_id, limit=1)
+    assert stuck.state is BatchState.PREPARED
+    assert postgres_rows(pg).sort_by("app") == before
+
 
 def test_a_fill_updates_derived_outputs_like_a_live_batch(
-    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+    spark: Any, kafka_client: Any, pipeline_factory: Any, postgres_url: str, tmp_path: Path
 ) -> None:
     """A fill of offsets older than the live start is a batch like a live one, under the
     backfills' own app id in each output: aggregates add it, the upsert keeps the newer
     records the live batches wrote (its tombstones are older than them). Fill records
     tombstoned again after the live start are the open fill-after-tombstone case
     (docs/derived-tables.md) and are not produced here."""
+    from derived.spec import PostgresOutput
     from jobs.pipeline import build_backfill
     from ledger.backfill import BackfillMode, plan_backfill
     from ledger.protocol import OffsetRange
@@ -372,14 +444,17 @@ def test_a_fill_updates_derived_outputs_like_a_live_batch(
         TRANSFORM,
         assert_derived_match,
         derived_outputs,
+        postgres_held,
+        postgres_output,
         user_events,
     )
 
+    dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
     config = pipeline_factory(
         1,
         starting_offsets="latest",
         transform=TRANSFORM,
-        derived=derived_outputs(tmp_path / "derived"),
+        derived=[*derived_outputs(tmp_path / "derived"), dashboard],
     )
     topic = config.kafka.topic
     kafka_client.produce_records(topic, user_events(0, 120, 1, tombstone_every=5))
@@ -402,6 +477,10 @@ def test_a_fill_updates_derived_outputs_like_a_live_batch(
     assert assert_exactly_once(config, kafka_client) == (210, 0)
     assert_derived_match(config)
     for spec in config.derived:
+        if isinstance(spec, PostgresOutput):
+            # its own state row for the backfills' app id, beside the live one's
+            assert postgres_held(spec, f"{config.pipeline}.backfill") == batch.batch_id
+            continue
         held = DeltaTable(spec.table_uri).transaction_version(f"{config.pipeline}.backfill")
         assert held is None  # each output records the fill under its own app id ...
         assert (

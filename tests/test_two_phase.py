@@ -984,6 +984,33 @@ def test_the_alert_hook_gets_the_missing_files(
     assert "re-stag" in alert.text
 
 
+def test_a_publish_refused_as_out_of_order_alerts_and_leaves_the_batch_prepared(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An output that refuses the batch (a PostgreSQL output's compare-and-set: out of order,
+    derived/postgres.py) is a protocol violation: the pipeline stops with an alert and the
+    batch waits PREPARED, never skipped."""
+    voted(tpc)
+
+    def refuse(batch: Batch, files: Any) -> Any:
+        raise InconsistencyError("postgres output views: out of order: holds batch none")
+
+    monkeypatch.setattr(publisher, "publish", refuse)
+    got: list[Any] = []
+    with pytest.raises(InconsistencyError, match="out of order"):
+        coordinator(store, source, stager, publisher, alert=got.append).recover_and_commit()
+    (alert,) = got
+    assert alert.kind == "publish_refused"
+    assert alert.details["batch_id"] == 1 and "out of order" in alert.text
+    batch = store.get(APP, 1)
+    assert batch is not None and batch.state is S.PREPARED
+
+
 @pytest.mark.parametrize("held_rows", [17, 16])
 def test_a_restage_must_split_records_as_the_output_that_holds_the_batch_did(
     store: LedgerStore,
