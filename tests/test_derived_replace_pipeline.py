@@ -108,7 +108,8 @@ def test_a_replace_keeps_aggregates_and_upserts_equal_to_their_recomputation(
     rng = OffsetRange(topic, 1, 10, 80)
 
     # (d) an output with a min refuses the replace up front, before anything is planned
-    lossy_specs = [*replaceable_outputs(tmp_path / "derived"), derived_outputs(tmp_path / "x")[1]]
+    with_min = {**derived_outputs(tmp_path / "x")[1], "name": "first_views"}
+    lossy_specs = [*replaceable_outputs(tmp_path / "derived"), with_min]
     lossy = type(config).model_validate({**config.model_dump(mode="json"), "derived": lossy_specs})
     refused = cli(*replace_args(save_config(lossy, tmp_path / "lossy.yaml"), rng))
     assert refused.returncode == 2, refused.stdout + refused.stderr
