@@ -257,6 +257,37 @@ def test_a_replace_is_refused_only_for_an_output_it_cannot_keep_right(
     assert planned and fills.finish(fill).batch.state is S.ACKED
 
 
+def test_two_replaces_of_overlapping_ranges_are_never_in_flight_together(
+    store: LedgerStore, source: FakeSource
+) -> None:
+    """A replace's derived corrections read the old rows in its ranges from the raw table
+    before its own raw-table commit (jobs/delta_publisher.py `_merge_replace`): only that
+    commit may change them. A second replace over the same offsets, requested while the
+    first has voted, finishes the first before it is planned (or is refused), never beside
+    it: backfills share one app id, one batch in flight."""
+    pipeline = live(store, source)
+    assert pipeline.run_batch() is not None  # pageviews-0[0,10), pageviews-1[5,12)
+    fills = backfiller(store, source)
+    first = request(fills, BackfillMode.REPLACE, OffsetRange(TOPIC, 0, 0, 10))
+    first, output = fills.invoke(first)
+    first = fills.pre_commit(first, output)
+    assert first.state is S.PREPARED
+    other = backfiller(store, source)
+    try:
+        second, planned = plan_backfill(
+            other,
+            live_app_id=PIPELINE,
+            mode=BackfillMode.REPLACE,
+            ranges=[OffsetRange(TOPIC, 0, 5, 10)],
+            transform=TRANSFORM,
+        )
+    except ExactlyError:
+        return  # refused while the first is in flight: also safe
+    assert planned and second.batch_id == first.batch_id + 1
+    done = store.get(first.app_id, first.batch_id)
+    assert done is not None and done.state in (S.COMMITTED, S.ACKED)
+
+
 def test_fill_over_a_live_batch_in_flight_names_it_and_its_state(store: LedgerStore) -> None:
     source = FakeSource({0: Available(0, 100)})
     pipeline = live(store, source, starting_offsets="latest")
