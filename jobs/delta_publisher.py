@@ -369,9 +369,10 @@ class DeltaPublisher:
           are all committed; a replace is refused while any batch over its ranges is in
           flight, and fills and replaces share the backfill app id, one batch in flight at
           a time, so no second replace of overlapping ranges can commit in between (its
-          planning first finishes this one: `plan_backfill` recovers before it plans).
-          Compaction rewrites files but keeps every row; vacuum removes only files no
-          version still being read needs. So the rows in the ranges are the same at the
+          planning first finishes this one: `plan_backfill` recovers before it plans;
+          tests/test_backfill_plan.py `test_two_replaces_of_overlapping_ranges_...`).
+          Compaction rewrites files but keeps every row; vacuum removes only files the
+          latest snapshot no longer references. So the rows in the ranges are the same at the
           plan, at the vote, now, and on the snapshot the raw table's replace commits on;
           the latest snapshot reads them without needing an old version's files to be
           kept (a version pinned at planning could be vacuumed before a late re-drive).
