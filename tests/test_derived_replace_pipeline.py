@@ -14,6 +14,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -198,7 +199,7 @@ def test_a_replace_under_a_live_pipeline_with_derived_outputs(
     produced = [900]
 
     def produce() -> None:
-        while not stop.is_set() and produced[0] < 1500:
+        while not stop.is_set() and produced[0] < 3000:
             records = user_events(produced[0], 50, 3, malformed_every=40)
             kafka_client.produce_records(topic, records)
             produced[0] += 50
@@ -212,15 +213,33 @@ def test_a_replace_under_a_live_pipeline_with_derived_outputs(
         stderr=subprocess.STDOUT,
         text=True,
     )
+    store = LedgerStore(config.ledger.url)
     try:
+        before = max(b.batch_id for b in store.batches(app_id=config.app_id))
+        deadline = time.monotonic() + 180
+        # the live process is committing before the replace is planned
+        while not any(
+            b.batch_id > before and b.state in (S.COMMITTED, S.ACKED)
+            for b in store.batches(app_id=config.app_id)
+        ):
+            assert time.monotonic() < deadline and live.poll() is None
+            time.sleep(0.5)
         done = replace(config, spark, OffsetRange(topic, 1, 20, 180))
+        assert done is not None and done.committed_at is not None
+        # ... and commits while it stages and publishes
+        beside = [
+            b.batch_id
+            for b in store.batches(app_id=config.app_id)
+            if b.committed_at is not None and done.created_at < b.committed_at < done.committed_at
+        ]
     finally:
+        store.dispose()
         stop.set()
         producer.join()
         out = live.communicate(timeout=600)[0]
     assert live.returncode == 0, out
-    assert done is not None and done.state is S.ACKED
-    assert produced[0] > 900  # the producer wrote while the replace ran
+    assert done.state is S.ACKED
+    assert beside, "no live batch committed while the replace ran"
     live_until_caught_up(config, spark)
     table, quarantined = assert_exactly_once(config, kafka_client)
     assert table + quarantined == produced[0]
