@@ -13,10 +13,12 @@ merge the new rows' partial: the old rows' contributions are in it already. So:
   `merge_upsert(..., replaced=ranges)`, which replaces the rows those ranges hold whatever
   their order (and keeps the order compare for the others).
 
-Pyarrow only, no Spark: the old rows come from the raw table, read with delta-rs at the
-version the replace was planned on, and these are the same pure functions of rows as the
-check's recomputation (derived/invariants.py), so what is applied and what is checked cannot
-drift apart. The old rows are one replaced range's (a batch's worth), not the table.
+Pyarrow only, no Spark: the old rows come from the raw table, read with delta-rs when the
+replace is published, before the raw table's own replace commit (jobs/delta_publisher.py
+`_merge_replace` argues why those are the rows that commit removes), and these are the same
+pure functions of rows as the check's recomputation (derived/invariants.py), so what is
+applied and what is checked cannot drift apart. The old rows are one replaced range's (a
+batch's worth), not the table.
 """
 
 from __future__ import annotations

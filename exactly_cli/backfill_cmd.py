@@ -52,7 +52,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             ranges=[rng],
             transform=transform,
             again=args.again,
-            derived=[d.name for d in config.derived],
+            derived=config.derived,
         )
         if not planned:
             print(

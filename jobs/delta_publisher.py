@@ -11,21 +11,33 @@ is reported unfinished, never forgotten (invariant 12).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from derived.invariants import recompute_aggregate
 from derived.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
 from derived.postgres import PostgresOutcome, PostgresTarget, apply_partial, held_state
 from derived.rebuild import behind_reason
-from derived.spec import DELETED, AggregateOutput, PostgresOutput, UpsertOutput
+from derived.replace import correction_partial, in_ranges, upsert_replacement
+from derived.spec import (
+    ABSENT,
+    DELETED,
+    OFFSET,
+    PARTITION,
+    AggregateOutput,
+    PostgresOutput,
+    UpsertOutput,
+)
 from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target, is_derived
 from ledger.backfill import backfill_app_id
 from ledger.batch import Batch, StagedFile
 from ledger.crash import crashpoint
 from ledger.errors import InconsistencyError, RefusedBatchError
+from ledger.protocol import OffsetRange
 from ledger.two_phase import PublishResult
 from resources import storage
 from resources.config import PipelineConfig
@@ -345,15 +357,15 @@ class DeltaPublisher:
         output MERGEs the batch's voted partial (derived/merge.py), skipped when its own
         app transaction holds the batch already; what each did is in the result's
         metrics. A replace backfill removes the old rows of its ranges from both tables in
-        the same commit that adds the new ones (refused for a pipeline with derived
-        outputs, ledger/backfill.py).
+        the same commit that adds the new ones, and applies to each derived output the
+        correction that keeps it equal to its recomputation (`_merge_replace`).
         """
         meta = commit_metadata(batch)
         replace = batch.params.get("mode") == "replace"
-        if replace and (self.derived or self.postgres):
+        if replace and self.postgres:
             raise InconsistencyError(
-                f"batch {batch.label} is a replace backfill, and replaces cannot keep derived "
-                "outputs right yet (docs/derived-tables.md); it should have been refused"
+                f"batch {batch.label} is a replace backfill, and a replace cannot correct a "
+                "PostgreSQL output (derived/spec.py replace_refusal); it should have been refused"
             )
         by_target: dict[str, list[StagedFile]] = {t: [] for t, _d in self._outputs()}
         by_target.update({t: [] for t in self.postgres})
@@ -386,7 +398,7 @@ class DeltaPublisher:
             if spec is not None:
                 crashpoint("between_derived_commits")
                 merged[spec.name] = merge_outcome(
-                    self._merge(batch, spec, delta, by_target[target], meta)
+                    self._merge(batch, spec, delta, by_target[target], meta, by_target[TABLE])
                 )
                 continue
             has_rows = any(f.records for f in by_target[target])
@@ -478,9 +490,12 @@ class DeltaPublisher:
         delta: DeltaTarget,
         files: Sequence[StagedFile],
         metadata: Mapping[str, Any],
+        table_files: Sequence[StagedFile] = (),
     ) -> MergeOutcome:
         """MERGE the batch's voted partial into derived output `spec`'s table, under the
-        output's own app transaction, carrying the batch's commit info (invariant 7)."""
+        output's own app transaction, carrying the batch's commit info (invariant 7); for a
+        replace batch, the correction `_merge_replace` computes (`table_files`: the batch's
+        voted raw-table files, its new rows)."""
         reason = behind_reason(spec, delta, self.table, batch.app_id)
         if reason is not None:
             raise InconsistencyError(reason)
@@ -490,9 +505,144 @@ class DeltaPublisher:
             "batch_id": batch.batch_id,
             "metadata": metadata,
         }
+        if batch.params.get("mode") == "replace":
+            return self._merge_replace(batch, spec, delta, partial, table_files, common)
         if isinstance(spec, AggregateOutput):
             return merge_aggregate(delta, spec, partial, **common)
         return merge_upsert(delta, spec, partial, **common)
+
+    def _merge_replace(
+        self,
+        batch: Batch,
+        spec: AggregateOutput | UpsertOutput,
+        delta: DeltaTarget,
+        partial: pa.Table,
+        table_files: Sequence[StagedFile],
+        common: Mapping[str, Any],
+    ) -> MergeOutcome:
+        """Apply a replace batch to derived output `spec`: the correction that makes it
+        equal its recomputation over the raw rows as the raw table's replace leaves them.
+
+        What is applied (derived/replace.py):
+        - an aggregate: the correction partial, the batch's voted partial (its new rows)
+          minus the old rows' partial, merged with `correction=True` (a group whose count
+          reaches 0 is deleted);
+        - an upsert: the affected keys' new state (the latest record over the raw rows
+          outside the ranges plus the new rows, or `_absent`), merged with
+          `replaced=ranges` (the rows the ranges hold are overwritten whatever their order).
+
+        The old rows are the raw table's rows whose coordinates fall in the batch's ranges,
+        read from the raw table's latest snapshot, which must not hold the batch yet
+        (checked on that same snapshot). They must be exactly the rows the raw table's own
+        replace removes (resources/delta.py `DeltaTarget.replace`, which finds them on the
+        snapshot it commits on, later): a row subtracted here and not removed there, or
+        the other way round, is a record counted twice or lost in the output (invariant
+        1). Why the latest snapshot, and not one pinned when the replace was planned or
+        voted, and why every case below ends equal:
+
+        - Nothing but this batch's own raw-table commit changes the raw rows in its
+          ranges. Live batches and fills only add rows at offsets no committed batch
+          holds (ledger/backfill.py: a fill takes only uncovered offsets below the live
+          position, the live pipeline reads on from its own), and the replace's ranges
+          are all committed; a replace is refused while any batch over its ranges is in
+          flight, and fills and replaces share the backfill app id, one batch in flight at
+          a time, so no second replace of overlapping ranges can commit in between (its
+          planning first finishes this one: `plan_backfill` recovers before it plans;
+          tests/test_backfill_plan.py `test_two_replaces_of_overlapping_ranges_...`).
+          Compaction rewrites files but keeps every row; vacuum removes only files the
+          latest snapshot no longer references. So the rows in the ranges are the same at the
+          plan, at the vote, now, and on the snapshot the raw table's replace commits on;
+          the latest snapshot reads them without needing an old version's files to be
+          kept (a version pinned at planning could be vacuumed before a late re-drive).
+        - The raw table is committed last (`_outputs`). While any derived output lacks the
+          batch, the raw table lacks it too, so every output's correction is computed
+          before the replace has removed anything, on a snapshot that does not hold the
+          batch. A snapshot that holds it while this output does not cannot happen in
+          order; it is refused (InconsistencyError), never merged as a zero correction.
+        - A crash between derived commits (`between_derived_commits`), then a re-drive with
+          the ledger kept: the outputs that committed skip by their own app transaction
+          (here, before the raw table is even read); each output left computes its
+          correction afresh from the same voted files and the same old rows (the raw
+          table still lacks the batch), so the same correction it would have applied.
+          A crash after the derived commits (`between_table_commits`) leaves only the raw
+          table's replace, which is idempotent by its own app transaction.
+        - The ledger lost: the logs that hold the batch re-create it (ledger/two_phase.py
+          recovery) and it is staged again over the same ranges with the transform its
+          params name, so its new rows are the same records; the old rows are read as
+          above; outputs that hold the batch skip. The correction is a function of
+          (new rows, old rows), not of which attempt staged them.
+        - A live batch committing between the replace's plan and its publish, or between
+          two of its derived commits: it adds rows outside the ranges only. An aggregate
+          correction is a sum of deltas, which commutes with the live batch's partial. An
+          upsert's affected keys may meanwhile have a newer record a live batch merged
+          (it is outside the ranges, so the MERGE's order compare keeps it over the
+          replacement computed without it), or the live batch may merge after the
+          replace (its order compare then sees the replacement). Two processes publishing
+          the same replace (a stale attempt: fencing stops it at the ledger, but its reads
+          may already have happened): the MERGE re-checks the app transaction in its own
+          loop on the table it commits on, and a raw table that already holds the batch
+          means every derived output held it first.
+        - Types: the old rows' partial is recomputed with pyarrow (the check's own
+          functions, derived/invariants.py) and cast to the voted partial's schema
+          (`correction_partial`); the upsert replacement is cast to the voted partial's
+          columns and types, plus `_absent`. The new side of an aggregate is the voted
+          partial itself, so what Spark computed and the vote fixed is what is added.
+
+        Computing the correction at stage time and voting it as the partial would make the
+        vote fix the exact correction too, but only by reading the old rows before the
+        vote, and they must still be the rows the replace removes at commit time: by the
+        first point they are, so both are equally safe; reading them here keeps the stage
+        a function of Kafka alone and needs no second partial kind in the vote.
+        """
+        app_id = str(common["app_id"])
+        started = time.perf_counter()
+        held = delta.transaction_version(app_id)
+        if held is not None and held >= batch.batch_id:
+            table = delta.load()
+            version = -1 if table is None else table.version()
+            return MergeOutcome(False, version, 1, time.perf_counter() - started)
+        raw = self.table.load()
+        raw_held = None if raw is None else raw.transaction_version(batch.app_id)
+        if raw is None or (raw_held is not None and raw_held >= batch.batch_id):
+            raise InconsistencyError(
+                f"batch {batch.label} is a replace the raw table at {self.table.uri} "
+                f"{'does not exist for' if raw is None else 'holds already'}, but derived "
+                f"output {spec.name} does not hold it: its correction can no longer be "
+                "computed (the old rows are gone); rebuild the output from the raw table"
+            )
+        dataset = raw.to_pyarrow_dataset()
+        old = _rows_in_ranges(dataset, batch.ranges)
+        new = self._staged_rows(table_files, old.schema)
+        if isinstance(spec, AggregateOutput):
+            correction = correction_partial(recompute_aggregate(old, spec), partial, spec)
+            return merge_aggregate(delta, spec, correction, correction=True, **common)
+        # every old row's key is affected, so the rows of the affected keys hold the old rows
+        candidates = _rows_of_keys(dataset, spec.key_columns, [old, new])
+        replacement = upsert_replacement(candidates, batch.ranges, new, spec)
+        schema = partial.schema.append(pa.field(ABSENT, pa.bool_()))
+        columns = {
+            f.name: replacement[f.name].cast(f.type)
+            if f.name in replacement.column_names
+            else pa.nulls(replacement.num_rows, f.type)
+            for f in schema
+        }
+        shaped = pa.table(columns, schema=schema)
+        return merge_upsert(delta, spec, shaped, replaced=batch.ranges, **common)
+
+    def _staged_rows(self, files: Sequence[StagedFile], like: pa.Schema) -> pa.Table:
+        """The batch's voted raw-table files read back (its new rows), the columns the raw
+        table has cast to its types; a staged file's own columns (`routed`) kept as they
+        are (the derived functions drop them)."""
+        parts = [
+            storage.read_parquet(storage.join(self.table.uri, f.path)) for f in files if f.records
+        ]
+        if not parts:
+            return like.empty_table()
+        rows = pa.concat_tables(parts, promote_options="default")
+        for i, name in enumerate(rows.column_names):
+            if name in like.names:
+                rows = rows.set_column(i, name, rows[name].cast(like.field(name).type))
+        return rows
 
     @staticmethod
     def read_partial(
@@ -511,3 +661,34 @@ class DeltaPublisher:
             if f.records
         ]
         return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
+def _rows_in_ranges(dataset: Any, ranges: Sequence[OffsetRange]) -> pa.Table:
+    """The raw rows whose coordinates fall in `ranges` (derived/replace.py `in_ranges`, the
+    raw table's replace's own rule), files pruned by partition and offset first."""
+    wanted = None
+    for r in ranges:
+        one = (
+            (pc.field(PARTITION) == r.partition)
+            & (pc.field(OFFSET) >= r.start)
+            & (pc.field(OFFSET) < r.end)
+        )
+        wanted = one if wanted is None else wanted | one
+    rows = dataset.to_table(filter=wanted)
+    return rows.filter(in_ranges(rows, ranges))
+
+
+def _rows_of_keys(dataset: Any, keys: list[str], tables: Sequence[pa.Table]) -> pa.Table:
+    """The raw rows whose key is one of those `tables` hold (a superset, per column: the
+    caller ignores other keys), null keys included."""
+    wanted = None
+    for k in keys:
+        values = pa.concat_arrays(
+            [t[k].combine_chunks().cast(dataset.schema.field(k).type) for t in tables]
+        )
+        present = pc.unique(values.drop_null())
+        one = pc.field(k).isin(present)
+        if values.null_count:
+            one = one | pc.field(k).is_null()
+        wanted = one if wanted is None else wanted & one
+    return dataset.to_table(filter=wanted)

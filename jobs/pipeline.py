@@ -100,7 +100,7 @@ class Pipeline:
             ranges=ranges,
             transform=self.config.transform,
             again=True,
-            derived=[d.name for d in self.config.derived],
+            derived=self.config.derived,
         )
         return replacement
 

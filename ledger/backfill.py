@@ -29,6 +29,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from derived.spec import AnyOutput, replace_refusal
 from ledger.batch import BACKFILL_SUFFIX, Batch, BatchKind
 from ledger.errors import ExactlyError
 from ledger.protocol import HOLDS_RANGE, BatchState, OffsetRange, check_topic_identity
@@ -153,22 +154,21 @@ def check_fill(
 def check_replace(
     ranges: Sequence[OffsetRange],
     covered: Mapping[tuple[str, int], list[Covered]],
-    derived: Sequence[str] = (),
+    derived: Sequence[AnyOutput] = (),
 ) -> None:
     """Every offset of a replace must be committed already (by live batches or fills), and
     no batch over them may be in flight. Protects invariant 1: the rows of a batch that has
     not committed are not in the table yet, so the replace would remove nothing there and
     the batch would add them after it, a second copy.
 
-    A pipeline with derived outputs (`derived`, their names) is refused any replace: its
-    outputs would keep the replaced rows' contributions, since the corrections that
-    subtract them are not wired yet (docs/derived-tables.md; a later change lifts this)."""
-    if derived:
-        raise BackfillError(
-            f"replace {', '.join(str(r) for r in normalize(ranges))}: the pipeline has derived "
-            f"output(s) {', '.join(derived)}, which a replace cannot correct yet (they would "
-            "keep the replaced rows); use --mode fill for offsets no batch holds"
-        )
+    A derived output (`derived`, the pipeline's output specs) that a replace cannot keep
+    right refuses it up front, the error being its reason (derived/spec.py
+    `replace_refusal`: min/max, an aggregate without a count, PostgreSQL); counts, sums and
+    upserts follow a replace by a correction (jobs/delta_publisher.py)."""
+    reasons = [reason for spec in derived if (reason := replace_refusal(spec)) is not None]
+    if reasons:
+        normalize(ranges)
+        raise BackfillError("; ".join(reasons))
     for r in normalize(ranges):
         for c in covered.get((r.topic, r.partition), []):
             if not c.in_table and r.start < c.end and c.start < r.end:
@@ -229,11 +229,11 @@ def check_request(
     batches: Iterable[Batch],
     live_app_id: str,
     topic_id: str,
-    derived: Sequence[str] = (),
+    derived: Sequence[AnyOutput] = (),
 ) -> None:
     """The rules of `mode` against every batch of the pipeline (live and backfill), as the
-    planning transaction read them, on the topic incarnation `topic_id`; `derived` names
-    the pipeline's derived outputs."""
+    planning transaction read them, on the topic incarnation `topic_id`; `derived` is the
+    pipeline's derived output specs."""
     batches = list(batches)
     covered = coverage(batches)
     if mode is BackfillMode.FILL:
@@ -263,7 +263,7 @@ def plan_backfill(
     ranges: Sequence[OffsetRange],
     transform: str,
     again: bool = False,
-    derived: Sequence[str] = (),
+    derived: Sequence[AnyOutput] = (),
 ) -> tuple[Batch, bool]:
     """Plan a backfill batch after checking it is allowed; (batch, planned_now).
 

@@ -89,7 +89,7 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
                 ranges=ranges,
                 transform=transform,
                 again=config.again,
-                derived=[d.name for d in pipeline.config.derived],
+                derived=pipeline.config.derived,
             )
         if not planned:
             context.log.info(f"already done as {batch.label} ({batch.state}); nothing to do")

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from derived.spec import parse_output, replace_refusal
 from ledger.backfill import BackfillError, BackfillMode, backfill_app_id, plan_backfill
 from ledger.batch import Batch, BatchKind
 from ledger.errors import ExactlyError
@@ -174,15 +175,50 @@ def test_replace_of_committed_offsets_while_a_live_batch_is_in_flight_elsewhere(
     assert offsets_taken_twice(store, PIPELINE) == []
 
 
-def test_a_replace_is_refused_on_a_pipeline_with_derived_outputs_and_a_fill_is_not(
+def derived_specs(*, lossy: bool) -> list[Any]:
+    """A count+sum aggregate and an upsert (a replace keeps both right), and with `lossy`
+    an aggregate with a min, which a replace cannot correct."""
+    specs = [
+        {
+            "kind": "aggregate",
+            "name": "views_per_app",
+            "table_uri": "/nowhere/views_per_app",
+            "group_by": ["app"],
+            "measures": [
+                {"name": "views", "fn": "count"},
+                {"name": "n", "fn": "sum", "column": "n"},
+            ],
+        },
+        {"kind": "upsert", "name": "users", "table_uri": "/nowhere/users", "key": ["user"]},
+    ]
+    if lossy:
+        specs.append(
+            {
+                "kind": "aggregate",
+                "name": "first_views",
+                "table_uri": "/nowhere/first_views",
+                "group_by": ["app"],
+                "measures": [
+                    {"name": "views", "fn": "count"},
+                    {"name": "first", "fn": "min", "column": "_kafka_offset"},
+                ],
+            }
+        )
+    return [parse_output(s) for s in specs]
+
+
+def test_a_replace_is_refused_only_for_an_output_it_cannot_keep_right(
     store: LedgerStore, source: FakeSource
 ) -> None:
-    """A replace cannot correct derived outputs yet (their corrections are not wired): it
-    would leave the replaced rows' contributions in them. A fill is a batch like a live one
-    and is planned as usual."""
+    """A replace is refused when some derived output cannot follow it (derived/spec.py
+    `replace_refusal`: min/max, no count, PostgreSQL), and the error is that output's reason,
+    one line. Counts, sums and upserts follow a replace (jobs/delta_publisher.py), so a
+    pipeline with only those is replaced as one without derived outputs. A fill is a batch
+    like a live one and is planned as usual."""
     pipeline = live(store, source)
     assert pipeline.run_batch() is not None  # pageviews-0[0,10), pageviews-1[5,12)
     fills = backfiller(store, source)
+    lossy = derived_specs(lossy=True)
     with pytest.raises(BackfillError) as info:
         plan_backfill(
             fills,
@@ -190,15 +226,24 @@ def test_a_replace_is_refused_on_a_pipeline_with_derived_outputs_and_a_fill_is_n
             mode=BackfillMode.REPLACE,
             ranges=[OffsetRange(TOPIC, 0, 0, 10)],
             transform=TRANSFORM,
-            derived=["views_per_app", "users"],
+            derived=lossy,
         )
     message = str(info.value)
-    assert "derived output(s) views_per_app, users" in message
-    assert "\n" not in message
+    reason = replace_refusal(lossy[2])
+    assert reason is not None and message == reason
+    assert "first_views" in message and "min and max cannot be subtracted" in message
+    assert "views_per_app" not in message and "users" not in message
     assert store.batches(app_id=backfill_app_id(PIPELINE)) == []
-    # the same replace without derived outputs is accepted: the refusal is theirs alone
-    replace = request(fills, BackfillMode.REPLACE, OffsetRange(TOPIC, 0, 0, 10))
-    assert fills.finish(replace).batch.state is S.ACKED
+    # the same replace with outputs it can keep right is accepted
+    replace, planned = plan_backfill(
+        fills,
+        live_app_id=PIPELINE,
+        mode=BackfillMode.REPLACE,
+        ranges=[OffsetRange(TOPIC, 0, 0, 10)],
+        transform=TRANSFORM,
+        derived=derived_specs(lossy=False),
+    )
+    assert planned and fills.finish(replace).batch.state is S.ACKED
 
     source.offsets = {0: Available(0, 25), 1: Available(0, 12)}  # older records appear
     fill, planned = plan_backfill(
@@ -207,9 +252,40 @@ def test_a_replace_is_refused_on_a_pipeline_with_derived_outputs_and_a_fill_is_n
         mode=BackfillMode.FILL,
         ranges=[OffsetRange(TOPIC, 1, 0, 5)],
         transform=TRANSFORM,
-        derived=["views_per_app", "users"],
+        derived=lossy,
     )
     assert planned and fills.finish(fill).batch.state is S.ACKED
+
+
+def test_two_replaces_of_overlapping_ranges_are_never_in_flight_together(
+    store: LedgerStore, source: FakeSource
+) -> None:
+    """A replace's derived corrections read the old rows in its ranges from the raw table
+    before its own raw-table commit (jobs/delta_publisher.py `_merge_replace`): only that
+    commit may change them. A second replace over the same offsets, requested while the
+    first has voted, finishes the first before it is planned (or is refused), never beside
+    it: backfills share one app id, one batch in flight."""
+    pipeline = live(store, source)
+    assert pipeline.run_batch() is not None  # pageviews-0[0,10), pageviews-1[5,12)
+    fills = backfiller(store, source)
+    first = request(fills, BackfillMode.REPLACE, OffsetRange(TOPIC, 0, 0, 10))
+    first, output = fills.invoke(first)
+    first = fills.pre_commit(first, output)
+    assert first.state is S.PREPARED
+    other = backfiller(store, source)
+    try:
+        second, planned = plan_backfill(
+            other,
+            live_app_id=PIPELINE,
+            mode=BackfillMode.REPLACE,
+            ranges=[OffsetRange(TOPIC, 0, 5, 10)],
+            transform=TRANSFORM,
+        )
+    except ExactlyError:
+        return  # refused while the first is in flight: also safe
+    assert planned and second.batch_id == first.batch_id + 1
+    done = store.get(first.app_id, first.batch_id)
+    assert done is not None and done.state in (S.COMMITTED, S.ACKED)
 
 
 def test_fill_over_a_live_batch_in_flight_names_it_and_its_state(store: LedgerStore) -> None:

@@ -17,6 +17,19 @@ def pageviews_v2(records: DataFrame) -> DataFrame:
     return pageviews(records).withColumn("app", F.upper("app"))
 
 
+def pageviews_with_tombstones_v2(records: DataFrame) -> DataFrame:
+    """`pageviews_with_tombstones` "fixed" for a replace under derived outputs: the app
+    upper-cased (aggregate groups move), and every record at an odd offset given to another
+    user (`<user>-v2`): a replace then brings keys in and leaves keys with no record at all.
+    Tombstones keep the Kafka key's user."""
+    out = pageviews_with_tombstones(records)
+    renamed = F.when(
+        F.col("value").isNotNull() & (F.col("_kafka_offset") % 2 == 1),
+        F.concat(F.col("user"), F.lit("-v2")),
+    ).otherwise(F.col("user"))
+    return out.withColumn("app", F.upper("app")).withColumn("user", renamed)
+
+
 # -- schema changes (invariant 14) ----------------------------------------------------------
 
 
