@@ -11,6 +11,7 @@ user, so the upsert gains keys and loses keys with no record left at all.
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -207,8 +208,10 @@ def test_a_replace_under_a_live_pipeline_with_derived_outputs(
 
     producer = threading.Thread(target=produce)
     producer.start()
+    # continuous, not --until-caught-up: a live process that caught up between two produced
+    # chunks would exit before the replace ran, and the test would prove nothing
     live = subprocess.Popen(
-        [*CLI, "run", "-c", str(config_path(config)), "--until-caught-up"],
+        [*CLI, "run", "-c", str(config_path(config)), "--continuous", "--min-interval", "0.5"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -236,6 +239,7 @@ def test_a_replace_under_a_live_pipeline_with_derived_outputs(
         store.dispose()
         stop.set()
         producer.join()
+        live.send_signal(signal.SIGTERM)
         out = live.communicate(timeout=600)[0]
     assert live.returncode == 0, out
     assert done.state is S.ACKED
