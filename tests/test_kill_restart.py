@@ -70,7 +70,7 @@ FINISHED = frozenset({S.COMMITTED, S.ACKED, S.ABORTED})
 
 class Producer(threading.Thread):
     """Produces page views to `topic` until stopped, with a client of its own: unkeyed, or
-    (`keyed`, for the derived outputs) keyed by user with tombstones among them."""
+    (`keyed_partitions`, for the derived outputs) keyed by user, tombstones among them."""
 
     def __init__(self, bootstrap: str, topic: str, *, keyed_partitions: int = 0) -> None:
         super().__init__(name="kill-restart-producer", daemon=True)
