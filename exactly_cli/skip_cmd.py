@@ -13,9 +13,12 @@ read committed ones again, is refused unless `--force`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import getpass
 import os
+from typing import Any
 
+from derived.spec import UpsertOutput
 from ledger.decisions import DecisionKind, Request, record_decision
 from ledger.errors import ConfigError
 from resources.config import load_config
@@ -98,6 +101,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     resume.set_defaults(func=cmd_skip)
 
 
+def _upsert_tables(pipeline: Any) -> tuple[str, ...]:
+    """The pipeline's upsert outputs whose table exists (holds the rows of batches)."""
+    return tuple(
+        spec.name
+        for spec, delta in getattr(pipeline.live.publisher, "derived", ())
+        if isinstance(spec, UpsertOutput) and delta.load() is not None
+    )
+
+
 def cmd_skip(args: argparse.Namespace) -> int:
     from jobs.pipeline import Pipeline
 
@@ -107,6 +119,7 @@ def cmd_skip(args: argparse.Namespace) -> int:
         if partition in positions:
             raise ConfigError(f"--position names partition {partition} twice")
         positions[partition] = offset
+    config = load_config(args.config)
     request = Request(
         kind=kind,
         reason=args.reason,
@@ -117,8 +130,10 @@ def cmd_skip(args: argparse.Namespace) -> int:
         positions=positions,
         force=getattr(args, "force", False),
     )
-    config = load_config(args.config)
     with Pipeline(config, log=print) as pipeline:
+        if kind is DecisionKind.NEW_TOPIC:
+            # refused while an upsert table holds the old topic's rows (check_new_topic)
+            request = dataclasses.replace(request, upsert_outputs=_upsert_tables(pipeline))
         decision = record_decision(pipeline.live, request, pipeline.live.store.now())
     print(f"recorded decision {decision.id[:8]} of {config.pipeline}: {decision.describe()}")
     print("the next batch continues from there, and its commit carries this decision")

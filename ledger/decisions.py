@@ -260,13 +260,20 @@ def check_new_topic(
     *,
     read_before: Iterable[str] = (),
     force: bool = False,
+    upsert_outputs: Sequence[str] = (),
 ) -> None:
     """A `new-topic` decision accepts the id Kafka reports now, and only when the positions
     belong to another one: the operator names the id, so a topic re-created once more
     since the error was read is not accepted unseen. Restarting at the starting offsets
     would read again a topic the pipeline already read from (`read_before`: a config
     pointed back at an earlier topic), and positions that carry no id (recorded before
-    exactly stored ids) may be this very topic: both need `force`."""
+    exactly stored ids) may be this very topic: both need `force`.
+
+    A pipeline whose upsert outputs hold rows (`upsert_outputs`: the names of those whose
+    table exists) is refused, even with `force`: an upsert orders a key's records by
+    (partition, offset), which restart at 0 on the new topic, so the old topic's records
+    would win over the new one's for ever (docs/derived-tables.md "Topic re-created"). Their
+    tables must be deleted first; each starts again from the new topic."""
     if accepted_id != current_id:
         raise DecisionError(
             f"topic {topic} has id {current_id}, not {accepted_id}: accept the id Kafka "
@@ -293,6 +300,13 @@ def check_new_topic(
             f"whether id {current_id} is another topic cannot be told; they take that id on "
             "the next plan on their own, while accepting it restarts them at the starting "
             "offsets and may read records again: add --force only if the topic was re-created"
+        )
+    if upsert_outputs:
+        raise DecisionError(
+            f"topic {topic}: upsert output(s) {', '.join(upsert_outputs)} order records by "
+            "(partition, offset), which restart at 0 on the new topic, so the old topic's "
+            "records would win for ever: delete their tables before accepting it (they start "
+            "again from the new topic)"
         )
 
 
@@ -377,6 +391,8 @@ class Request:
     topic_id: str | None = None
     positions: Mapping[int, int] = field(default_factory=dict)
     force: bool = False
+    #: the upsert outputs whose table exists: a new-topic decision is refused while any does
+    upsert_outputs: tuple[str, ...] = ()
 
 
 def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime) -> Decision:
@@ -418,6 +434,7 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
                 request.topic_id or "",
                 read_before=read_before,
                 force=request.force,
+                upsert_outputs=request.upsert_outputs,
             )
             forced = request.force and (positions.topic_id is None or current_id in read_before)
         elif request.kind is DecisionKind.RESUME_AT:

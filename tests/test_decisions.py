@@ -211,6 +211,13 @@ def test_new_topic_accepts_only_the_current_id_and_only_when_it_changed() -> Non
     with pytest.raises(DecisionError, match="already read topic id id-0"):
         check_new_topic(TOPIC, HELD, "id-0", "id-0", read_before={"id-0", "id-1"})
     check_new_topic(TOPIC, HELD, "id-0", "id-0", read_before={"id-0"}, force=True)
+    # an upsert's (partition, offset) order would keep the old topic's records: refused,
+    # --force or not, until their tables are deleted
+    for force in (False, True):
+        with pytest.raises(DecisionError, match=r"latest_per_user.*delete their tables"):
+            check_new_topic(
+                TOPIC, HELD, "id-2", "id-2", upsert_outputs=["latest_per_user"], force=force
+            )
 
 
 def test_resume_positions_must_neither_reread_nor_skip_what_kafka_holds() -> None:

@@ -15,7 +15,10 @@ varies).
 
 Two set-ups: local Spark with local tables and a SQLite ledger; and the loopback standalone
 cluster (two workers, the stage job's tasks in executors) with both tables on the loopback
-S3 server and a PostgreSQL ledger: where users' data lives.
+S3 server and a PostgreSQL ledger: where users' data lives. The local one also has derived
+outputs (an aggregate, a windowed one, an upsert by user fed tombstones: the producer keys
+its records by user), so kills land in their stage, vote and MERGEs too; after the last run
+each must equal its recomputation over the raw table.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from typing import Any
 
 import pytest
 
-from jobs.examples.sample_data import pageviews
+from jobs.examples.sample_data import MALFORMED, pageviews
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore
 from resources.config import PipelineConfig
 from resources.kafka import KafkaClient
+from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_cli import EXACTLY, REPO
 
@@ -65,13 +69,17 @@ FINISHED = frozenset({S.COMMITTED, S.ACKED, S.ABORTED})
 
 
 class Producer(threading.Thread):
-    """Produces page views to `topic` until stopped, with a client of its own."""
+    """Produces page views to `topic` until stopped, with a client of its own: unkeyed, or
+    (`keyed_partitions`, for the derived outputs) keyed by user, tombstones among them."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, *, keyed_partitions: int = 0) -> None:
         super().__init__(name="kill-restart-producer", daemon=True)
         self.bootstrap = bootstrap
         self.topic = topic
+        self.keyed_partitions = keyed_partitions
         self.produced = 0
+        #: how many of them cannot parse (quarantined)
+        self.malformed = 0
         self.error: BaseException | None = None
         #: set once the first round is acknowledged, so the first run has records to read
         self.writing = threading.Event()
@@ -81,10 +89,27 @@ class Producer(threading.Thread):
         try:
             with KafkaClient(self.bootstrap, timeout=60) as client:
                 while not self._stopping.is_set():
-                    batch = pageviews(
-                        RECORDS_PER_ROUND, malformed_every=MALFORMED_EVERY, start=self.produced
-                    )
-                    self.produced += client.produce(self.topic, batch)
+                    if self.keyed_partitions:
+                        records = user_events(
+                            self.produced,
+                            RECORDS_PER_ROUND,
+                            self.keyed_partitions,
+                            malformed_every=MALFORMED_EVERY,
+                        )
+                        produced = client.produce_records(self.topic, records)
+                        malformed = sum(1 for _, _, v in records if v in MALFORMED)
+                    else:
+                        batch = list(
+                            pageviews(
+                                RECORDS_PER_ROUND,
+                                malformed_every=MALFORMED_EVERY,
+                                start=self.produced,
+                            )
+                        )
+                        produced = client.produce(self.topic, batch)
+                        malformed = sum(1 for v in batch if v in MALFORMED)
+                    self.produced += produced
+                    self.malformed += malformed
                     self.writing.set()
                     self._stopping.wait(PRODUCE_EVERY)
         except BaseException as error:  # re-raised by the test through `finish`
@@ -167,7 +192,12 @@ def test_every_record_once_after_random_kills_while_producing(
     pipeline_factory: Any,
     tmp_path: Path,
 ) -> None:
-    master, table_root = "local[2]", None
+    master, table_root, derived = "local[2]", None, None
+    transform = "jobs.examples.pageviews:transform"
+    if where == "local":
+        # derived outputs (an aggregate, a windowed one, an upsert with tombstones) MERGEd
+        # in every batch's commit: the kills land in their stage, vote and MERGE too
+        derived, transform = derived_outputs(tmp_path / "derived"), TRANSFORM
     if where == "cluster":
         master = request.getfixturevalue("spark_cluster").url
         request.getfixturevalue("s3_env")  # the `exactly run` children inherit the variables
@@ -178,12 +208,14 @@ def test_every_record_once_after_random_kills_while_producing(
         master=master,
         max_records=MAX_RECORDS_PER_PARTITION,
         table_root=table_root,
+        transform=transform,
+        derived=derived,
     )
     seed = kill_seed()
     rng = random.Random(seed)
     started = time.monotonic()
     kills: list[str] = []
-    producer = Producer(kafka_broker, config.kafka.topic)
+    producer = Producer(kafka_broker, config.kafka.topic, keyed_partitions=3 if derived else 0)
     producer.start()
     try:
         assert producer.writing.wait(timeout=120), "the producer wrote nothing"
@@ -218,7 +250,12 @@ def test_every_record_once_after_random_kills_while_producing(
     except AssertionError as failure:
         raise AssertionError(f"{history}: {failure}") from failure
     assert table_rows + quarantined == produced, history
-    assert quarantined == produced // MALFORMED_EVERY, history
+    assert quarantined == producer.malformed, history
+    if derived:
+        try:
+            assert_derived_match(config)
+        except AssertionError as failure:
+            raise AssertionError(f"{history}: derived outputs: {failure}") from failure
     store = LedgerStore(config.ledger.url)
     try:
         batches = store.batches(app_id=config.app_id)

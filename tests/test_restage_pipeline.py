@@ -125,3 +125,61 @@ def test_a_batch_in_the_quarantine_only_that_lost_a_table_file_publishes_the_qua
     assert lost not in table_paths(config.delta.table_uri)
     table, quarantined = assert_exactly_once(config, kafka_client)
     assert (table + quarantined, quarantined) == (600, 600 // 25)
+
+
+@pytest.mark.parametrize(
+    ("point", "lost_output"),
+    [
+        # the vote done, no output holds the batch: all of it is re-staged and published
+        pytest.param("after_prepare", "views_per_app", id="after-vote"),
+        # the first derived output committed (views_per_app), then the partial of one not
+        # committed yet is lost: the others are re-staged and published, the first kept
+        pytest.param("between_derived_commits#2", "latest_per_user", id="between-derived"),
+    ],
+)
+def test_a_vote_that_lost_a_derived_partial_is_restaged_and_published_once(
+    point: str,
+    lost_output: str,
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    tmp_path: Path,
+) -> None:
+    """A derived output's partial deleted between the vote and its MERGE: the vote check
+    finds it (derived partials are voted files like any other), the batch is re-staged from
+    Kafka as a new attempt, never published with the partial missing (no lost counts, no
+    lost upserts), and every output equals its recomputation over the raw table."""
+    from jobs.stage import derived_target
+    from tests.fixtures.derived import (
+        TRANSFORM,
+        assert_derived_match,
+        derived_outputs,
+        user_events,
+    )
+
+    config = pipeline_factory(3, transform=TRANSFORM, derived=derived_outputs(tmp_path / "d"))
+    kafka_client.produce_records(config.kafka.topic, user_events(0, 400, 3, malformed_every=20))
+    crash_run(config, point)
+    target = derived_target(lost_output)
+    store = LedgerStore(config.ledger.url)
+    try:
+        voted = [f for f in store.files(config.app_id, 1) if f.target == target and f.records]
+    finally:
+        store.dispose()
+    assert voted, f"the vote has no {target} partial with rows"
+    (spec,) = [s for s in config.derived if s.name == lost_output]
+    (Path(spec.table_uri) / voted[0].path).unlink()
+
+    recovered = restart(config, spark)
+
+    assert [(b.batch_id, b.state, b.attempt) for b in recovered] == [(1, BatchState.ACKED, 3)]
+    done = recovered[0]
+    assert done.metrics["files_missing"] == 1
+    assert done.metrics["restage"]["missing"] == [f"{target}/{voted[0].path}"]
+    # each output committed batch 1 once, the lost partial's output from the new attempt
+    assert commits_of(config.delta.table_uri, config.app_id, 1) == 1
+    for output in config.derived:
+        assert commits_of(output.table_uri, output.app_id(config.app_id), 1) == 1, output.name
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 400
+    assert_derived_match(config)
