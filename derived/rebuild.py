@@ -43,7 +43,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from derived.invariants import latest_records, raw_table_rows, recompute_aggregate
 from derived.spec import DELETED, AggregateOutput, UpsertOutput
-from ledger.errors import InconsistencyError, RefusedBatchError
+from ledger.errors import CONFIG_PLACEHOLDER, InconsistencyError, RefusedBatchError
 from resources.delta import METADATA_KEY, DeltaTarget
 
 
@@ -75,8 +75,8 @@ def behind_reason(
         f"derived output {spec.name} ({output.uri}) holds no batch of {app_id}, but the raw "
         f"table holds batches up to {raw_holds}: the output is new on a pipeline with "
         "history, or its table was deleted, and merging from here would leave it short for "
-        "ever; build it from the raw table first: `exactly derived rebuild -c FILE "
-        f"{spec.name}` (batches wait until then, nothing is lost)"
+        "ever; build it from the raw table first: `exactly derived rebuild -c "
+        f"{CONFIG_PLACEHOLDER} {spec.name}` (batches wait until then, nothing is lost)"
     )
 
 
@@ -85,8 +85,19 @@ def rebuild_output(
     output: DeltaTarget,
     raw: DeltaTarget,
     app_ids: Sequence[str],
+    *,
+    topic_id: str | None = None,
+    empty: bool = False,
 ) -> Rebuilt:
-    """Write the output's table from one snapshot of the raw table (module docstring)."""
+    """Write the output's table from one snapshot of the raw table (module docstring); with
+    `empty`, with no row but the same application transactions: the output then holds only
+    what the pipeline publishes from now on, the way an upsert output starts again after its
+    topic was re-created (docs/derived-tables.md "Topic re-created").
+
+    An upsert is refused a full rebuild over a raw table that holds records of another
+    incarnation of the topic than `topic_id`, Kafka's current one (the commits' `topic_id`,
+    invariant 10): the re-created topic's offsets restart at 0, so ordering every raw row by
+    (partition, offset) would let the old topic's records win over the new one's."""
     held = {a: v for a in app_ids if (v := output.transaction_version(spec.app_id(a))) is not None}
     if held:
         holds = ", ".join(f"{a} up to batch {v}" for a, v in held.items())
@@ -103,7 +114,12 @@ def rebuild_output(
         )
     raw_version = snapshot.version()
     holds = {a: v for a in app_ids if (v := snapshot.transaction_version(a)) is not None}
-    rows = snapshot.to_pyarrow_table()
+    if empty:
+        rows = snapshot.to_pyarrow_dataset().schema.empty_table()
+    else:
+        if isinstance(spec, UpsertOutput):
+            _check_one_incarnation(spec, raw, app_ids, topic_id)
+        rows = snapshot.to_pyarrow_table()
     table = _recomputed(rows, spec)
     properties = CommitProperties(
         app_transactions=[Transaction(spec.app_id(a), v) for a, v in holds.items()],
@@ -124,6 +140,27 @@ def rebuild_output(
     after = output.load()
     assert after is not None
     return Rebuilt(spec.name, after.version(), raw_version, holds, table.num_rows)
+
+
+def _check_one_incarnation(
+    spec: UpsertOutput, raw: DeltaTarget, app_ids: Sequence[str], topic_id: str | None
+) -> None:
+    seen = {
+        str(entry.get("topic_id"))
+        for app_id in app_ids
+        for entry in raw.committed_batches(app_id)
+        if entry.get("topic_id")
+    }
+    others = seen - {topic_id} if topic_id is not None else set()
+    if len(seen) > 1 or others:
+        raise InconsistencyError(
+            f"derived output {spec.name}: the raw table holds records of incarnation(s) "
+            f"{', '.join(sorted(others or seen))} of the topic, now {topic_id} (it was "
+            "re-created), and the offsets of each start at 0; "
+            "an upsert rebuilt over all of them would let the old topic's records win. Start "
+            "it empty instead (`exactly derived rebuild --empty`): it then holds the new "
+            "topic's records from the next batch on"
+        )
 
 
 def _recomputed(rows: pa.Table, spec: AggregateOutput | UpsertOutput) -> pa.Table:

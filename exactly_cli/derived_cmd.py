@@ -24,13 +24,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     rebuild.add_argument("-c", "--config", required=True, help="pipeline config file (YAML)")
+    rebuild.add_argument(
+        "--empty",
+        action="store_true",
+        help="start the output empty at the raw table's batches: it holds only what is "
+        "published from now on (an upsert after its topic was re-created)",
+    )
     rebuild.add_argument("name", help="the derived output's name (config `derived:`)")
     rebuild.set_defaults(func=cmd_rebuild)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
     from derived.rebuild import rebuild_output
+    from derived.spec import UpsertOutput
     from jobs.delta_publisher import DeltaPublisher
+    from resources.kafka import KafkaClient
 
     config = load_config(args.config)
     publisher = DeltaPublisher.for_config(config)
@@ -41,7 +49,14 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             f"derived output {args.name!r} is not in {args.config} (its Delta outputs: {known})"
         )
     spec, delta = found[args.name]
-    done = rebuild_output(spec, delta, publisher.table, publisher.app_ids)
+    topic_id = None
+    if isinstance(spec, UpsertOutput) and not args.empty:
+        # a full upsert rebuild must know the topic's incarnation now (derived/rebuild.py)
+        kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
+        topic_id = kafka.topic_id(config.kafka.topic)
+    done = rebuild_output(
+        spec, delta, publisher.table, publisher.app_ids, topic_id=topic_id, empty=args.empty
+    )
     holds = ", ".join(f"{a} up to batch {v}" for a, v in done.holds.items()) or "no batch"
     print(
         f"rebuilt derived output {done.name}: {done.rows} rows at version {done.version}, "

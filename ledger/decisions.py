@@ -273,7 +273,8 @@ def check_new_topic(
     table exists) is refused, even with `force`: an upsert orders a key's records by
     (partition, offset), which restart at 0 on the new topic, so the old topic's records
     would win over the new one's for ever (docs/derived-tables.md "Topic re-created"). Their
-    tables must be deleted first; each starts again from the new topic."""
+    tables must be deleted first; each starts again from the new topic, empty
+    (derived/rebuild.py)."""
     if accepted_id != current_id:
         raise DecisionError(
             f"topic {topic} has id {current_id}, not {accepted_id}: accept the id Kafka "
@@ -305,8 +306,9 @@ def check_new_topic(
         raise DecisionError(
             f"topic {topic}: upsert output(s) {', '.join(upsert_outputs)} order records by "
             "(partition, offset), which restart at 0 on the new topic, so the old topic's "
-            "records would win for ever: delete their tables before accepting it (they start "
-            "again from the new topic)"
+            "records would win for ever: delete their tables before accepting it, then start "
+            f"each again from the new topic with `exactly derived rebuild --empty -c "
+            f"{CONFIG_PLACEHOLDER} NAME`"
         )
 
 
