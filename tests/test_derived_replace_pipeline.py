@@ -227,9 +227,28 @@ def test_a_replace_under_a_live_pipeline_with_derived_outputs(
         ):
             assert time.monotonic() < deadline and live.poll() is None
             time.sleep(0.5)
-        done = replace(config, spark, OffsetRange(topic, 1, 20, 180))
-        assert done is not None and done.committed_at is not None
-        # ... and commits while it stages and publishes
+        tpc = build_backfill(config, transform=TRANSFORM_V2, spark_factory=lambda: spark)
+        batch, planned = plan_backfill(
+            tpc,
+            live_app_id=config.app_id,
+            mode=BackfillMode.REPLACE,
+            ranges=[OffsetRange(topic, 1, 20, 180)],
+            transform=TRANSFORM_V2,
+            derived=config.derived,
+        )
+        assert planned
+        batch, output = tpc.invoke(batch)
+        voted = tpc.pre_commit(batch, output)
+        # ... and commits between the replace's vote and its commit, where the corrections
+        # read the raw table: waited for, not left to the machine's timing
+        while not any(
+            b.committed_at is not None and b.committed_at > voted.prepared_at
+            for b in store.batches(app_id=config.app_id)
+        ):
+            assert time.monotonic() < deadline + 180 and live.poll() is None
+            time.sleep(0.2)
+        done = tpc.ack(tpc.commit(voted))
+        assert done.committed_at is not None
         beside = [
             b.batch_id
             for b in store.batches(app_id=config.app_id)
