@@ -307,3 +307,73 @@ def test_a_postgres_output_s_previous_batch_is_the_data_table_s_version(
         assert (outcome.applied, calls) == (False, [])
     else:
         assert calls == [(f"{APP}.derived.dash", 7, previous)]
+
+
+def test_a_derived_table_deleted_after_the_vote_is_not_re_created_by_another_app_s_batch(
+    tmp_path: Path,
+) -> None:
+    """The live batches reached the derived output; its table is then deleted while a fill
+    (the backfill app id, whose batches the raw table holds none of) waits voted. Merging the
+    fill would re-create the table holding that one batch, silently short of every live
+    batch: the commit refuses it, naming the output and the rebuild, for any of the
+    pipeline's app ids the output is behind on, not only the batch's own."""
+    import shutil
+
+    from derived.spec import parse_output
+    from jobs.stage import derived_target
+    from ledger.errors import InconsistencyError
+
+    spec = parse_output(
+        {
+            "kind": "aggregate",
+            "name": "per_partition",
+            "table_uri": str(tmp_path / "derived"),
+            "group_by": ["_kafka_partition"],
+            "measures": [{"name": "n", "fn": "count"}],
+        }
+    )
+    assert spec.kind == "aggregate"
+    target = derived_target(spec.name)
+    backfill = f"{APP}.backfill"
+    publisher = DeltaPublisher(
+        DeltaTarget(str(tmp_path / "table")),
+        DeltaTarget(str(tmp_path / "quarantine")),
+        [(spec, DeltaTarget(spec.table_uri))],
+        app_ids=(APP, backfill),
+    )
+    rows = pa.schema(
+        [
+            ("_kafka_topic", pa.string()),
+            ("_kafka_partition", pa.int32()),
+            ("_kafka_offset", pa.int64()),
+        ]
+    )
+    partial = pa.schema([("_kafka_partition", pa.int32()), ("n", pa.int64())])
+
+    def voted(app_id: str, offsets: list[int]) -> tuple[Batch, list[StagedFile]]:
+        b = a_batch(
+            1,
+            BatchState.PREPARED,
+            app_id=app_id,
+            token="t0ken",
+            owner=this_owner(),
+            ranges=(OffsetRange(TOPIC, 0, offsets[0], offsets[-1] + 1),),
+        )
+        schemas = {TABLE: encode_schema(rows), QUARANTINE: encode_schema(rows)}
+        b = Batch(**{**b.__dict__, "schemas": {**schemas, target: encode_schema(partial)}})
+        folder = attempt_folder(spec.table_uri, app_id, 1, b.attempt, b.token)
+        Path(folder).mkdir(parents=True)
+        counted = pa.table({"_kafka_partition": [0], "n": [len(offsets)]}, partial)
+        pq.write_table(counted, f"{folder}/part-0.parquet")
+        return b, [
+            *stage(tmp_path / "table", TABLE, b, offsets),
+            *parquet_files.describe(folder, spec.table_uri, target),
+        ]
+
+    live, live_files = voted(APP, [0, 1, 2])
+    fill, fill_files = voted(backfill, [3, 4])
+    publisher.publish(live, live_files)
+    shutil.rmtree(Path(spec.table_uri) / "_delta_log")
+    with pytest.raises(InconsistencyError, match=r"per_partition .*exactly derived rebuild"):
+        publisher.publish(fill, fill_files)
+    assert not (Path(spec.table_uri) / "_delta_log").exists()
