@@ -496,9 +496,12 @@ class DeltaPublisher:
         output's own app transaction, carrying the batch's commit info (invariant 7); for a
         replace batch, the correction `_merge_replace` computes (`table_files`: the batch's
         voted raw-table files, its new rows)."""
-        reason = behind_reason(spec, delta, self.table, batch.app_id)
-        if reason is not None:
-            raise InconsistencyError(reason)
+        # every app id of the pipeline, not only the batch's: a fill merged into a deleted
+        # table would re-create it short of every live batch
+        for app_id in dict.fromkeys((batch.app_id, *self.app_ids)):
+            reason = behind_reason(spec, delta, self.table, app_id)
+            if reason is not None:
+                raise InconsistencyError(reason)
         partial = self.read_partial(batch, spec, delta.uri, files)
         common: dict[str, Any] = {
             "app_id": spec.app_id(batch.app_id),
