@@ -226,7 +226,7 @@ def merge_upsert(
 
 def _in_ranges(alias: str, ranges: Sequence[OffsetRange]) -> str:
     """SQL: the row's coordinates fall in one of `ranges` (false for none); the same rule
-    as the raw table's replace (resources/delta.py `_in_ranges`)."""
+    as the raw table's replace (resources/delta.py `in_ranges`)."""
     if not ranges:
         return "FALSE"
     parts = []

@@ -42,11 +42,12 @@ from derived.spec import (
 )
 from ledger.errors import ConfigError
 from ledger.protocol import OffsetRange
+from resources.delta import in_ranges as rows_in_ranges
 
 
 def in_ranges(rows: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
     """Per row: do its coordinates (topic, partition, offset) fall in one of `ranges`? The
-    same rule as the raw table's replace (resources/delta.py `_in_ranges`), so the rows taken
+    same rule as the raw table's replace (resources/delta.py `in_ranges`, called), so the rows taken
     out of a derived output are exactly the rows the raw table's commit removes (invariant
     1: a row counted twice, or not taken out, is a record held twice or lost)."""
     missing = [c for c in (TOPIC, PARTITION, OFFSET) if c not in rows.column_names]
@@ -55,14 +56,7 @@ def in_ranges(rows: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
             f"the raw rows have no column(s) {', '.join(missing)}: a replace finds its old "
             "rows by coordinates"
         )
-    hit = pa.chunked_array([pa.array([False] * rows.num_rows, pa.bool_())])
-    for r in ranges:
-        one = pc.and_(
-            pc.and_(pc.equal(rows[TOPIC], r.topic), pc.equal(rows[PARTITION], r.partition)),
-            pc.and_(pc.greater_equal(rows[OFFSET], r.start), pc.less(rows[OFFSET], r.end)),
-        )
-        hit = pc.or_(hit, pc.fill_null(one, False))
-    return hit
+    return rows_in_ranges(rows, ranges)
 
 
 def correction_partial(

@@ -12,7 +12,7 @@ is reported unfinished, never forgotten (invariant 12).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -251,15 +251,7 @@ class DeltaPublisher:
         dataset = table.to_pyarrow_dataset()
         held = 0
         for topic in sorted({r.topic for r in batch.ranges if r.span}):
-            wanted = None
-            for r in batch.ranges:
-                if r.span and r.topic == topic:
-                    one = (
-                        (pc.field("_kafka_partition") == r.partition)
-                        & (pc.field("_kafka_offset") >= r.start)
-                        & (pc.field("_kafka_offset") < r.end)
-                    )
-                    wanted = one if wanted is None else wanted | one
+            wanted = _offsets_filter(r for r in batch.ranges if r.span and r.topic == topic)
             if not_by and wanted is not None:
                 wanted = wanted & ~pc.field("_batch_id").isin(sorted(not_by))
             rows = dataset.to_table(columns=["_kafka_topic"], filter=wanted)
@@ -306,10 +298,19 @@ class DeltaPublisher:
         refusal abandons the batch, and again at the commit, where it keeps a voted batch
         waiting (invariant 5) for the rebuild."""
         for spec, delta in self.derived:
-            for app_id in app_ids:
-                reason = behind_reason(spec, delta, self.table, app_id)
-                if reason is not None:
-                    raise RefusedBatchError(reason)
+            reason = self._behind(spec, delta, app_ids)
+            if reason is not None:
+                raise RefusedBatchError(reason)
+
+    def _behind(
+        self, spec: AggregateOutput | UpsertOutput, delta: DeltaTarget, app_ids: Iterable[str]
+    ) -> str | None:
+        """Why the output is behind the raw table on one of `app_ids`, or None."""
+        for app_id in app_ids:
+            reason = behind_reason(spec, delta, self.table, app_id)
+            if reason is not None:
+                return reason
+        return None
 
     @staticmethod
     def _table_schema(spec: AggregateOutput | UpsertOutput, encoded: str) -> pa.Schema:
@@ -498,10 +499,9 @@ class DeltaPublisher:
         voted raw-table files, its new rows)."""
         # every app id of the pipeline, not only the batch's: a fill merged into a deleted
         # table would re-create it short of every live batch
-        for app_id in dict.fromkeys((batch.app_id, *self.app_ids)):
-            reason = behind_reason(spec, delta, self.table, app_id)
-            if reason is not None:
-                raise InconsistencyError(reason)
+        reason = self._behind(spec, delta, dict.fromkeys((batch.app_id, *self.app_ids)))
+        if reason is not None:
+            raise InconsistencyError(reason)
         partial = self.read_partial(batch, spec, delta.uri, files)
         common: dict[str, Any] = {
             "app_id": spec.app_id(batch.app_id),
@@ -669,6 +669,13 @@ class DeltaPublisher:
 def _rows_in_ranges(dataset: Any, ranges: Sequence[OffsetRange]) -> pa.Table:
     """The raw rows whose coordinates fall in `ranges` (derived/replace.py `in_ranges`, the
     raw table's replace's own rule), files pruned by partition and offset first."""
+    rows = dataset.to_table(filter=_offsets_filter(ranges))
+    return rows.filter(in_ranges(rows, ranges))
+
+
+def _offsets_filter(ranges: Iterable[OffsetRange]) -> pc.Expression | None:
+    """A dataset filter on partition and offset only, which prunes files by their
+    statistics; the topic is matched on the rows read (`rows_held` says why)."""
     wanted = None
     for r in ranges:
         one = (
@@ -677,8 +684,7 @@ def _rows_in_ranges(dataset: Any, ranges: Sequence[OffsetRange]) -> pa.Table:
             & (pc.field(OFFSET) < r.end)
         )
         wanted = one if wanted is None else wanted | one
-    rows = dataset.to_table(filter=wanted)
-    return rows.filter(in_ranges(rows, ranges))
+    return wanted
 
 
 def _rows_of_keys(dataset: Any, keys: list[str], tables: Sequence[pa.Table]) -> pa.Table:

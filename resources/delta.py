@@ -698,7 +698,7 @@ class DeltaTarget:
             path = entry["path"]
             data = storage.read_parquet(storage.join(self.uri, path))
             data = data.select([c for c in data.column_names if c in columns])
-            hit = _in_ranges(data, ranges)
+            hit = in_ranges(data, ranges)
             removed = pc.sum(hit.cast(pa.int64())).as_py() or 0
             if removed == 0:
                 continue
@@ -941,8 +941,9 @@ def _files_touching(table: DeltaTable, ranges: Sequence[OffsetRange]) -> list[di
     return found
 
 
-def _in_ranges(data: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
-    """Per row: do its coordinates fall in one of `ranges`?"""
+def in_ranges(data: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
+    """Per row: do its coordinates fall in one of `ranges`? The rule a replace removes rows
+    by, here and in every derived output (derived/replace.py `in_ranges`)."""
     hit = pa.chunked_array([pa.array([False] * data.num_rows)])
     for r in ranges:
         one = pc.and_(
