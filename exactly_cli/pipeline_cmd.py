@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -104,11 +105,15 @@ def run_pipeline(
     batches: int | None,
     allow_empty: bool = False,
     busy_timeout: float = 120.0,
+    spark_factory: Callable[[], Any] | None = None,
 ) -> int:
-    """Recover, then run batches; returns how many batches were committed."""
+    """Recover, then run batches; returns how many batches were committed.
+
+    `spark_factory` is for a caller that has a Spark session already (the tests): the
+    command itself starts the process's own."""
     from jobs.pipeline import Pipeline
 
-    with Pipeline(config, log=_say) as pipeline:
+    with Pipeline(config, log=_say, spark_factory=spark_factory) as pipeline:
         tpc = pipeline.live
         for batch in _with_busy_retry(tpc.recover_and_commit, busy_timeout):
             _say(f"recovered batch {batch.batch_id}: {batch.state}")
