@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ledger.backfill import BackfillMode, plan_backfill
+from ledger.batch import BatchKind
 from ledger.errors import ConfigError
 from ledger.protocol import OffsetRange
 from resources.config import load_config
@@ -45,6 +46,8 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     transform = args.transform or config.transform
     with Pipeline(config, log=print) as pipeline:
         tpc = pipeline.backfill(transform)
+        for done in pipeline.recover(BatchKind.BACKFILL):
+            print(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
         batch, planned = plan_backfill(
             tpc,
             live_app_id=config.app_id,

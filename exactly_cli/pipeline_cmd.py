@@ -115,8 +115,8 @@ def run_pipeline(
 
     with Pipeline(config, log=_say, spark_factory=spark_factory) as pipeline:
         tpc = pipeline.live
-        for batch in _with_busy_retry(tpc.recover_and_commit, busy_timeout):
-            _say(f"recovered batch {batch.batch_id}: {batch.state}")
+        for batch in _with_busy_retry(pipeline.recover, busy_timeout):
+            _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
         done = 0
         while batches is None or done < batches:
             report = _with_busy_retry(lambda: tpc.run_batch(allow_empty=allow_empty), busy_timeout)
@@ -149,8 +149,8 @@ def run_continuous(
     signals = (signal.SIGTERM, signal.SIGINT)
     with Pipeline(config, log=_say) as pipeline:
         tpc = pipeline.live
-        for batch in _with_busy_retry(tpc.recover_and_commit, busy_timeout):
-            _say(f"recovered batch {batch.batch_id}: {batch.state}")
+        for batch in _with_busy_retry(pipeline.recover, busy_timeout):
+            _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
         pipeline.spark()
         previous = {sig: signal.getsignal(sig) for sig in signals}
 
@@ -207,7 +207,7 @@ def cmd_recover(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     with Pipeline(config, log=_say) as pipeline:
-        finished = pipeline.live.recover_and_commit()
+        finished = pipeline.recover()
     _say(f"{config.pipeline}: recovered {len(finished)} batch(es)")
     return 0
 

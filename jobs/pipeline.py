@@ -83,6 +83,28 @@ class Pipeline:
             return self.backfill(batch.params.get("transform"))
         return self.live
 
+    def recover(self, planning: BatchKind = BatchKind.LIVE) -> list[Batch]:
+        """Finish every voted batch of the pipeline, live and backfill alike, and abandon
+        every dead one that did not vote; the batches finished or abandoned. Every start
+        calls this before it plans (invariant 5): `exactly run`, `recover` and `backfill`,
+        the Dagster ops. Each application id rebuilds its own batches from the outputs'
+        logs first, so a lost ledger is rebuilt for both (invariants 7 and 12).
+
+        Order: the application id the caller does not plan on first, without waiting for
+        batches whose owner may be alive (a live run does not wait for a backfill running
+        beside it, nor a backfill for the live run); the one it plans on last, waiting
+        (BusyError) as before. Any order keeps the invariants, because the two never
+        publish the same rows: a live batch takes offsets past the live positions, a fill
+        only offsets before the live start or skipped, a replace only offsets a committed
+        batch holds, and each output applies a batch once by its own application
+        transaction. Finishing the other application id first means a start that must wait
+        for its own still finishes what a dead backfill left (docs/protocol.md).
+        """
+        live, backfills = self.live, self.backfill()
+        first, last = (backfills, live) if planning is BatchKind.LIVE else (live, backfills)
+        finished = first.recover_and_commit(wait=False)
+        return [*finished, *last.recover_and_commit()]
+
     def reprocess(self, batch: Batch) -> Batch | None:
         """Plan a replace backfill of a committed batch's offsets through the pipeline's
         transform as the config names it now; None if the batch read nothing.

@@ -632,12 +632,16 @@ class TwoPhaseCommit:
 
     # -- recovery -----------------------------------------------------------------------
 
-    def recover_and_commit(self) -> list[Batch]:
-        """Finish every batch that voted, abandon every dead one that did not.
+    def recover_and_commit(self, *, wait: bool = True) -> list[Batch]:
+        """Finish every batch of this application id that voted, abandon every dead one that
+        did not.
 
         Runs before anything new is planned (invariant 5). Rebuilds missing committed
-        history from the Delta log first (invariant 7). Raises BusyError if a batch that
-        has not voted, or a PREPARED one, belongs to an attempt that may still be alive.
+        history from the Delta log first (invariant 7). With `wait`, raises BusyError if a
+        batch that has not voted, or a PREPARED one, belongs to an attempt that may still
+        be alive: the caller is about to plan on this application id and must wait for it.
+        Without, such batches are left to their owners: a caller planning on the other
+        application id (jobs/pipeline.py `Pipeline.recover`) has nothing to wait for.
 
         A voted batch whose owner may still be running is its owner's to finish: two runs
         started at once, one between its vote and its ack when the other's recovery looks.
@@ -664,6 +668,8 @@ class TwoPhaseCommit:
                 continue  # its owner is finishing it (a PREPARED one is BusyError below)
             finished.append(self._finish_voted(batch))
         finished.extend(self.abandon_dead())
+        if not wait:
+            return finished
         waiting = ABANDONABLE | {BatchState.PREPARED}
         for batch in self.store.batches(app_id=self.app_id, states=waiting):
             raise BusyError(

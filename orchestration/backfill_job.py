@@ -20,7 +20,7 @@ import dagster as dg
 from pydantic import Field
 
 from ledger.backfill import BackfillMode, plan_backfill
-from ledger.batch import Batch
+from ledger.batch import Batch, BatchKind
 from ledger.protocol import OffsetRange
 from orchestration.metadata import batch_label, batch_metadata, log_commit
 from orchestration.rejection import rejections_end_the_run
@@ -77,8 +77,8 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
         ]
         request = {"mode": config.mode, "ranges": [str(r) for r in ranges]}
         with rejections_end_the_run(context, name, request):
-            for done in tpc.recover_and_commit():
-                context.log.info(f"recovered backfill batch {done.batch_id}: {done.state}")
+            for done in pipeline.recover(BatchKind.BACKFILL):
+                context.log.info(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
             if not ranges:
                 context.log.info("no ranges requested: recovery only")
                 return

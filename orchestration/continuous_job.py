@@ -65,8 +65,8 @@ def build_continuous_job(
         tpc = pipeline.live
         request = {"partition": "continuous"}
         with rejections_end_the_run(context, name, request):
-            for done in tpc.recover_and_commit():
-                context.log.info(f"recovered batch {done.batch_id}: {done.state}")
+            for done in pipeline.recover():
+                context.log.info(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
 
         def run_batch() -> BatchReport | None:
             with rejections_end_the_run(context, name, request):

@@ -110,9 +110,10 @@ def build_micro_batch_graph(
         request = {"partition": str(wanted) if wanted is not None else "the next batch"}
         before = tpc.store.get(tpc.app_id, wanted) if wanted is not None else None
         with rejections_end_the_run(context, name, request):
-            recovered = {done.batch_id: done for done in tpc.recover_and_commit()}
-        for done in recovered.values():
-            context.log.info(f"recovered batch {done.batch_id}: {done.state}")
+            finished = pipeline.recover()
+        for done in finished:
+            context.log.info(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
+        recovered = {done.batch_id: done for done in finished if done.app_id == tpc.app_id}
         if before is not None and (existing := tpc.store.get(tpc.app_id, before.batch_id)):
             redriven = recovered.get(before.batch_id)
             if redriven is not None and redriven.state in PUBLISHED:
