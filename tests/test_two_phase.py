@@ -903,6 +903,36 @@ def test_a_restage_whose_offsets_left_kafka_fails_loudly_and_is_never_abandoned(
     assert store.positions(APP) == {0: 10, 1: 12}
 
 
+def test_a_voted_batch_a_start_cannot_finish_is_one_line_naming_the_outputs_holding_it(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    disk: dict[str, int],
+) -> None:
+    """Invariant 12: until a voted batch is finished, the outputs that hold it disagree with
+    those that do not. A start that cannot finish it (here its re-stage: the files vanished
+    and Kafka's retention took the first offsets) refuses, of the error's own kind, naming
+    the batch and the outputs that hold it; a re-drive says the same."""
+    prepared = voted(tpc)
+    disk.clear()
+    publisher.held["quarantine"] = 1  # the quarantine was published, the table not
+    source.offsets[0] = Available(3, 25)
+    with pytest.raises(DataLossError) as info:
+        coordinator(store, source, stager, publisher).recover_and_commit()
+    text = str(info.value)
+    assert "\n" not in text
+    assert text.startswith("voted batch pageviews/1 cannot be finished: ")
+    assert "offsets [0, 3)" in text  # the cause, as Kafka's retention left it
+    assert "quarantine hold(s) it and the other outputs do not" in text
+    with pytest.raises(DataLossError, match="quarantine hold"):
+        tpc.redrive(prepared.batch_id)
+    publisher.held.clear()
+    with pytest.raises(DataLossError, match="no output holds it yet"):
+        tpc.redrive(prepared.batch_id)
+
+
 def test_redrive_finishes_a_restaging_batch_whose_run_died(
     tpc: TwoPhaseCommit,
     store: LedgerStore,
