@@ -34,7 +34,13 @@ from typing import Any, Protocol
 from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
 from ledger.crash import crashpoint
 from ledger.decisions import Decision, DecisionKind, resume_command
-from ledger.errors import BusyError, FencedError, InconsistencyError, RefusedBatchError
+from ledger.errors import (
+    BusyError,
+    ExactlyError,
+    FencedError,
+    InconsistencyError,
+    RefusedBatchError,
+)
 from ledger.process import running
 from ledger.protocol import (
     ABANDONABLE,
@@ -660,13 +666,15 @@ class TwoPhaseCommit:
                 continue
             if batch.state in ABANDONABLE:
                 if batch.voted_once and not self.may_be_alive(batch):
-                    finished.append(self._finish_restaging(batch))
+                    with self._finishing(batch):
+                        finished.append(self._finish_restaging(batch))
                 continue  # the others are abandoned below, if their owner is gone
             if batch.state not in MUST_FINISH:
                 continue  # an earlier batch's ack caught it up
             if self.may_be_alive(batch) and "ack_error" not in batch.metrics:
                 continue  # its owner is finishing it (a PREPARED one is BusyError below)
-            finished.append(self._finish_voted(batch))
+            with self._finishing(batch):
+                finished.append(self._finish_voted(batch))
         finished.extend(self.abandon_dead())
         if not wait:
             return finished
@@ -714,10 +722,32 @@ class TwoPhaseCommit:
         if batch is None:
             return None
         if batch.state in MUST_FINISH:
-            return self._finish_voted(batch)
+            with self._finishing(batch):
+                return self._finish_voted(batch)
         if batch.voted_once and batch.state in ABANDONABLE and not self.may_be_alive(batch):
-            return self._finish_restaging(batch)
+            with self._finishing(batch):
+                return self._finish_restaging(batch)
         return None
+
+    @contextmanager
+    def _finishing(self, batch: Batch) -> Iterator[None]:
+        """Say, when a voted batch cannot be finished now, which outputs hold it.
+
+        A voted batch is published output by output, the raw table last (invariant 12), so
+        until it is finished the outputs that hold it disagree with those that do not: an
+        aggregate may count records the raw table lacks. The start must not go on as if
+        nothing were wrong, so the error (its kind kept: Kafka's retention, an unreachable
+        store, a refused commit) is raised again with the batch and the outputs holding it,
+        as one line; the batch stays as it is, never abandoned (invariant 5), for the next
+        start to finish. A batch another attempt took over (FencedError) or that is busy
+        is not this start's to explain.
+        """
+        try:
+            yield
+        except (FencedError, BusyError):
+            raise
+        except ExactlyError as exc:
+            raise _unfinished(exc, batch, self.publisher.outputs_holding(batch)) from exc
 
     def needs_redrive(self, batch: Batch) -> bool:
         """Whether a voted batch is left with nobody finishing it (invariant 5).
@@ -926,6 +956,25 @@ class TwoPhaseCommit:
         timings["ack"] = time.perf_counter() - t
         batch = self.store.record_metrics(batch, {"phase_s": timings})
         return BatchReport(batch, output, timings)
+
+
+def _unfinished(exc: ExactlyError, batch: Batch, holding: set[str]) -> ExactlyError:
+    """`exc` again, of its own kind, saying that `batch` stays unfinished and which outputs
+    hold it (`TwoPhaseCommit._finishing`)."""
+    held = (
+        f"{', '.join(sorted(holding))} hold(s) it and the other outputs do not"
+        if holding
+        else "no output holds it yet"
+    )
+    text = " ".join(str(exc).split()).rstrip(".")
+    message = (
+        f"voted batch {batch.app_id}/{batch.batch_id} cannot be finished: {text}; until it is, "
+        f"{held}; the next start tries again"
+    )
+    try:
+        return type(exc)(message)
+    except TypeError:  # an error class with arguments of its own
+        return InconsistencyError(message)
 
 
 def _stage_metrics(output: StageOutput) -> dict[str, Any]:
