@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs.continuous import Cadence, run_continuously
+from ledger.batch import Batch
 from ledger.errors import BusyError, ExactlyError
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore
@@ -228,21 +229,35 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         json.dump([b.as_dict() for b in found], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    _say(
-        f"{'batch':>6} {'app_id':<20} {'state':<10} {'att':>3} {'records':>9} "
-        f"{'files s/c/a/m':>13}  ranges"
-    )
-    for b in found:
-        ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in b.ranges)
-        records = b.metrics.get("records_read", "")
-        _say(
-            f"{b.batch_id:>6} {b.app_id:<20} {b.state:<10} {b.attempt:>3} {records!s:>9} "
-            f"{file_counts(b.metrics):>13}  {ranges}"
-        )
+    for line in ledger_lines(found):
+        _say(line)
     if decisions:
         _say("")
         _print_decisions(decisions, store, config.pipeline)
     return 0
+
+
+def batch_kind(batch: Batch) -> str:
+    """What a batch is, as an operator names it: `live`, or a backfill's mode (`fill`,
+    `replace`); `+rebuilt` when a lost ledger re-created it from the outputs' logs."""
+    kind = str(batch.params.get("mode", batch.kind))
+    return f"{kind}+rebuilt" if batch.params.get("rebuilt_from_delta_log") else kind
+
+
+def ledger_lines(batches: list[Batch]) -> list[str]:
+    """`exactly ledger`'s table: a header, then one line per batch."""
+    lines = [
+        f"{'batch':>6} {'app_id':<20} {'kind':<15} {'state':<10} {'att':>3} {'records':>9} "
+        f"{'files s/c/a/m':>13}  ranges"
+    ]
+    for b in batches:
+        ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in b.ranges)
+        records = b.metrics.get("records_read", "")
+        lines.append(
+            f"{b.batch_id:>6} {b.app_id:<20} {batch_kind(b):<15} {b.state:<10} {b.attempt:>3} "
+            f"{records!s:>9} {file_counts(b.metrics):>13}  {ranges}"
+        )
+    return lines
 
 
 #: The per-batch file counts of invariant 11, in the order `exactly ledger` shows them.

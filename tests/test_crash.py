@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 
 from derived.postgres import STATE_TABLE, create_output_engine
 from derived.spec import PostgresOutput
-from exactly_cli.pipeline_cmd import run_pipeline
+from exactly_cli.pipeline_cmd import ledger_lines, run_pipeline
 from jobs.examples.sample_data import pageviews
 from jobs.pipeline import build
 from ledger.backfill import backfill_app_id
@@ -365,12 +365,16 @@ def backfill_pipeline(
     return config, rng, TRANSFORM_V2
 
 
-def backfill_state(config: Any, app_id: str) -> dict[int, S]:
+def backfill_batches(config: Any, app_id: str) -> list[Any]:
     store = LedgerStore(config.ledger.url)
     try:
-        return {b.batch_id: b.state for b in store.batches(app_id=app_id)}
+        return store.batches(app_id=app_id)
     finally:
         store.dispose()
+
+
+def backfill_state(config: Any, app_id: str) -> dict[int, S]:
+    return {b.batch_id: b.state for b in backfill_batches(config, app_id)}
 
 
 def assert_backfill_outcome(
@@ -454,5 +458,8 @@ def test_backfill_crash_then_plain_run_with_and_without_the_ledger(
             assert states == {1: S.ACKED if voted else S.ABORTED}
         else:
             assert states == ({1: S.ACKED} if published else {}), states
+            # `exactly ledger` shows the rebuilt backfill with its kind
+            lines = ledger_lines(backfill_batches(restarted, app_id))
+            assert sum(f" {mode}+rebuilt " in line for line in lines) == int(published), lines
         if published:
             assert all(derived_held(restarted, app_id, 1))
