@@ -255,6 +255,37 @@ def test_the_walk_gives_no_verdict_past_its_bound(tmp_path: Path) -> None:
     assert len(calls) == MAX_WALK
 
 
+def test_an_output_ahead_of_the_raw_table_fails_only_while_nobody_finishes_the_batch() -> None:
+    """Invariant 12 allows an output one batch per application id ahead of the raw table:
+    the batch in flight. Its check passes while the batch's owner may be finishing it (or
+    the ledger says it committed since the raw table was read), and fails, naming the
+    batch and what finishes it, when its owner is gone or the ledger does not know it."""
+    from ledger.protocol import BatchState
+    from orchestration.derived_checks import unfinished_ahead
+    from tests.fixtures.batches import a_batch
+
+    apps = ("orders", "orders.backfill")
+    fill = a_batch(2, BatchState.PREPARED, app_id="orders.backfill", pipeline="orders")
+    known = {("orders.backfill", 2): fill}
+
+    def judge(held: tuple[int | None, int | None], alive: bool, ledger: Any = known) -> Any:
+        return unfinished_ahead(
+            apps, (5, 1), held, lambda a, b: ledger.get((a, b)), lambda _b: alive
+        )
+
+    assert judge((5, 1), alive=False) is None  # the same batches: nothing in flight
+    assert judge((5, 2), alive=True) is None  # its owner is finishing it
+    stuck = judge((5, 2), alive=False)
+    assert stuck is not None and "holds batch orders.backfill/2" in stuck
+    assert "nobody is finishing it (PREPARED" in stuck and "exactly recover" in stuck
+    lost = judge((5, 2), alive=True, ledger={})
+    assert lost is not None and "the ledger does not know" in lost
+    committed = {("orders.backfill", 2): a_batch(2, BatchState.COMMITTED, app_id="orders.backfill")}
+    assert judge((5, 2), alive=False, ledger=committed) is None  # the raw table has it now
+    # behind is the walk's to judge (invariant 12), not this
+    assert judge((4, 1), alive=False) is None and judge((None, None), alive=False) is None
+
+
 # -- the materializations ------------------------------------------------------------------
 
 
