@@ -39,6 +39,8 @@ from derived.postgres import PostgresTarget, read_output
 from derived.spec import DELETED, OFFSET, PARTITION, AggregateOutput, UpsertOutput
 from jobs.pipeline import Pipeline
 from ledger.backfill import backfill_app_id
+from ledger.batch import Batch
+from ledger.protocol import PUBLISHED
 from orchestration.assets import derived_key
 from orchestration.verdict import Verdict
 from resources.config import PipelineConfig
@@ -99,6 +101,45 @@ def match_version(
                 "so a committed batch's changes are missing from it"
             )
     return None, None
+
+
+def unfinished_ahead(
+    apps: tuple[str, str],
+    raw_apps: Apps,
+    held: Apps,
+    ledger: Callable[[str, int], Batch | None],
+    finishing: Callable[[Batch], bool],
+) -> str | None:
+    """Pure but for `ledger` (a batch by app id and id) and `finishing` (whether its owner
+    may still be running): why the output holds a batch the raw table does not while nobody
+    finishes it, or None.
+
+    Every output is published before the raw table (invariant 12), so an output may hold,
+    per application id, the one batch in flight that the raw table does not hold yet; the
+    version walk then compares the version before it. That is no disagreement while the
+    batch's owner is finishing it. It is one when nobody is: a run killed between the
+    outputs' commits, or a ledger lost since (the batch is then unknown to it). The check
+    must fail then, else the output reads right at its walked-back version and wrong at
+    its latest, silently, until some start finishes the batch.
+    """
+    for app_id, have, raw in zip(apps, held, raw_apps, strict=True):
+        if have is None or not _behind(raw, have):
+            continue
+        batch = ledger(app_id, have)
+        if batch is None:
+            return (
+                f"holds batch {app_id}/{have}, which the raw table does not and the ledger "
+                "does not know (a lost ledger?): the next start (`exactly recover`) rebuilds "
+                "the ledger from the outputs' logs and finishes the batch"
+            )
+        if batch.state in PUBLISHED or finishing(batch):
+            continue  # committed since the raw table was read, or its owner is finishing it
+        return (
+            f"holds batch {app_id}/{have}, which the raw table does not, and nobody is "
+            f"finishing it ({batch.state}, its owner {batch.owner} gone): the re-drive sensor "
+            "or `exactly recover` finishes it"
+        )
+    return None
 
 
 def judge_derived(
@@ -190,6 +231,11 @@ def derived_verdict(
             derived.transaction_version(spec.app_id(apps[1])),
         )
 
+    stuck = unfinished_ahead(
+        apps, raw_apps, apps_at(derived.version()), pipeline.store.get, pipeline.live.may_be_alive
+    )
+    if stuck is not None:
+        return _stuck_verdict(name, spec, stuck, raw_version)
     version, behind = match_version(raw_apps, derived.version(), apps_at)
     if behind is not None:
         return Verdict(
@@ -217,6 +263,16 @@ def derived_verdict(
         unkept = [c for c in (PARTITION, OFFSET) if c not in actual.column_names]
         expected = expected.drop_columns([c for c in unkept if c in expected.column_names])
     return judge_derived(name, spec, expected, actual, raw_version, version)
+
+
+def _stuck_verdict(pipeline: str, spec: Any, why: str, raw_version: int) -> Verdict:
+    return Verdict(
+        check_name(spec),
+        derived_key(pipeline, spec.name),
+        False,
+        f"{spec.name}: {why} (raw table at version {raw_version})",
+        {"raw_version": raw_version},
+    )
 
 
 def postgres_verdict(pipeline: Pipeline, pg: PostgresTarget) -> Verdict | None:
@@ -248,6 +304,11 @@ def postgres_verdict(pipeline: Pipeline, pg: PostgresTarget) -> Verdict | None:
             f"{list(raw_apps)} (raw table at version {raw_version}; invariant 12)",
             {"raw_version": raw_version},
         )
+    stuck = unfinished_ahead(
+        apps, raw_apps, tuple(held), pipeline.store.get, pipeline.live.may_be_alive
+    )
+    if stuck is not None:
+        return _stuck_verdict(name, spec, stuck, raw_version)
     if tuple(held) != raw_apps:
         return None
     dataset = raw.to_pyarrow_dataset()
