@@ -209,6 +209,8 @@ def cmd_recover(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     with Pipeline(config, log=_say) as pipeline:
         finished = pipeline.recover()
+    for batch in finished:
+        _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
     _say(f"{config.pipeline}: recovered {len(finished)} batch(es)")
     return 0
 

@@ -471,6 +471,12 @@ def test_backfill_crash_then_plain_run_with_and_without_the_ledger(
                 assert failed == holds, (spec.name, checked[spec.name].text)
                 if holds:
                     assert f"holds batch {app_id}/1" in checked[spec.name].text
+        if restarted is config and point == "after_prepare":
+            # `exactly recover` alone finishes it too
+            recovered = cli("recover", "-c", str(config_path(config)))
+            assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+            assert f"recovered batch {app_id}/1: ACKED" in recovered.stdout
+            assert "recovered 1 batch(es)" in recovered.stdout
         plain_run(restarted, spark)
         assert all(v.passed for v in check_verdicts(restarted).values())
         assert_backfill_outcome(restarted, kafka_client, mode, rng, published, apps_before)
