@@ -375,6 +375,47 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
     assert assert_exactly_once(config, kafka_client) == (300, 0)
 
 
+def test_the_next_scheduled_run_finishes_a_backfill_whose_process_died(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    """A replace whose `exactly backfill` died after its vote is finished by the next
+    scheduled micro-batch run, not only by the re-drive sensor or a second backfill: every
+    start recovers the backfills' application id too (docs/protocol.md)."""
+    from tests.test_backfill import cli
+
+    config = pipeline_factory(2)
+    topic = config.kafka.topic
+    kafka_client.produce_to_partitions(
+        topic, {p: list(pageviews(150, start=150 * p)) for p in (0, 1)}
+    )
+    jobs = pipeline_definitions(config_path(config))
+    assert jobs.next_batch.execute_in_process(instance=instance).success
+    args = ["--partition", "0", "--from", "10", "--to", "50", "--mode", "replace"]
+    crashed = cli(
+        "backfill",
+        "-c",
+        str(config_path(config)),
+        *args,
+        "--transform",
+        "tests.transforms:pageviews_v2",
+        env={"EXACTLY_CRASH_AT": "after_prepare"},
+    )
+    assert crashed.returncode == 137, crashed.stdout + crashed.stderr
+    kafka_client.produce_to_partitions(topic, {0: list(pageviews(20, start=300)), 1: []})
+
+    result = jobs.next_batch.execute_in_process(instance=instance)
+    assert result.success
+    store = jobs.resource.pipeline().store
+    (replace,) = store.batches(app_id="pageviews.backfill")
+    assert replace.state is BatchState.ACKED and replace.attempt == 2
+    table = DeltaTable(config.delta.table_uri).to_pyarrow_table().to_pylist()
+    upper = sorted(
+        (r["_kafka_partition"], r["_kafka_offset"]) for r in table if r["app"] != r["app"].lower()
+    )
+    assert upper == [(0, o) for o in range(10, 50)]
+    assert assert_exactly_once(config, kafka_client) == (320, 0)
+
+
 @pytest.mark.parametrize(("configured", "expected"), [(None, [30, 30, 30, 60]), (7, [7, 7, 7, 7])])
 def test_the_sensors_tick_at_the_configured_interval(
     tmp_path: Path, configured: int | None, expected: list[int]
