@@ -47,6 +47,7 @@ def _starts_a_server(item: pytest.Item) -> bool:
 LONGEST_FIRST = (
     "test_storage_faults.py",
     "test_crash.py",
+    "test_crash_backfill.py",
     "test_kill_restart.py",
     "test_s3_pipeline.py",
     "test_service_restarts.py",

@@ -1,0 +1,227 @@
+"""The crash matrix of backfills: a real `exactly backfill` (a fill on a pipeline with every
+output kind, a replace on one with the outputs a replace keeps true) killed at each crash
+point, then nothing but the next plain `exactly run`, with the ledger kept and lost. Apart
+from tests/test_crash.py (live batches, whose helpers it shares) so that the suite's two
+workers can run the two halves side by side.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exactly_cli.pipeline_cmd import ledger_lines, run_pipeline
+from ledger.backfill import backfill_app_id
+from ledger.protocol import BatchState, OffsetRange
+from ledger.store import LedgerStore
+from tests.fixtures.derived import (
+    TRANSFORM,
+    TRANSFORM_V2,
+    assert_derived_match,
+    derived_outputs,
+    postgres_output,
+    replaceable_outputs,
+    user_events,
+)
+from tests.fixtures.pipeline import config_path, coordinates, crash_run, produced_coordinates
+from tests.test_backfill import apps_by_coordinate, cli
+from tests.test_crash import LEFT_IN, derived_held, without_ledger
+
+S = BatchState
+
+#: Backfill crash cases: (mode, point). A fill runs on a pipeline with every output kind (two
+#: aggregates, an upsert with tombstones, a PostgreSQL aggregate); a replace on one whose
+#: outputs a replace keeps true (counts and sums, the upsert: derived/spec.py
+#: `replace_refusal` refuses min/max and PostgreSQL outputs), so the PostgreSQL points are
+#: reached by the fill only.
+BACKFILL_CASES = [
+    *(("fill", p) for p in [*LEFT_IN, "between_derived_commits#2"]),
+    *(
+        ("replace", p)
+        for p in [*LEFT_IN, "between_derived_commits#2"]
+        if not p.startswith("postgres_")
+    ),
+]
+REPLACED = OffsetRange("", 1, 10, 80)  # partition 1, offsets [10, 80): the replace's
+
+
+def plain_run(config: Any, spark: Any) -> None:
+    """The next `exactly run --until-caught-up`, through the CLI's own function: recover
+    (rebuilding a lost ledger), then batches until caught up."""
+    run_pipeline(config, batches=None, spark_factory=lambda: spark)
+
+
+def backfill_args(config: Any, mode: str, rng: OffsetRange, transform: str) -> list[str]:
+    return [
+        "backfill",
+        "-c",
+        str(config_path(config)),
+        "--partition",
+        str(rng.partition),
+        "--from",
+        str(rng.start),
+        "--to",
+        str(rng.end),
+        "--mode",
+        mode,
+        "--transform",
+        transform,
+    ]
+
+
+def backfill_pipeline(
+    mode: str, factory: Any, client: Any, spark: Any, postgres_url: str, root: Path
+) -> tuple[Any, OffsetRange, str]:
+    """A pipeline with history and the backfill to crash: (config, its range, transform).
+
+    The fill's pipeline (one partition) started at the end of the topic (`latest`) over
+    140 records, which were never read: the fill takes them. Its records have
+    tombstones and the later ones none (a fill record tombstoned after the live start is
+    the open fill-after-tombstone case of docs/derived-tables.md)."""
+    if mode == "fill":
+        dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
+        derived = [*derived_outputs(root), dashboard]
+        config = factory(1, starting_offsets="latest", transform=TRANSFORM, derived=derived)
+        older = user_events(0, 140, 1, tombstone_every=7, malformed_every=20)
+        client.produce_records(config.kafka.topic, older)
+        plain_run(config, spark)  # pins the live start at the end
+        client.produce_records(
+            config.kafka.topic, user_events(140, 90, 1, tombstone_every=0, malformed_every=20)
+        )
+        plain_run(config, spark)
+        return config, OffsetRange(config.kafka.topic, 0, 0, len(older)), TRANSFORM
+    config = factory(3, transform=TRANSFORM, derived=replaceable_outputs(root))
+    client.produce_records(config.kafka.topic, user_events(0, 300, 3, malformed_every=20))
+    plain_run(config, spark)
+    rng = OffsetRange(config.kafka.topic, REPLACED.partition, REPLACED.start, REPLACED.end)
+    return config, rng, TRANSFORM_V2
+
+
+def check_verdicts(config: Any) -> dict[str, Any]:
+    """Each derived output's Dagster check verdict now (orchestration/derived_checks.py)."""
+    from jobs.pipeline import Pipeline
+    from orchestration.derived_checks import derived_verdicts
+
+    with Pipeline(config) as pipeline:
+        verdicts = derived_verdicts(pipeline, lambda _message: None)
+    return {v.check.removesuffix("_matches_recomputation"): v for v in verdicts}
+
+
+def backfill_batches(config: Any, app_id: str) -> list[Any]:
+    store = LedgerStore(config.ledger.url)
+    try:
+        return store.batches(app_id=app_id)
+    finally:
+        store.dispose()
+
+
+def backfill_state(config: Any, app_id: str) -> dict[int, S]:
+    return {b.batch_id: b.state for b in backfill_batches(config, app_id)}
+
+
+def assert_backfill_outcome(
+    config: Any,
+    client: Any,
+    mode: str,
+    rng: OffsetRange,
+    published: bool,
+    apps_before: dict[tuple[int, int], str],
+) -> None:
+    """The tables after a plain run: every output equal to its recomputation from the raw
+    table, the raw table's rows once each, and the backfill all there or not at all."""
+    table = coordinates(config.delta.table_uri)
+    quarantine = coordinates(config.delta.quarantine_uri)
+    stored = table + quarantine
+    assert not {c for c, n in stored.items() if n > 1}, "a record stored twice"
+    produced = produced_coordinates(client, config.kafka.topic)
+    inside = {(rng.partition, o) for o in range(rng.start, rng.end)}
+    if mode == "fill" and not published:
+        produced -= inside
+    assert set(stored) == produced, (
+        f"missing {sorted(produced - set(stored))[:10]} extra {sorted(set(stored) - produced)[:10]}"
+    )
+    if mode == "replace":
+        for coord, app in apps_by_coordinate(config).items():
+            if coord not in apps_before:
+                continue  # a record produced after the crash
+            want = apps_before[coord]
+            if published and coord in inside and want is not None:
+                want = want.upper()
+            assert app == want, (coord, app, want)
+    assert_derived_match(config)
+
+
+@pytest.mark.parametrize(("mode", "point"), BACKFILL_CASES)
+def test_backfill_crash_then_plain_run_with_and_without_the_ledger(
+    mode: str,
+    point: str,
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    postgres_url: str,
+    tmp_path: Path,
+) -> None:
+    """A real `exactly backfill` killed at each crash point; then nothing but the next plain
+    `exactly run` (no second backfill command), with the ledger kept and with it lost.
+
+    A backfill that voted is finished by that run (invariant 5), one that did not is
+    abandoned; with the ledger lost, a backfill that any output holds is rebuilt from the
+    logs and finished, one that no output holds was never published. Every output is then
+    equal to its recomputation from the raw table (the derived invariant), output by
+    output, the raw table holds every record once, and a backfill is all there or not."""
+    config, rng, transform = backfill_pipeline(
+        mode, pipeline_factory, kafka_client, spark, postgres_url, tmp_path / "derived"
+    )
+    app_id = backfill_app_id(config.pipeline)
+    apps_before = apps_by_coordinate(config)
+    args = backfill_args(config, mode, rng, transform)
+    if point == "recovery_after_delta_commit":
+        crashed = cli(*args, env={"EXACTLY_CRASH_AT": "after_prepare"})
+        assert crashed.returncode == 137, crashed.stdout + crashed.stderr
+        crash_run(config, point)  # the next start recovers the backfill and dies
+    else:
+        crashed = cli(*args, env={"EXACTLY_CRASH_AT": point})
+        assert crashed.returncode == 137, crashed.stdout + crashed.stderr
+        assert f"crash point {point.partition('#')[0]} reached" in crashed.stderr
+    assert backfill_state(config, app_id) == {1: LEFT_IN[point.partition("#")[0]]}
+    voted = LEFT_IN[point.partition("#")[0]] not in (S.PLANNED, S.STAGED)
+    held_somewhere = any(derived_held(config, app_id, 1))
+    holding = derived_held(config, app_id, 1)[1:-1]  # each derived output's, config order
+    # the topic moves on before anyone restarts
+    kafka_client.produce_records(
+        config.kafka.topic, user_events(1000, 60, 3 if mode == "replace" else 1, tombstone_every=0)
+    )
+    lost = without_ledger(config, tmp_path / "ledger-lost")
+
+    for restarted, published in ((config, voted), (lost, held_somewhere)):
+        if not derived_held(restarted, app_id, 1)[-1]:
+            # an output that holds the backfill the raw table does not fails its check
+            # while nobody finishes it (the child is dead; a lost ledger does not know it)
+            checked = check_verdicts(restarted)
+            for spec, holds in zip(restarted.derived, holding, strict=True):
+                failed = not checked[spec.name].passed
+                assert failed == holds, (spec.name, checked[spec.name].text)
+                if holds:
+                    assert f"holds batch {app_id}/1" in checked[spec.name].text
+        if restarted is config and point == "after_prepare":
+            # `exactly recover` alone finishes it too
+            recovered = cli("recover", "-c", str(config_path(config)))
+            assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+            assert f"recovered batch {app_id}/1: ACKED" in recovered.stdout
+            assert "recovered 1 batch(es)" in recovered.stdout
+        plain_run(restarted, spark)
+        assert all(v.passed for v in check_verdicts(restarted).values())
+        assert_backfill_outcome(restarted, kafka_client, mode, rng, published, apps_before)
+        states = backfill_state(restarted, app_id)
+        if restarted is config:
+            assert states == {1: S.ACKED if voted else S.ABORTED}
+        else:
+            assert states == ({1: S.ACKED} if published else {}), states
+            # `exactly ledger` shows the rebuilt backfill with its kind
+            lines = ledger_lines(backfill_batches(restarted, app_id))
+            assert sum(f" {mode}+rebuilt " in line for line in lines) == int(published), lines
+        if published:
+            assert all(derived_held(restarted, app_id, 1))
