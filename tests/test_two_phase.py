@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from ledger.batch import Batch, StagedFile, utcnow
+from ledger.batch import Batch, BatchKind, StagedFile, utcnow
 from ledger.errors import (
     BusyError,
     DataLossError,
@@ -61,10 +61,10 @@ def coordinator(
     **kw: Any,
 ) -> TwoPhaseCommit:
     kw.setdefault("max_records_per_partition", 10)
+    kw.setdefault("app_id", APP)
     return TwoPhaseCommit(
         store,
         pipeline="pv",
-        app_id=APP,
         source=source,
         stager=stager,
         publisher=publisher,
@@ -575,6 +575,26 @@ def test_rebuild_refuses_when_newest_metadata_is_gone(
     with pytest.raises(InconsistencyError):
         tpc.recover_and_commit()
     assert store.batches() == []
+
+
+def test_backfill_history_the_log_lost_refuses_backfills_only(
+    store: LedgerStore, source: FakeSource, stager: FakeStager, tmp_path: Path
+) -> None:
+    """Every start rebuilds both application ids of a lost ledger. Backfill batches whose
+    commit info log retention removed are needed only to check the next backfill's ranges,
+    so they refuse a backfill start, not a live one: the live pipeline's positions do not
+    depend on them, and a live start rebuilds what the log still has. A live history the
+    log lost refuses every start, a backfill's too (a fill's checks need its positions)."""
+    publisher = filled_table(source, stager, tmp_path, 3)
+    publisher.drop_metadata_of = {3}
+    backfills = coordinator(store, source, stager, publisher, kind=BatchKind.BACKFILL)
+    backfills.recover_and_commit(wait=False)  # a live start recovering it: no refusal
+    assert {b.batch_id for b in store.batches()} == {1, 2}  # what the log still has
+    with pytest.raises(InconsistencyError, match="no longer in the Delta log"):
+        backfills.recover_and_commit()  # a backfill start
+    live = coordinator(store, source, stager, publisher, app_id="pv.other")
+    with pytest.raises(InconsistencyError, match="no longer in the Delta log"):
+        live.recover_and_commit(wait=False)
 
 
 def test_rebuild_refuses_a_ledger_older_than_the_table(
