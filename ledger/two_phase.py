@@ -657,7 +657,7 @@ class TwoPhaseCommit:
         retried here). A COMMITTED batch of a live owner does not block planning and is
         left alone; a PREPARED one does, so it is BusyError: wait for it to finish.
         """
-        self.rebuild_from_log()
+        self.rebuild_from_log(history_required=wait or self.kind is BatchKind.LIVE)
         finished = []
         voted = self.store.batches(app_id=self.app_id, states=MUST_FINISH | ABANDONABLE)
         for stale in sorted(voted, key=lambda b: b.batch_id):
@@ -792,7 +792,7 @@ class TwoPhaseCommit:
             batch = self.store.record_metrics(batch, _stage_metrics(output))
         return self.ack(self.commit(self.pre_commit(batch, output), recovering=True))
 
-    def rebuild_from_log(self) -> int:
+    def rebuild_from_log(self, *, history_required: bool = True) -> int:
         """Re-create committed batches the ledger lacks from the Delta log's commit info.
 
         Reads every output's log (invariant 12): a batch some outputs hold and others not
@@ -801,7 +801,10 @@ class TwoPhaseCommit:
         outputs that lack it (each output is idempotent by its own txn version).
 
         Returns how many were re-created. Refuses (loudly) when the newest batch is not in
-        the log any more, because positions could then not be known.
+        the log any more, because positions could then not be known; unless not
+        `history_required`: a live start rebuilding the backfills' application id needs
+        only what the logs still have (an unfinished backfill is recent, its commit info
+        there), while the next backfill's range checks need it all and refuse then.
         """
         version = self.publisher.committed_version(self.app_id)
         if version is None:
@@ -817,7 +820,13 @@ class TwoPhaseCommit:
                 )
             return 0
         entries = self.publisher.committed_batches(self.app_id)
-        if not any(e["batch_id"] == version for e in entries) and not self._resumed(version):
+        gone = not any(e["batch_id"] == version for e in entries)
+        if gone and not history_required:
+            self.log(
+                f"batches of {self.app_id} through {version} are no longer all in the Delta "
+                "log (log retention?): rebuilt what it has; a backfill start will refuse"
+            )
+        elif gone and not self._resumed(version):
             raise InconsistencyError(
                 f"the Delta table holds batch {self.app_id}/{version}, but its commit info is no "
                 "longer in the Delta log (log retention?): offsets cannot be rebuilt; if the "
