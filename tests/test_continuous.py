@@ -100,6 +100,29 @@ def test_a_stop_request_lets_the_batch_in_flight_finish_and_starts_no_other() ->
     assert done == 2 and len(starts) == 2
 
 
+def test_the_sweep_runs_between_batches_once_per_interval_and_not_before_the_first() -> None:
+    """Recovery ran before the loop; a backfill that dies while it runs is swept up between
+    two batches once `sweep_interval` passed, never in the middle of one."""
+    clock = FakeTime()
+    stop = Waits(clock)
+    run_batch, starts = scripted(clock, [4.0] * 8)
+    swept: list[float] = []
+    cadence = Cadence(1.0, max_batches=8, sweep_interval=10.0)
+    done = run_continuously(
+        run_batch,
+        cadence,
+        stop,
+        lambda _r: None,
+        sweep=lambda: swept.append(clock.now),
+        clock=clock,
+    )
+    assert done == 8
+    assert swept == [12.0, 24.0]  # batches start at 0, 4, 8, 12, ...: a sweep right before
+    assert all(s in starts for s in swept)
+    with pytest.raises(ValueError, match="sweep interval"):
+        Cadence(1.0, sweep_interval=0)
+
+
 def test_an_idle_pipeline_stops_at_once_when_asked() -> None:
     stop = threading.Event()
     stop.set()
@@ -132,9 +155,13 @@ def _produce_steadily(client: Any, topic: str, stop: threading.Event, produced: 
 IN_FLIGHT = (BatchState.PLANNED, BatchState.STAGED, BatchState.PREPARED)
 
 
-def _batches(config: Any) -> list[Any]:
+def _batches(config: Any, app_id: str | None = None) -> list[Any]:
+    """The batches of `app_id` (default: the live ones), newest first."""
     store = LedgerStore(config.ledger.url)
-    return [b for b in store.batches(pipeline=config.pipeline, limit=1000)]
+    try:
+        return store.batches(app_id=app_id or config.app_id, limit=1000)
+    finally:
+        store.dispose()
 
 
 def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_on_sigterm(
@@ -157,6 +184,8 @@ def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_
                 "--continuous",
                 "--min-interval",
                 "0.5",
+                "--recover-interval",
+                "1",
             ],
             cwd=REPO,
             stdout=out,
@@ -167,6 +196,22 @@ def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_
         try:
             deadline = time.monotonic() + 240
             while len(_batches(config)) < 3:
+                assert child.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.5)
+            # a replace whose process dies after its vote, while the loop runs: the loop
+            # finishes it between two batches, not the next start
+            replace = ["--partition", "0", "--from", "0", "--to", "20", "--mode", "replace"]
+            crashed = subprocess.run(
+                [*EXACTLY, "backfill", "-c", str(config_path(config)), *replace],
+                cwd=REPO,
+                capture_output=True,
+                text=True,
+                env={**os.environ, "EXACTLY_CRASH_AT": "after_prepare"},
+                check=False,
+            )
+            assert crashed.returncode == 137, crashed.stdout + crashed.stderr
+            while _batches(config, "pageviews.backfill")[0].state is not BatchState.ACKED:
                 assert child.poll() is None, log.read_text()
                 assert time.monotonic() < deadline, log.read_text()
                 time.sleep(0.5)
@@ -189,6 +234,7 @@ def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_
     ]
     text = log.read_text()
     assert "SIGTERM: stopping after the batch in flight" in text
+    assert "recovered batch pageviews.backfill/1: ACKED" in text
     assert "stopped after" in text
 
     # the rest of the topic, then every produced coordinate is in the tables once
