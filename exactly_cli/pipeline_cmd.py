@@ -47,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --continuous: seconds between the starts of two batches at least (default 1)",
     )
     run.add_argument(
+        "--recover-interval",
+        type=float,
+        default=30.0,
+        help="with --continuous: seconds between two recoveries of backfills whose process "
+        "died while it runs (default 30)",
+    )
+    run.add_argument(
         "--allow-empty",
         action="store_true",
         help="commit a batch even when no partition has new offsets",
@@ -162,6 +169,10 @@ def run_continuous(
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+        def sweep() -> None:
+            for batch in pipeline.recover_backfills():
+                _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
+
         for sig in signals:
             signal.signal(sig, request_stop)
         try:
@@ -172,6 +183,7 @@ def run_continuous(
                 cadence,
                 stop,
                 lambda report: _say(report.line()),
+                sweep=sweep,
             )
         finally:
             for sig, handler in previous.items():
@@ -187,9 +199,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.continuous:
         if args.min_interval < 0:
             raise ExactlyError(f"--min-interval must be at least 0, not {args.min_interval}")
+        if args.recover_interval <= 0:
+            raise ExactlyError(f"--recover-interval must be over 0, not {args.recover_interval}")
         run_continuous(
             config,
-            Cadence(min_interval=args.min_interval),
+            Cadence(min_interval=args.min_interval, sweep_interval=args.recover_interval),
             allow_empty=args.allow_empty,
             busy_timeout=args.busy_timeout,
         )

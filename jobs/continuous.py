@@ -37,12 +37,16 @@ class Cadence:
 
     min_interval: float = 1.0
     max_batches: int | None = None
+    #: seconds between two sweeps (`run_continuously`'s `sweep`) at least
+    sweep_interval: float = 30.0
 
     def __post_init__(self) -> None:
         if self.min_interval < 0:
             raise ValueError(f"the minimum interval must be >= 0 seconds, not {self.min_interval}")
         if self.max_batches is not None and self.max_batches < 1:
             raise ValueError(f"max batches must be at least 1, not {self.max_batches}")
+        if self.sweep_interval <= 0:
+            raise ValueError(f"the sweep interval must be > 0 seconds, not {self.sweep_interval}")
 
 
 def run_continuously(
@@ -51,18 +55,28 @@ def run_continuously(
     stop: threading.Event,
     on_batch: Callable[[BatchReport], None],
     *,
+    sweep: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Run batches until `stop` is set or `cadence.max_batches` have committed; returns how
     many committed.
+
+    `sweep` runs between two batches once `cadence.sweep_interval` seconds have passed since
+    the loop began or the last sweep: recovery ran before the loop, but a backfill that dies
+    while the loop runs (its own process, killed) would otherwise wait for the next start,
+    its outputs disagreeing until then.
 
     A pass that finds nothing new (`run_batch` returns None) waits out the interval like a
     batch would: a caught-up pipeline polls the topic once per `min_interval`. The wait is
     on `stop`, so a stop request ends an idle pipeline at once.
     """
     done = 0
+    swept = clock()
     while not stop.is_set():
         started = clock()
+        if sweep is not None and started - swept >= cadence.sweep_interval:
+            sweep()
+            swept = clock()
         report = run_batch()
         if report is not None:
             done += 1

@@ -105,6 +105,12 @@ class Pipeline:
         finished = first.recover_and_commit(wait=False)
         return [*finished, *last.recover_and_commit()]
 
+    def recover_backfills(self) -> list[Batch]:
+        """Finish the voted backfill batches whose owner is gone, abandon the dead ones that
+        did not vote: what `recover` does for the backfills' application id, for a
+        continuous run to do between its batches (jobs/continuous.py `sweep`)."""
+        return self.backfill().recover_and_commit(wait=False)
+
     def reprocess(self, batch: Batch) -> Batch | None:
         """Plan a replace backfill of a committed batch's offsets through the pipeline's
         transform as the config names it now; None if the batch read nothing.

@@ -91,8 +91,15 @@ def build_continuous_job(
             for derived in derived_materializations(pipeline, batch, str(batch.batch_id)):
                 context.log_event(derived)
 
+        def sweep() -> None:
+            # a backfill that died while this run holds the pipeline's one run slot: the
+            # re-drive sensor's backfill run would wait for this one to end
+            with rejections_end_the_run(context, name, request):
+                for done in pipeline.recover_backfills():
+                    context.log.info(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
+
         cadence = Cadence(config.min_interval_seconds, config.max_batches)
-        done = run_continuously(run_batch, cadence, threading.Event(), committed)
+        done = run_continuously(run_batch, cadence, threading.Event(), committed, sweep=sweep)
         return dg.Output(done, metadata={"batches": done})
 
     # the op's name differs from the job's: a graph and an op of one name conflict in the
