@@ -26,7 +26,13 @@ from tests.fixtures.derived import (
     replaceable_outputs,
     user_events,
 )
-from tests.fixtures.pipeline import config_path, coordinates, crash_run, produced_coordinates
+from tests.fixtures.pipeline import (
+    config_path,
+    coordinates,
+    crash_run,
+    produced_coordinates,
+    save_config,
+)
 from tests.test_backfill import apps_by_coordinate, cli
 from tests.test_crash import LEFT_IN, derived_held, without_ledger
 
@@ -225,3 +231,47 @@ def test_backfill_crash_then_plain_run_with_and_without_the_ledger(
             assert sum(f" {mode}+rebuilt " in line for line in lines) == int(published), lines
         if published:
             assert all(derived_held(restarted, app_id, 1))
+
+
+def test_a_backfill_no_start_can_finish_refuses_the_start_naming_the_outputs_holding_it(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, postgres_url: str, tmp_path: Path
+) -> None:
+    """A replace killed with the first derived output holding it, the ledger lost, and its
+    offsets then deleted from Kafka: the rebuilt batch must be staged again and cannot be.
+    The next `exactly run` refuses in one line naming the batch and the outputs that hold
+    it, exit 2, no traceback; the output's Dagster check fails. With the ledger kept the
+    vote's files are still there, and the same start finishes it."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    config, rng, transform = backfill_pipeline(
+        "replace", pipeline_factory, kafka_client, spark, postgres_url, tmp_path / "derived"
+    )
+    app_id = backfill_app_id(config.pipeline)
+    crashed = cli(
+        *backfill_args(config, "replace", rng, transform),
+        env={"EXACTLY_CRASH_AT": "between_derived_commits#2"},
+    )
+    assert crashed.returncode == 137, crashed.stdout + crashed.stderr
+    lost = without_ledger(config, tmp_path / "ledger-lost")
+    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap_servers})
+    deleted = TopicPartition(config.kafka.topic, rng.partition, rng.end)
+    for future in admin.delete_records([deleted]).values():
+        future.result(timeout=30)
+
+    lost_path = save_config(lost, tmp_path / "ledger-lost.yaml")
+    refused = cli("run", "-c", str(lost_path), "--until-caught-up")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    line = refused.stderr.strip()
+    assert "\n" not in line and "Traceback" not in refused.stdout + refused.stderr
+    assert f"voted batch {app_id}/1 cannot be finished" in line
+    assert "are no longer in Kafka" in line
+    assert "derived:views_per_app" in line and "hold(s) it and the other outputs do not" in line
+    checked = check_verdicts(lost)
+    assert not checked["views_per_app"].passed
+    assert f"holds batch {app_id}/1" in checked["views_per_app"].text
+
+    plain_run(config, spark)  # the ledger kept: the vote's files publish without Kafka
+    assert backfill_state(config, app_id) == {1: S.ACKED}
+    assert_derived_match(config)
+    assert all(v.passed for v in check_verdicts(config).values())
