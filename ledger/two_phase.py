@@ -747,7 +747,11 @@ class TwoPhaseCommit:
         except (FencedError, BusyError):
             raise
         except ExactlyError as exc:
-            raise _unfinished(exc, batch, self.publisher.outputs_holding(batch)) from exc
+            try:
+                holding: set[str] | None = self.publisher.outputs_holding(batch)
+            except Exception:  # the store that failed the batch may fail this read too
+                holding = None
+            raise _unfinished(exc, batch, holding) from exc
 
     def needs_redrive(self, batch: Batch) -> bool:
         """Whether a voted batch is left with nobody finishing it (invariant 5).
@@ -967,14 +971,15 @@ class TwoPhaseCommit:
         return BatchReport(batch, output, timings)
 
 
-def _unfinished(exc: ExactlyError, batch: Batch, holding: set[str]) -> ExactlyError:
+def _unfinished(exc: ExactlyError, batch: Batch, holding: set[str] | None) -> ExactlyError:
     """`exc` again, of its own kind, saying that `batch` stays unfinished and which outputs
-    hold it (`TwoPhaseCommit._finishing`)."""
-    held = (
-        f"{', '.join(sorted(holding))} hold(s) it and the other outputs do not"
-        if holding
-        else "no output holds it yet"
-    )
+    hold it (`TwoPhaseCommit._finishing`; None: they could not be read)."""
+    if holding is None:
+        held = "which outputs hold it could not be read"
+    elif holding:
+        held = f"{', '.join(sorted(holding))} hold(s) it and the other outputs do not"
+    else:
+        held = "no output holds it yet"
     text = " ".join(str(exc).split()).rstrip(".")
     message = (
         f"voted batch {batch.app_id}/{batch.batch_id} cannot be finished: {text}; until it is, "

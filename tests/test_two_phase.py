@@ -952,6 +952,13 @@ def test_a_voted_batch_a_start_cannot_finish_is_one_line_naming_the_outputs_hold
     with pytest.raises(DataLossError, match="no output holds it yet"):
         tpc.redrive(prepared.batch_id)
 
+    def unreadable(_batch: Batch) -> set[str]:
+        raise OSError("the store is gone too")
+
+    publisher.outputs_holding = unreadable  # type: ignore[method-assign]
+    with pytest.raises(DataLossError, match="which outputs hold it could not be read"):
+        tpc.redrive(prepared.batch_id)
+
 
 def test_redrive_finishes_a_restaging_batch_whose_run_died(
     tpc: TwoPhaseCommit,
