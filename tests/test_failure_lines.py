@@ -1,0 +1,139 @@
+"""One clear line for a failure of the machine under the pipeline, never a Java stack: a
+real full tmpfs and a real read-only folder under the tables end `exactly run` with one line
+naming the cause and the path, exit code 2, and once the space (or the write access) is
+back the next run commits every record exactly once.
+
+The folders are real mounts (the suite runs as root in its container); where mounting is not
+permitted the tests skip and say so. `chmod` would not do: root writes through it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.examples.sample_data import pageviews
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+
+pytestmark = pytest.mark.integration
+
+#: Room for the first batch's table, quarantine and staged files with a wide margin.
+TMPFS_SIZE = "16m"
+
+
+def cli(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
+    """`exactly` as a subprocess, with its state folder (where unforeseen failures leave
+    their tracebacks) inside the test's own folder."""
+    return subprocess.run(
+        [sys.executable, "-m", "exactly_cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "EXACTLY_STATE_DIR": str(state_dir)},
+    )
+
+
+def _mount(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mount", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A small tmpfs of its own, unmounted at the end (skips where mount is not allowed)."""
+    where = tmp_path / "mnt"
+    where.mkdir()
+    mounted = _mount("-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(where))
+    if mounted.returncode != 0:
+        pytest.skip(
+            f"cannot mount a tmpfs here ({mounted.stderr.strip() or mounted.returncode}): "
+            "a real full or read-only folder needs root or CAP_SYS_ADMIN"
+        )
+    try:
+        yield where
+    finally:
+        _mount("-o", "remount,rw", str(where))
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into `folder` until its file system has no byte left; returns it."""
+    filler = folder / "filler"
+    chunk = b"\0" * (64 * 1024)
+    with open(filler, "wb", buffering=0) as out:
+        try:
+            while True:
+                out.write(chunk)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    # the last partial chunk: tmpfs may still hold a few bytes
+    with open(filler, "ab", buffering=0) as out:
+        try:
+            while True:
+                out.write(b"\0" * 512)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    return filler
+
+
+def assert_one_clean_line(result: subprocess.CompletedProcess[str]) -> str:
+    """Exit code 2 and one line on stderr; no Python traceback nor Java frame anywhere."""
+    both = result.stdout + result.stderr
+    assert "Traceback" not in both, both[-3000:]
+    assert not [ln for ln in both.splitlines() if ln.strip().startswith("at org.")], both[-3000:]
+    assert "Py4J" not in both, both[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, both[-3000:]
+    assert lines[0].startswith("exactly: error: "), lines
+    assert result.returncode == 2, both[-3000:]
+    return lines[0]
+
+
+def first_batch(config: Any, kafka_client: Any, state: Path) -> None:
+    kafka_client.produce(config.kafka.topic, pageviews(40), partition=0)
+    first = cli("run", "-c", str(config_path(config)), state_dir=state)
+    assert first.returncode == 0, first.stdout + first.stderr
+    kafka_client.produce(config.kafka.topic, pageviews(60, start=40), partition=0)
+
+
+def test_a_full_disk_is_one_line_naming_it_and_nothing_is_lost_once_space_returns(
+    kafka_client: Any, pipeline_factory: Any, tmpfs: Path, tmp_path: Path
+) -> None:
+    config = pipeline_factory(1, table_root=str(tmpfs))
+    state = tmp_path / "state"
+    first_batch(config, kafka_client, state)
+    filler = fill(tmpfs)
+
+    line = assert_one_clean_line(cli("run", "-c", str(config_path(config)), state_dir=state))
+    assert "no space left" in line.lower(), line
+    assert str(tmpfs) in line, line
+
+    filler.unlink()
+    again = cli("run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sum(assert_exactly_once(config, kafka_client)) == 100
+
+
+def test_a_read_only_table_folder_is_one_line_naming_it_and_nothing_is_lost_once_writable(
+    kafka_client: Any, pipeline_factory: Any, tmpfs: Path, tmp_path: Path
+) -> None:
+    config = pipeline_factory(1, table_root=str(tmpfs))
+    state = tmp_path / "state"
+    first_batch(config, kafka_client, state)
+    remounted = _mount("-o", "remount,ro", str(tmpfs))
+    assert remounted.returncode == 0, remounted.stderr
+
+    line = assert_one_clean_line(cli("run", "-c", str(config_path(config)), state_dir=state))
+    assert "read-only" in line.lower(), line
+    assert str(tmpfs) in line, line
+
+    assert _mount("-o", "remount,rw", str(tmpfs)).returncode == 0
+    again = cli("run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sum(assert_exactly_once(config, kafka_client)) == 100
