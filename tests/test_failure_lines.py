@@ -137,3 +137,25 @@ def test_a_read_only_table_folder_is_one_line_naming_it_and_nothing_is_lost_once
     again = cli("run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state)
     assert again.returncode == 0, again.stdout + again.stderr
     assert sum(assert_exactly_once(config, kafka_client)) == 100
+
+
+def test_an_unforeseen_failure_is_one_line_naming_the_log_file_with_its_traceback(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = pipeline_factory(1, transform="tests.transforms:pageviews_failing_in_spark")
+    kafka_client.produce(config.kafka.topic, pageviews(10), partition=0)
+    state = tmp_path / "state"
+
+    result = cli("run", "-c", str(config_path(config)), state_dir=state)
+    both = result.stdout + result.stderr
+    assert result.returncode == 1, both[-3000:]
+    assert "Traceback" not in both and "at org." not in both, both[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("exactly: error: exactly run failed: "), line
+    assert "a transform's own bug" in line, line
+    (log,) = (state / "logs").glob("error-*.log")
+    assert f"full traceback in {log}" in line, line
+    written = log.read_text()
+    assert "Traceback (most recent call last)" in written
+    assert "\tat org.apache.spark" in written  # the Java stack is kept, in the file
+    assert list((state / "logs").glob("spark-*.log")), "the JVM's own stderr has a log file"

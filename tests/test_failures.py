@@ -1,0 +1,205 @@
+"""The failure classifier (resources/failures.py) over the texts real failures carry.
+
+The Java texts are the Py4J errors `exactly run` raised on a real full tmpfs and a real
+read-only one (tests/test_failure_lines.py), their stack frames cut; the delta-rs texts are
+what deltalake 1.x raised writing to the same; the librdkafka ones are confluent_kafka's own
+error objects. Integration tests check the whole path (the CLI's line and exit code); these
+check that each cause is found, named with its path or service, and that an unknown error is
+left unknown.
+"""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from resources.failures import (
+    CANNOT_CREATE,
+    EXECUTOR_LOST,
+    KAFKA_AUTHORIZATION,
+    NO_SPACE,
+    NOT_DELTA,
+    NOT_WRITABLE,
+    READ_ONLY,
+    SPARK_GONE,
+    SPARK_OOM,
+    FailureContext,
+    classify,
+    first_line,
+    local_folder_problem,
+    unforeseen_line,
+    write_traceback,
+)
+
+ATTEMPT = (
+    "/tmp/pytest-of-root/pytest-0/test_a_full_disk_is_one_line_n0/mnt/table/staged/pageviews/"
+    "batch-000000000002-attempt-1-a47fbb2a20fb44c2ab975f4a81b0cb73"
+)
+#: `exactly run` on a full tmpfs (Spark 4.2, Hadoop's local file system), frames cut.
+SPARK_NO_SPACE = f"""An error occurred while calling o262.parquet.
+: org.apache.spark.SparkException: [TASK_WRITE_FAILED] Task failed while writing rows to \
+file:{ATTEMPT}. SQLSTATE: 58030
+\tat org.apache.spark.sql.errors.QueryExecutionErrors$.taskFailedWhileWritingRowsError(\
+QueryExecutionErrors.scala:777)
+Caused by: org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device
+\tSuppressed: org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device
+\t\tCaused by: java.io.IOException: No space left on device
+Caused by: java.io.IOException: No space left on device
+"""
+#: ... on a tmpfs remounted read-only.
+SPARK_MKDIRS = f"""An error occurred while calling o262.parquet.
+: org.apache.spark.SparkException: [TASK_WRITE_FAILED] Task failed while writing rows to \
+file:{ATTEMPT}. SQLSTATE: 58030
+Caused by: java.io.IOException: Mkdirs failed to create file:{ATTEMPT}/_temporary/0/\
+_temporary/attempt_202611261109187930485349771549564_0000_m_000000_0/exactly_output=table \
+(exists=false, cwd=file:/work/h-errors)
+\tat org.apache.hadoop.fs.ChecksumFileSystem.create(ChecksumFileSystem.java:715)
+"""
+DELTA_RS_NO_SPACE = (
+    "Failed to parse parquet: External: Generic LocalFileSystem error: Unable to copy data to "
+    "file: No space left on device (os error 28)"
+)
+DELTA_RS_READ_ONLY = (
+    "Failed to parse parquet: External: Generic LocalFileSystem error: Unable to open file "
+    "/tmp/h-err-m/t/part-00000-5fd0d655-428e-42dd-8b4e-dc365ee777b0-c000.snappy.parquet#1: "
+    "Read-only file system (os error 30)"
+)
+SPARK_TOPIC_DENIED = """An error occurred while calling o98.load.
+: org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access \
+topics: [orders]
+"""
+SPARK_OOM_TEXT = """An error occurred while calling o262.parquet.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 0.0 \
+failed 1 times, most recent failure: Lost task 0.0 in stage 0.0 (TID 0) (127.0.0.1 executor \
+driver): java.lang.OutOfMemoryError: Java heap space
+"""
+EXECUTOR_LOST_TEXT = """An error occurred while calling o262.parquet.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 3.0 \
+failed 4 times, most recent failure: Lost task 1.3 in stage 3.0 (TID 14) (10.0.0.7 executor \
+2): ExecutorLostFailure (executor 2 exited caused by one of the running tasks) Reason: \
+Command exited with code 137
+"""
+
+
+class JavaError(Exception):
+    """Stands for py4j's Py4JJavaError, whose text (all the classifier reads) is the Java
+    exception's and needs a live JVM to build."""
+
+
+def test_a_full_disk_under_a_spark_write_names_the_folder_it_wrote() -> None:
+    known = classify(JavaError(SPARK_NO_SPACE))
+    assert known is not None
+    assert (known.cause, known.where) == (NO_SPACE, ATTEMPT)
+    assert known.line().startswith(f"no space left on device: {ATTEMPT}; free space there")
+
+
+def test_mkdirs_failed_is_what_the_file_system_shows_there() -> None:
+    asked: list[str] = []
+
+    def probe(path: str) -> str | None:
+        asked.append(path)
+        return READ_ONLY
+
+    known = classify(JavaError(SPARK_MKDIRS), probe=probe)
+    assert known is not None and (known.cause, known.where) == (READ_ONLY, ATTEMPT)
+    assert asked == [ATTEMPT]  # Hadoop's _temporary/... tail is not the operator's folder
+    unprobed = classify(JavaError(SPARK_MKDIRS))
+    assert unprobed is not None and unprobed.cause == CANNOT_CREATE
+
+
+def test_delta_rs_errors_name_their_file_or_the_pipeline_s_locations() -> None:
+    context = FailureContext(locations=["/data/pv/table", "/data/pv/quarantine"])
+    full = classify(JavaError(DELTA_RS_NO_SPACE), context)
+    assert full is not None and full.cause == NO_SPACE
+    assert full.where == "under /data/pv/table, /data/pv/quarantine"
+    read_only = classify(JavaError(DELTA_RS_READ_ONLY), context)
+    assert read_only is not None and read_only.cause == READ_ONLY
+    assert read_only.where.startswith("/tmp/h-err-m/t/part-00000-")
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        (errno.ENOSPC, NO_SPACE),
+        (errno.EROFS, READ_ONLY),
+        (errno.EACCES, NOT_WRITABLE),
+    ],
+)
+def test_an_os_error_anywhere_in_the_chain_names_its_file(code: int, cause: str) -> None:
+    try:
+        try:
+            raise OSError(code, "os says", "/data/pv/table/_delta_log/00000000000000000003.json")
+        except OSError as inner:
+            raise RuntimeError("commit failed") from inner
+    except RuntimeError as outer:
+        known = classify(outer)
+    assert known is not None
+    assert (known.cause, known.where) == (
+        cause,
+        "/data/pv/table/_delta_log/00000000000000000003.json",
+    )
+
+
+def test_kafka_authorization_from_spark_and_from_librdkafka_names_the_cluster() -> None:
+    context = FailureContext(kafka="broker-1:9093")
+    spark = classify(JavaError(SPARK_TOPIC_DENIED), context)
+    assert spark is not None and spark.cause == KAFKA_AUTHORIZATION
+    assert spark.where == "Kafka at broker-1:9093"
+    assert "Not authorized to access topics: [orders]" in spark.line()
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED):
+        known = classify(KafkaException(KafkaError(code)), context)
+        assert known is not None and known.cause == KAFKA_AUTHORIZATION, code
+
+
+def test_spark_out_of_memory_and_a_lost_executor_name_spark() -> None:
+    context = FailureContext(spark="spark://10.0.0.2:7077")
+    oom = classify(JavaError(SPARK_OOM_TEXT), context)
+    assert oom is not None and (oom.cause, oom.detail) == (SPARK_OOM, "Java heap space")
+    assert oom.line().startswith(
+        "Spark ran out of memory: Spark at spark://10.0.0.2:7077 (Java heap space); "
+        "give Spark more memory"
+    )
+    lost = classify(JavaError(EXECUTOR_LOST_TEXT), context)
+    assert lost is not None and lost.cause == EXECUTOR_LOST
+    assert "ExecutorLostFailure (executor 2 exited" in lost.line()
+    gone = classify(JavaError("Answer from Java side is empty"))
+    assert gone is not None and gone.cause == SPARK_GONE
+
+
+def test_a_path_that_is_not_a_delta_table() -> None:
+    text = "[DELTA_MISSING_DELTA_TABLE] `/data/pv/table` is not a Delta table. SQLSTATE: 42P01"
+    known = classify(JavaError(text), FailureContext(locations=["/data/pv/table"]))
+    assert known is not None and (known.cause, known.where) == (NOT_DELTA, "/data/pv/table")
+
+
+def test_an_unforeseen_error_is_left_unknown_and_its_traceback_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    text = """An error occurred while calling o262.parquet.
+: org.apache.spark.SparkRuntimeException: [USER_RAISED_EXCEPTION] a transform's own bug
+\tat org.apache.spark.sql.errors.QueryExecutionErrors$.raiseError(QueryExecutionErrors.scala:2836)
+"""
+    try:
+        raise JavaError(text)
+    except JavaError as exc:
+        error = exc
+    assert classify(error) is None
+    assert first_line(error) == (
+        "JavaError: org.apache.spark.SparkRuntimeException: [USER_RAISED_EXCEPTION] a "
+        "transform's own bug"
+    )
+    log = write_traceback(error, "exactly run")
+    assert log is not None and log.parent == tmp_path / "logs"
+    assert "QueryExecutionErrors.scala:2836" in log.read_text()
+    line = unforeseen_line(error, "exactly run", log)
+    assert line.endswith(f"(full traceback in {log})")
+    assert "\n" not in line
+
+
+def test_the_probe_sees_a_full_or_read_only_folder_only_where_it_is(tmp_path: Path) -> None:
+    assert local_folder_problem(str(tmp_path / "not" / "there" / "yet")) is None
+    assert local_folder_problem("s3://bucket/table") is None
