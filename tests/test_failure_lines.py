@@ -17,9 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from jobs.examples.sample_data import pageviews
+from orchestration.pipeline_definitions import pipeline_definitions
+from orchestration.tags import REJECTED_TAG
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 
 pytestmark = pytest.mark.integration
@@ -159,3 +162,56 @@ def test_an_unforeseen_failure_is_one_line_naming_the_log_file_with_its_tracebac
     assert "Traceback (most recent call last)" in written
     assert "\tat org.apache.spark" in written  # the Java stack is kept, in the file
     assert list((state / "logs").glob("spark-*.log")), "the JVM's own stderr has a log file"
+
+
+def test_dagster_shows_a_read_only_table_folder_as_one_line_that_alerts(
+    kafka_client: Any,
+    pipeline_factory: Any,
+    tmpfs: Path,
+    tmp_path: Path,
+    webhook: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stage op's failure is the CLI's line, without frames, and the run-failure sensor
+    alerts with it. (That the batch is taken up again is the CLI tests' part: the failed
+    batch's owner here is the test process itself, alive, where a real run's has exited.)"""
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path / "state"))
+    config = pipeline_factory(
+        1, table_root=str(tmpfs), alerts={"webhook_url_env": "EXACTLY_TEST_WEBHOOK_URL"}
+    )
+    kafka_client.produce(config.kafka.topic, pageviews(40), partition=0)
+    jobs = pipeline_definitions(config_path(config))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(jobs.batches.name, ["1", "2"])
+        assert jobs.micro_batch.execute_in_process(instance=instance, partition_key="1").success
+        kafka_client.produce(config.kafka.topic, pageviews(60, start=40), partition=0)
+        assert _mount("-o", "remount,ro", str(tmpfs)).returncode == 0
+
+        result = jobs.micro_batch.execute_in_process(
+            instance=instance, partition_key="2", raise_on_error=False
+        )
+        assert not result.success
+        (failed,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert failed.step_key == "pageviews_stage"
+        shown = failed.step_failure_data.user_failure_data
+        assert shown is not None and shown.description is not None
+        assert shown.description.startswith("read-only file system: "), shown.description
+        assert str(tmpfs) in shown.description and "\n" not in shown.description
+        error = failed.step_failure_data.error
+        assert error is not None and (error.message, error.stack) == (shown.description, [])
+        run = instance.get_run_by_id(result.run_id)
+        assert run is not None and REJECTED_TAG not in run.tags  # a failure: it alerts
+
+        failure = next(e for e in result.all_events if e.event_type_value == "PIPELINE_FAILURE")
+        sensor = next(s for s in jobs.sensors if s.name.endswith("_run_failure_sensor"))
+        sensor(
+            dg.build_run_status_sensor_context(
+                sensor_name=sensor.name,
+                dagster_event=failure,
+                dagster_instance=instance,
+                dagster_run=run,
+                resources=jobs.resources,
+            ).for_run_failure()
+        )
+        assert webhook.kinds() == ["run_failed"]
+        assert webhook.posts[0]["text"] == f"pageviews_stage: {shown.description}"

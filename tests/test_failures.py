@@ -13,9 +13,12 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
+import dagster as dg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from orchestration.failures import one_line_failures
+from orchestration.resources import PipelineResource, pipeline_key
 from resources.failures import (
     CANNOT_CREATE,
     EXECUTOR_LOST,
@@ -203,3 +206,48 @@ def test_an_unforeseen_error_is_left_unknown_and_its_traceback_written(
 def test_the_probe_sees_a_full_or_read_only_folder_only_where_it_is(tmp_path: Path) -> None:
     assert local_folder_problem(str(tmp_path / "not" / "there" / "yet")) is None
     assert local_folder_problem("s3://bucket/table") is None
+
+
+def run_op_raising(error: Exception, state: Path) -> dg.ExecuteInProcessResult:
+    """A one-op job of pipeline `pv` whose op, under `one_line_failures`, raises `error`."""
+
+    @dg.op(name="pv_stage", required_resource_keys={pipeline_key("pv")})
+    @one_line_failures("pv")
+    def stage(context) -> None:  # unannotated: Dagster cannot read a string annotation
+        raise error
+
+    resource = PipelineResource(config_path=str(state / "no-such-config.yaml"))
+
+    @dg.job(resource_defs={pipeline_key("pv"): resource})
+    def failing() -> None:
+        stage()
+
+    with dg.instance_for_test() as instance:
+        return failing.execute_in_process(instance=instance, raise_on_error=False)
+
+
+def step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, list[str]]:
+    (failed,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    shown = failed.step_failure_data.user_failure_data
+    error = failed.step_failure_data.error
+    assert shown is not None and shown.description is not None and error is not None
+    assert error.message == shown.description
+    return shown.description, error.stack
+
+
+def test_an_op_s_failure_is_the_cli_s_line_without_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/pv/table/part-0.parquet")
+    line, stack = step_failure(run_op_raising(full, tmp_path))
+    assert line.startswith("no space left on device: /data/pv/table/part-0.parquet; ")
+    assert stack == []
+
+    line, stack = step_failure(run_op_raising(ZeroDivisionError("division by zero"), tmp_path))
+    (log,) = (tmp_path / "logs").glob("error-*.log")
+    assert line == (
+        f"pv_stage failed: ZeroDivisionError: division by zero (full traceback in {log})"
+    )
+    assert stack == []
+    assert "Traceback (most recent call last)" in log.read_text()
