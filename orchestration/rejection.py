@@ -60,7 +60,8 @@ def rejections_end_the_run(
     """Turn a refusal raised inside into a failure of the run that is plainly rejected input.
 
     Only the refusals in REJECTIONS; any other error stays a failure of the system, alert
-    included (shown in one line by orchestration/failures.py where the op takes it). `metadata` describes the request, shown beside the sentence.
+    included (shown in one line by orchestration/failures.py where the op takes it).
+    `metadata` describes the request, shown beside the sentence.
     """
     try:
         yield
