@@ -209,7 +209,8 @@ _TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         NOT_DELTA,
         re.compile(
-            r"DELTA_MISSING_DELTA_TABLE[^\n]*|is not a Delta table[^\n]*|"
+            r"DELTA_MISSING_DELTA_TABLE[^\n]*|DELTA_TABLE_NOT_FOUND[^\n]*|"
+            r"is not a Delta table[^\n]*|"
             r"No files in log segment|TableNotFoundError"
         ),
     ),
@@ -232,7 +233,7 @@ _PATHS = (
         r"(?P<path>/[^\s:]+)"
     ),
     re.compile(r"\bPath does not exist: (?P<path>\S+)"),
-    re.compile(r"`(?P<path>[^`]+)` is not a Delta table"),
+    re.compile(r"`(?P<path>[^`]+)` (?:is not a Delta table|doesn't exist)"),
     re.compile(r"(?P<path>file:/[^\s:,;'\"()]+)"),
 )
 #: Hadoop's commit protocol writes under `<folder>/_temporary/...`: the folder is the news.

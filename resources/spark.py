@@ -270,7 +270,9 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
     write), and the JVM prints what nothing caught. The command line promises one line per
     failure on stderr (exactly_cli), so those go to `logs/spark-<when>-<pid>.log` under the
     state folder (resources/failures.py) instead; the error that reaches Python still
-    carries the Java exceptions, which is what the one line is made from. The JVM is
+    carries the Java exceptions, which is what the one line is made from. Where the state
+    folder cannot be written (a read-only home), the JVM is started as before: a session
+    that cannot log is better than none. The JVM is
     started as pyspark's builder would start it (spark-submit with the same settings); the
     builder then finds it running and uses it.
     """
@@ -286,8 +288,12 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
     for key, value in settings.items():
         conf.set(key, value)
     path = log_file("spark")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "ab") as log:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(path, "ab")  # noqa: SIM115 (closed below, once the JVM holds its copy)
+    except OSError:
+        return  # no state folder to write to: the builder starts the JVM on our stderr
+    with log:
         gateway = launch_gateway(conf, popen_kwargs={"stderr": log})
     SparkContext._ensure_initialized(gateway=gateway)
 

@@ -1,10 +1,14 @@
 """The failure classifier (resources/failures.py) over the texts real failures carry.
 
-The Java texts are the Py4J errors `exactly run` raised on a real full tmpfs and a real
-read-only one (tests/test_failure_lines.py), their stack frames cut; the delta-rs texts are
-what deltalake 1.x raised writing to the same; the librdkafka ones are confluent_kafka's own
-error objects. Integration tests check the whole path (the CLI's line and exit code); these
-check that each cause is found, named with its path or service, and that an unknown error is
+Captured here, stack frames cut: the Py4J errors `exactly run` raised on a real full tmpfs
+and a real read-only one (tests/test_failure_lines.py); a real driver's OutOfMemoryError
+through py4j; delta-spark reading a folder that holds no Delta table; deltalake (delta-rs)
+writing to a full and to a read-only tmpfs, and opening a folder with no log; librdkafka's
+errors are confluent_kafka's own objects. A lost executor and Kafka's authorization
+exceptions inside Spark could not be produced on this machine (no cluster, no ACL
+authorizer): their texts follow the formats Spark's and Kafka's sources write. Integration
+tests check the whole path (the CLI's line and exit code, Dagster's run view); these check
+that each cause is found and named with its path or service, and that an unknown error is
 left unknown.
 """
 
@@ -74,11 +78,21 @@ SPARK_TOPIC_DENIED = """An error occurred while calling o98.load.
 : org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access \
 topics: [orders]
 """
-SPARK_OOM_TEXT = """An error occurred while calling o262.parquet.
-: org.apache.spark.SparkException: Job aborted due to stage failure: Task 0 in stage 0.0 \
-failed 1 times, most recent failure: Lost task 0.0 in stage 0.0 (TID 0) (127.0.0.1 executor \
-driver): java.lang.OutOfMemoryError: Java heap space
+#: A real driver's heap exhausted through py4j (an array too big for spark.driver.memory).
+SPARK_OOM_TEXT = """An error occurred while calling z:java.lang.reflect.Array.newInstance.
+: java.lang.OutOfMemoryError: Java heap space
+\tat java.base/java.lang.reflect.Array.newArray(Native Method)
+\tat java.base/java.lang.reflect.Array.newInstance(Array.java:78)
 """
+#: delta-spark reading a folder of other files (pyspark's AnalysisException, with the Java
+#: stack pyspark keeps beside it).
+DELTA_SPARK_NOT_DELTA = """[DELTA_TABLE_NOT_FOUND] Delta table `/tmp/h-err-nd2` doesn't exist.
+org.apache.spark.sql.delta.DeltaAnalysisException: [DELTA_TABLE_NOT_FOUND] Delta table \
+`/tmp/h-err-nd2` doesn't exist.
+\tat org.apache.spark.sql.delta.DeltaErrorsBase.nonExistentDeltaTable(DeltaErrors.scala:1881)
+"""
+#: Not captured here (no ACL authorizer, no cluster to lose an executor from): the formats
+#: of Spark's and Kafka's messages, as their sources write them.
 EXECUTOR_LOST_TEXT = """An error occurred while calling o262.parquet.
 : org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 3.0 \
 failed 4 times, most recent failure: Lost task 1.3 in stage 3.0 (TID 14) (10.0.0.7 executor \
@@ -176,6 +190,10 @@ def test_a_path_that_is_not_a_delta_table() -> None:
     text = "[DELTA_MISSING_DELTA_TABLE] `/data/pv/table` is not a Delta table. SQLSTATE: 42P01"
     known = classify(JavaError(text), FailureContext(locations=["/data/pv/table"]))
     assert known is not None and (known.cause, known.where) == (NOT_DELTA, "/data/pv/table")
+    spark = classify(JavaError(DELTA_SPARK_NOT_DELTA))
+    assert spark is not None and (spark.cause, spark.where) == (NOT_DELTA, "/tmp/h-err-nd2")
+    delta_rs = classify(JavaError("Generic delta kernel error: No files in log segment"))
+    assert delta_rs is not None and delta_rs.cause == NOT_DELTA
 
 
 def test_an_unforeseen_error_is_left_unknown_and_its_traceback_written(
