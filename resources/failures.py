@@ -239,7 +239,8 @@ _PATHS = (
 #: Hadoop's commit protocol writes under `<folder>/_temporary/...`: the folder is the news.
 _TEMPORARY = re.compile(r"/_temporary(?:/.*)?$")
 _SPARK_SERVICES = (SPARK_OOM, EXECUTOR_LOST, SPARK_GONE)
-_STORAGE = (NO_SPACE, READ_ONLY, NOT_WRITABLE, CANNOT_CREATE)
+#: The causes that are a folder's, not a service's: each names a path.
+STORAGE_CAUSES = (NO_SPACE, READ_ONLY, NOT_WRITABLE, CANNOT_CREATE)
 
 
 def local_path(path: str) -> str:
@@ -278,7 +279,7 @@ def classify(
         found = next((m for t in texts if (m := pattern.search(t))), None)
         if found is None:
             continue
-        if cause in _STORAGE:
+        if cause in STORAGE_CAUSES:
             path = _path_in(texts) or _located(context)
             if cause == CANNOT_CREATE and probe is not None:
                 cause = probe(path) or cause

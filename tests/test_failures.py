@@ -269,3 +269,14 @@ def test_an_op_s_failure_is_the_cli_s_line_without_frames(
     )
     assert stack == []
     assert "Traceback (most recent call last)" in log.read_text()
+
+
+def test_delta_rs_on_a_full_local_disk_is_not_called_an_object_store_failure() -> None:
+    from deltalake.exceptions import DeltaError
+
+    from resources.delta import store_failure
+
+    full = store_failure("/data/pv/table", DeltaError(DELTA_RS_NO_SPACE))
+    assert str(full).startswith("no space left on device: /data/pv/table; free space there")
+    other = store_failure("s3://b/pv", DeltaError("Generic S3 error: connection refused"))
+    assert str(other) == "s3://b/pv: the object store failed: Generic S3 error: connection refused"
