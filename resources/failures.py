@@ -20,6 +20,7 @@ created.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -164,21 +165,20 @@ _ERRNO_CAUSES = {
 }
 
 #: Texts that name a cause, most specific first; the first that matches anywhere in the
-#: chain wins. Java's, Hadoop's, delta-rs's (Rust's `os error N`), SQLite's and librdkafka's.
+#: chain wins. Java's, Hadoop's, delta-rs's (Rust's `os error N`) and librdkafka's. (The
+#: ledger's own full or read-only SQLite file is said by ledger/store.py, naming the ledger.)
 _TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         NO_SPACE,
         re.compile(
-            r"No space left on device|os error 28\b|Disk quota exceeded|"
-            r"database or disk is full",
+            r"No space left on device|os error 28\b|Disk quota exceeded",
             re.I,
         ),
     ),
     (
         READ_ONLY,
         re.compile(
-            r"Read-only file system|os error 30\b|attempt to write a readonly "
-            r"database",
+            r"Read-only file system|os error 30\b",
             re.I,
         ),
     ),
@@ -351,10 +351,29 @@ def logs_dir() -> Path:
     return state_dir() / "logs"
 
 
-def log_file(kind: str) -> Path:
-    """A new log file's path for `kind` (`error`, `spark`), unique to this process."""
+#: Log files kept per kind: every Dagster run and every CLI start that uses Spark writes one,
+#: so the oldest beyond these go when a new one is made.
+KEEP_LOGS = 200
+
+
+def log_file(kind: str, keep: int = KEEP_LOGS) -> Path:
+    """A new log file's path for `kind` (`error`, `spark`), unique to this process; older
+    files of the kind beyond the `keep` newest are deleted (a file a live process still
+    writes only loses its name)."""
+    folder = logs_dir()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    return logs_dir() / f"{kind}-{stamp}-{os.getpid()}.log"
+    older = sorted(folder.glob(f"{kind}-*.log"), key=_modified) if folder.is_dir() else []
+    for stale in older[: max(len(older) - keep + 1, 0)]:
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    return folder / f"{kind}-{stamp}-{os.getpid()}.log"
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def write_traceback(exc: BaseException, what: str) -> Path | None:

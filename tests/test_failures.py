@@ -15,6 +15,7 @@ left unknown.
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 
 import dagster as dg
@@ -37,6 +38,7 @@ from resources.failures import (
     classify,
     first_line,
     local_folder_problem,
+    log_file,
     unforeseen_line,
     write_traceback,
 )
@@ -280,3 +282,23 @@ def test_delta_rs_on_a_full_local_disk_is_not_called_an_object_store_failure() -
     assert str(full).startswith("no space left on device: /data/pv/table; free space there")
     other = store_failure("s3://b/pv", DeltaError("Generic S3 error: connection refused"))
     assert str(other) == "s3://b/pv: the object store failed: Generic S3 error: connection refused"
+
+
+def test_old_log_files_go_once_there_are_more_than_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for n in range(5):
+        old = logs / f"error-2026010{n}T000000-1.log"
+        old.write_text("old")
+        os.utime(old, (1_000_000 + n, 1_000_000 + n))
+    (logs / "spark-20260101T000000-1.log").write_text("another kind")
+    new = log_file("error", keep=3)
+    assert sorted(p.name for p in logs.glob("error-*")) == [
+        "error-20260103T000000-1.log",
+        "error-20260104T000000-1.log",
+    ]
+    assert (logs / "spark-20260101T000000-1.log").exists()
+    assert new.parent == logs and not new.exists()
