@@ -26,7 +26,7 @@ import os
 import re
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,8 +53,7 @@ ADVICE: dict[str, str] = {
     NO_SPACE: "free space there, then run again (nothing is lost: the batch is taken up again)",
     READ_ONLY: "make it writable, then run again (nothing is lost: the batch is taken up again)",
     NOT_WRITABLE: (
-        "give this user write access there, then run again (nothing is lost: the batch is "
-        "taken up again)"
+        "give this user access there, then run again (nothing is lost: the batch is taken up again)"
     ),
     CANNOT_CREATE: (
         "check that the folder is writable and has space, then run again (nothing is lost: "
@@ -102,16 +101,12 @@ class KnownCause:
     cause: str
     where: str
     detail: str = ""
-    advice: str = field(default="")
 
     def line(self) -> str:
+        """`<cause>: <where> (<detail>); <advice>`: what scripts and alert rules read."""
         detail = f" ({self.detail})" if self.detail else ""
-        advice = self.advice or ADVICE.get(self.cause, "")
-        return (
-            f"{self.cause}: {self.where}{detail}; {advice}"
-            if advice
-            else (f"{self.cause}: {self.where}{detail}")
-        )
+        advice = ADVICE.get(self.cause)
+        return f"{self.cause}: {self.where}{detail}" + (f"; {advice}" if advice else "")
 
 
 def context_of(config: PipelineConfig) -> FailureContext:
@@ -183,6 +178,7 @@ _TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
         ),
     ),
     (SPARK_OOM, re.compile(r"java\.lang\.OutOfMemoryError(?::\s*(?P<detail>[^\n]+))?")),
+    (PYTHON_OOM, re.compile(r"\bMemoryError\b[^\n]*")),
     (
         EXECUTOR_LOST,
         re.compile(
@@ -285,6 +281,8 @@ def classify(
                 cause = probe(path) or cause
             return KnownCause(cause, path)
         quoted = found.group(0).strip()[:QUOTED_CHARS]
+        if cause == PYTHON_OOM:
+            return KnownCause(cause, "a Python process (this one, or a Spark Python worker)")
         if cause in _SPARK_SERVICES:
             where = f"Spark at {context.spark}" if context.spark else "Spark"
             detail = (found.groupdict().get("detail") or quoted).strip()[:QUOTED_CHARS]

@@ -31,6 +31,7 @@ from resources.failures import (
     NO_SPACE,
     NOT_DELTA,
     NOT_WRITABLE,
+    PYTHON_OOM,
     READ_ONLY,
     SPARK_GONE,
     SPARK_OOM,
@@ -302,3 +303,10 @@ def test_old_log_files_go_once_there_are_more_than_kept(
     ]
     assert (logs / "spark-20260101T000000-1.log").exists()
     assert new.parent == logs and not new.exists()
+
+
+def test_python_out_of_memory_is_known_and_not_taken_for_java_s() -> None:
+    known = classify(MemoryError())
+    assert known is not None and known.cause == PYTHON_OOM
+    java = classify(JavaError(SPARK_OOM_TEXT))
+    assert java is not None and java.cause == SPARK_OOM
