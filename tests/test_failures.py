@@ -21,6 +21,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+from py4j.protocol import Py4JNetworkError
 
 from orchestration.failures import one_line_failures
 from orchestration.resources import PipelineResource, pipeline_key
@@ -185,7 +186,10 @@ def test_spark_out_of_memory_and_a_lost_executor_name_spark() -> None:
     lost = classify(JavaError(EXECUTOR_LOST_TEXT), context)
     assert lost is not None and lost.cause == EXECUTOR_LOST
     assert "ExecutorLostFailure (executor 2 exited" in lost.line()
-    gone = classify(JavaError("Answer from Java side is empty"))
+    # the chain a query raised once the driver's JVM was killed (captured with kill -9)
+    refused = ConnectionRefusedError(111, "Connection refused")
+    refused.__context__ = Py4JNetworkError("Answer from Java side is empty")
+    gone = classify(refused, context)
     assert gone is not None and gone.cause == SPARK_GONE
 
 
