@@ -62,8 +62,12 @@ def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
+def _as_is(text: str) -> str:
+    return text
+
+
 def one_line_failure(
-    exc: Exception, what: str, context: FailureContext, spell: Any = lambda text: text
+    exc: Exception, what: str, context: FailureContext, spell: Callable[[str], str] = _as_is
 ) -> OneLineFailure:
     """The one-line failure for `exc`, raised by `what` (an op's name): `spell` puts the
     config file's path into the commands an ExactlyError names."""
