@@ -1,8 +1,11 @@
 """The `exactly` command line.
 
 Each sub-command lives in a module of this package with a `register(subparsers)` function;
-`main` turns every `ExactlyError` into one line on stderr and exit code 2, so scripts and
-operators get the problem, not a traceback.
+`main` turns every failure into one line on stderr, so scripts and operators get the problem,
+not a traceback: an `ExactlyError`, or an error whose cause is known (a full disk, a read-only
+folder, Spark out of memory, ...: resources/failures.py), is one line naming the cause and the
+path or service, exit code 2; anything unforeseen is one line naming the log file (under the
+state folder) that holds its full traceback, exit code 1.
 """
 
 from __future__ import annotations
@@ -12,6 +15,17 @@ import sys
 from collections.abc import Sequence
 
 from ledger.errors import ExactlyError, with_config
+from resources.failures import (
+    FailureContext,
+    classify,
+    context_of,
+    local_folder_problem,
+    unforeseen_line,
+    write_traceback,
+)
+
+#: The exit code of a failure no known cause explains (a known one's is ExactlyError's, 2).
+UNFORESEEN_EXIT_CODE = 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +67,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("exactly: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        line, code = failure_line(exc, args)
+        print(f"exactly: error: {line}", file=sys.stderr)
+        return code
+
+
+def failure_line(exc: Exception, args: argparse.Namespace) -> tuple[str, int]:
+    """The one line and exit code for an error that is not an `ExactlyError`.
+
+    A known cause (resources/failures.py) is said as an ExactlyError would be, exit code 2:
+    the operator can act on it. Anything else is a bug or a failure nobody foresaw: its full
+    traceback (the Java stack too) goes to a log file, which the line names, exit code 1.
+    """
+    known = classify(exc, failure_context(args), probe=local_folder_problem)
+    if known is not None:
+        return _one_line(known.line()), ExactlyError.exit_code
+    what = f"exactly {args.command}"
+    log = write_traceback(exc, what)
+    return _one_line(unforeseen_line(exc, what, log)), UNFORESEEN_EXIT_CODE
+
+
+def failure_context(args: argparse.Namespace) -> FailureContext:
+    """The pipeline's locations and services, from the config the command was given, for
+    an error whose text does not name them; none when there is no config or it cannot be
+    read (the error may be about that)."""
+    config_file = getattr(args, "config", None)
+    if not config_file:
+        return FailureContext()
+    try:
+        from resources.config import load_config
+
+        return context_of(load_config(config_file))
+    except Exception:
+        return FailureContext()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def error_line(exc: ExactlyError, args: argparse.Namespace) -> str:

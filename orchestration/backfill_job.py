@@ -22,6 +22,7 @@ from pydantic import Field
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.batch import Batch, BatchKind
 from ledger.protocol import OffsetRange
+from orchestration.failures import one_line_failures
 from orchestration.metadata import batch_label, batch_metadata, log_commit
 from orchestration.rejection import rejections_end_the_run
 from orchestration.resources import pipeline_in, pipeline_key
@@ -64,6 +65,7 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
         out=dg.Out(Batch, is_required=False),
         required_resource_keys={pipeline_key(name)},
     )
+    @one_line_failures(name)
     def backfill_ranges(
         context: dg.OpExecutionContext, config: BackfillRequest
     ) -> Iterator[dg.Output[Batch]]:

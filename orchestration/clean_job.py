@@ -17,6 +17,7 @@ from pydantic import Field
 
 from jobs.cleaner import clean
 from ledger.cleaning import parse_duration
+from orchestration.failures import one_line_failures
 from orchestration.metadata import maintenance_metadata
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
@@ -37,6 +38,7 @@ def build_clean_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefini
     name = config.pipeline
 
     @dg.op(name=f"{name}_clean_staged", required_resource_keys={pipeline_key(name)})
+    @one_line_failures(name)
     def clean_staged(context: dg.OpExecutionContext, config: CleanRequest) -> Iterator[dg.Output]:
         """Delete (or list) the staged files no batch and no table version needs."""
         pipeline = pipeline_in(context, name)

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import dagster as dg
 
+from orchestration.failures import one_line_failures
 from orchestration.metadata import maintenance_metadata
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
@@ -23,6 +24,7 @@ def build_compact_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefi
     name = config.pipeline
 
     @dg.op(name=f"{name}_compact_tables", required_resource_keys={pipeline_key(name)})
+    @one_line_failures(name)
     def compact_tables(context: dg.OpExecutionContext) -> Iterator[dg.Output[str]]:
         """Compact the quarantine table, then the data table (the order of their commits)."""
         pipeline = pipeline_in(context, name)

@@ -23,6 +23,7 @@ from pydantic import Field
 
 from jobs.continuous import Cadence, run_continuously
 from ledger.two_phase import BatchReport
+from orchestration.failures import one_line_failures
 from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import (
     commit_materialization,
@@ -59,6 +60,7 @@ def build_continuous_job(
     name = config.pipeline
 
     @dg.op(name=f"{name}_commit_continuously", required_resource_keys={pipeline_key(name)})
+    @one_line_failures(name)
     def continuous(context: dg.OpExecutionContext, config: ContinuousRequest) -> dg.Output[int]:
         """Recover, then commit batches until terminated or `max_batches` have committed."""
         pipeline = pipeline_in(context, name)

@@ -28,6 +28,7 @@ from ledger.batch import Batch
 from ledger.errors import CONFIG_PLACEHOLDER
 from ledger.protocol import PUBLISHED, BatchState
 from ledger.two_phase import StageOutput, TwoPhaseCommit
+from orchestration.failures import one_line_failures
 from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import batch_label, batch_metadata, log_commit
 from orchestration.rejection import rejected, rejections_end_the_run
@@ -95,6 +96,7 @@ def build_micro_batch_graph(
     needs = {pipeline_key(name)}
 
     @dg.op(name=f"{name}_plan", out=dg.Out(Batch, is_required=False), required_resource_keys=needs)
+    @one_line_failures(name)
     def plan(context: dg.OpExecutionContext, config: PlanRequest) -> Iterator[dg.Output[Batch]]:
         """Recover first (finish voted batches), then plan the run's batch: the partition's,
         or the next one (adding its partition) when the run has none.
@@ -158,6 +160,7 @@ def build_micro_batch_graph(
         out={"batch": dg.Out(Batch), "staged_files": dg.Out(StageOutput)},
         required_resource_keys=needs,
     )
+    @one_line_failures(name)
     def stage(context: dg.OpExecutionContext, batch: Batch) -> Iterator[dg.Output[Any]]:
         started = time.perf_counter()
         tpc = pipeline_in(context, name).coordinator_for(batch)
@@ -167,6 +170,7 @@ def build_micro_batch_graph(
         yield dg.Output(output, "staged_files", metadata={"files": len(output.files)})
 
     @dg.op(name=f"{name}_prepare", out=dg.Out(Batch), required_resource_keys=needs)
+    @one_line_failures(name)
     def prepare(
         context: dg.OpExecutionContext, batch: Batch, staged_files: StageOutput
     ) -> dg.Output[Batch]:
@@ -176,6 +180,7 @@ def build_micro_batch_graph(
         return dg.Output(prepared, metadata=batch_metadata(prepared))
 
     @dg.op(name=f"{name}_commit", out=dg.Out(Batch), required_resource_keys=needs)
+    @one_line_failures(name)
     def commit(context: dg.OpExecutionContext, batch: Batch) -> dg.Output[Batch]:
         started = time.perf_counter()
         pipeline = pipeline_in(context, name)

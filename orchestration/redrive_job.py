@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import dagster as dg
 
 from ledger.batch import Batch
+from orchestration.failures import one_line_failures
 from orchestration.liveness import warn_if_not_acked
 from orchestration.metadata import batch_metadata, log_commit
 from orchestration.resources import pipeline_in, pipeline_key
@@ -29,6 +30,7 @@ def build_redrive_job(
         out=dg.Out(Batch, is_required=False),
         required_resource_keys={pipeline_key(name)},
     )
+    @one_line_failures(name)
     def redrive_commit(context: dg.OpExecutionContext) -> Iterator[dg.Output[Batch]]:
         """Finish the partition's batch if it is PREPARED or COMMITTED; else do nothing."""
         started = time.perf_counter()

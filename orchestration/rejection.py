@@ -59,8 +59,9 @@ def rejections_end_the_run(
 ) -> Iterator[None]:
     """Turn a refusal raised inside into a failure of the run that is plainly rejected input.
 
-    Only the refusals in REJECTIONS; any other error stays a failure, stack trace and alert
-    included. `metadata` describes the request, shown beside the sentence.
+    Only the refusals in REJECTIONS; any other error stays a failure of the system, alert
+    included (shown in one line by orchestration/failures.py where the op takes it).
+    `metadata` describes the request, shown beside the sentence.
     """
     try:
         yield

@@ -908,7 +908,18 @@ class DeltaTarget:
 
 def store_failure(uri: str, exc: Exception) -> UnreachableError:
     """A delta-rs error from the object store as one line naming the table: delta-rs writes
-    its cause chain over several lines, coloured for a terminal."""
+    its cause chain over several lines, coloured for a terminal.
+
+    A local table's full or read-only disk says so (resources/failures.py) rather than
+    "the object store failed": the operator must free space, not wait for a server.
+    """
+    from resources.failures import STORAGE_CAUSES, KnownCause, classify
+
+    known = classify(exc)
+    if known is not None and known.cause in STORAGE_CAUSES:
+        # delta-rs names the file only for some errors; the table is always the news
+        where = known.where if known.where.startswith("/") else uri
+        return UnreachableError(KnownCause(known.cause, where).line())
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
     parts = [line.strip().lstrip("↳").strip() for line in text.splitlines()]
     return UnreachableError(f"{uri}: the object store failed: {' '.join(p for p in parts if p)}")

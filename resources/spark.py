@@ -245,6 +245,7 @@ def build_session(
     for key, value in driver_settings(master).items():
         settings.setdefault(key, value)
     settings.update(jar_settings(object_store is not None))
+    _launch_jvm_logging_to_file(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -259,6 +260,42 @@ def build_session(
             "Spark session was started for object storage"
         )
     return session
+
+
+def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[str, str]) -> None:
+    """Start this process's Spark JVM, if none runs yet, with its stderr in a log file.
+
+    The JVM inherits the process's stderr, and writes Java stacks there on its own: log4j's
+    console appender logs every failed task with its stack (three times for one failed
+    write), and the JVM prints what nothing caught. The command line promises one line per
+    failure on stderr (exactly_cli), so those go to `logs/spark-<when>-<pid>.log` under the
+    state folder (resources/failures.py) instead; the error that reaches Python still
+    carries the Java exceptions, which is what the one line is made from. Where the state
+    folder cannot be written (a read-only home), the JVM is started as before: a session
+    that cannot log is better than none. The JVM is
+    started as pyspark's builder would start it (spark-submit with the same settings); the
+    builder then finds it running and uses it.
+    """
+    from pyspark import SparkConf
+    from pyspark.core.context import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    from resources.failures import log_file
+
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf().setMaster(master).setAppName(app_name)
+    for key, value in settings.items():
+        conf.set(key, value)
+    path = log_file("spark")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(path, "ab")  # noqa: SIM115 (closed below, once the JVM holds its copy)
+    except OSError:
+        return  # no state folder to write to: the builder starts the JVM on our stderr
+    with log:
+        gateway = launch_gateway(conf, popen_kwargs={"stderr": log})
+    SparkContext._ensure_initialized(gateway=gateway)
 
 
 def _remote_session(url: str, settings: Mapping[str, str]) -> SparkSession:

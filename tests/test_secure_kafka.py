@@ -122,15 +122,19 @@ def test_the_kafka_password_is_in_no_log_ledger_run_or_commit(
     with KafkaClient(secure_kafka.plain_bootstrap, timeout=60) as plain:
         plain.produce(config.kafka.topic, pageviews(300, malformed_every=30))
     path = config._path  # type: ignore[attr-defined]
-    # a batch by the CLI, its Spark logs on its stdout and stderr...
+    # a batch by the CLI, its Spark driver's log in its state folder, the rest on its
+    # stdout and stderr...
+    state = tmp_path / "state"
     cli = subprocess.run(
         [*EXACTLY, "run", "-c", str(path)],
         capture_output=True,
         text=True,
         timeout=600,
         cwd=REPO,
+        env={**os.environ, "EXACTLY_STATE_DIR": str(state)},
     )
     assert cli.returncode == 0, cli.stderr[-2000:]
+    assert list((state / "logs").glob("spark-*.log")), "the scan below must see the JVM's log"
     logs = tmp_path / "cli.log"
     logs.write_text(cli.stdout + cli.stderr)
     # ...and one by Dagster, with its run config and event log in a real instance
@@ -150,6 +154,7 @@ def test_the_kafka_password_is_in_no_log_ledger_run_or_commit(
     leaks = _files_holding(
         secure_kafka.password,
         logs,
+        state,
         folder / "ledger.db",
         Path(config.delta.table_uri) / "_delta_log",
         Path(config.delta.quarantine_uri) / "_delta_log",

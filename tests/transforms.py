@@ -87,6 +87,12 @@ def pageviews_or_fail(records: DataFrame) -> DataFrame:
     return pageviews(records)
 
 
+def pageviews_failing_in_spark(records: DataFrame) -> DataFrame:
+    """The page-view transform with a column that fails inside Spark's tasks: an error
+    nobody foresaw, raised by the JVM (its Java stack in the Py4J error's text)."""
+    return pageviews(records).withColumn("app", F.raise_error(F.lit("a transform's own bug")))
+
+
 # -- derived outputs (docs/derived-tables.md) ------------------------------------------------
 
 

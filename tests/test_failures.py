@@ -1,0 +1,316 @@
+"""The failure classifier (resources/failures.py) over the texts real failures carry.
+
+Captured here, stack frames cut: the Py4J errors `exactly run` raised on a real full tmpfs
+and a real read-only one (tests/test_failure_lines.py); a real driver's OutOfMemoryError
+through py4j; delta-spark reading a folder that holds no Delta table; deltalake (delta-rs)
+writing to a full and to a read-only tmpfs, and opening a folder with no log; librdkafka's
+errors are confluent_kafka's own objects. A lost executor and Kafka's authorization
+exceptions inside Spark could not be produced on this machine (no cluster, no ACL
+authorizer): their texts follow the formats Spark's and Kafka's sources write. Integration
+tests check the whole path (the CLI's line and exit code, Dagster's run view); these check
+that each cause is found and named with its path or service, and that an unknown error is
+left unknown.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+from py4j.protocol import Py4JNetworkError
+
+from orchestration.failures import one_line_failures
+from orchestration.resources import PipelineResource, pipeline_key
+from resources.failures import (
+    CANNOT_CREATE,
+    EXECUTOR_LOST,
+    KAFKA_AUTHORIZATION,
+    NO_SPACE,
+    NOT_DELTA,
+    NOT_WRITABLE,
+    PYTHON_OOM,
+    READ_ONLY,
+    SPARK_GONE,
+    SPARK_OOM,
+    FailureContext,
+    classify,
+    first_line,
+    local_folder_problem,
+    log_file,
+    unforeseen_line,
+    write_traceback,
+)
+
+ATTEMPT = (
+    "/tmp/pytest-of-root/pytest-0/test_a_full_disk_is_one_line_n0/mnt/table/staged/pageviews/"
+    "batch-000000000002-attempt-1-a47fbb2a20fb44c2ab975f4a81b0cb73"
+)
+#: `exactly run` on a full tmpfs (Spark 4.2, Hadoop's local file system), frames cut.
+SPARK_NO_SPACE = f"""An error occurred while calling o262.parquet.
+: org.apache.spark.SparkException: [TASK_WRITE_FAILED] Task failed while writing rows to \
+file:{ATTEMPT}. SQLSTATE: 58030
+\tat org.apache.spark.sql.errors.QueryExecutionErrors$.taskFailedWhileWritingRowsError(\
+QueryExecutionErrors.scala:777)
+Caused by: org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device
+\tSuppressed: org.apache.hadoop.fs.FSError: java.io.IOException: No space left on device
+\t\tCaused by: java.io.IOException: No space left on device
+Caused by: java.io.IOException: No space left on device
+"""
+#: ... on a tmpfs remounted read-only.
+SPARK_MKDIRS = f"""An error occurred while calling o262.parquet.
+: org.apache.spark.SparkException: [TASK_WRITE_FAILED] Task failed while writing rows to \
+file:{ATTEMPT}. SQLSTATE: 58030
+Caused by: java.io.IOException: Mkdirs failed to create file:{ATTEMPT}/_temporary/0/\
+_temporary/attempt_202611261109187930485349771549564_0000_m_000000_0/exactly_output=table \
+(exists=false, cwd=file:/work/h-errors)
+\tat org.apache.hadoop.fs.ChecksumFileSystem.create(ChecksumFileSystem.java:715)
+"""
+DELTA_RS_NO_SPACE = (
+    "Failed to parse parquet: External: Generic LocalFileSystem error: Unable to copy data to "
+    "file: No space left on device (os error 28)"
+)
+DELTA_RS_READ_ONLY = (
+    "Failed to parse parquet: External: Generic LocalFileSystem error: Unable to open file "
+    "/tmp/h-err-m/t/part-00000-5fd0d655-428e-42dd-8b4e-dc365ee777b0-c000.snappy.parquet#1: "
+    "Read-only file system (os error 30)"
+)
+SPARK_TOPIC_DENIED = """An error occurred while calling o98.load.
+: org.apache.kafka.common.errors.TopicAuthorizationException: Not authorized to access \
+topics: [orders]
+"""
+#: A real driver's heap exhausted through py4j (an array too big for spark.driver.memory).
+SPARK_OOM_TEXT = """An error occurred while calling z:java.lang.reflect.Array.newInstance.
+: java.lang.OutOfMemoryError: Java heap space
+\tat java.base/java.lang.reflect.Array.newArray(Native Method)
+\tat java.base/java.lang.reflect.Array.newInstance(Array.java:78)
+"""
+#: delta-spark reading a folder of other files (pyspark's AnalysisException, with the Java
+#: stack pyspark keeps beside it).
+DELTA_SPARK_NOT_DELTA = """[DELTA_TABLE_NOT_FOUND] Delta table `/tmp/h-err-nd2` doesn't exist.
+org.apache.spark.sql.delta.DeltaAnalysisException: [DELTA_TABLE_NOT_FOUND] Delta table \
+`/tmp/h-err-nd2` doesn't exist.
+\tat org.apache.spark.sql.delta.DeltaErrorsBase.nonExistentDeltaTable(DeltaErrors.scala:1881)
+"""
+#: Not captured here (no ACL authorizer, no cluster to lose an executor from): the formats
+#: of Spark's and Kafka's messages, as their sources write them.
+EXECUTOR_LOST_TEXT = """An error occurred while calling o262.parquet.
+: org.apache.spark.SparkException: Job aborted due to stage failure: Task 1 in stage 3.0 \
+failed 4 times, most recent failure: Lost task 1.3 in stage 3.0 (TID 14) (10.0.0.7 executor \
+2): ExecutorLostFailure (executor 2 exited caused by one of the running tasks) Reason: \
+Command exited with code 137
+"""
+
+
+class JavaError(Exception):
+    """Stands for py4j's Py4JJavaError, whose text (all the classifier reads) is the Java
+    exception's and needs a live JVM to build."""
+
+
+def test_a_full_disk_under_a_spark_write_names_the_folder_it_wrote() -> None:
+    known = classify(JavaError(SPARK_NO_SPACE))
+    assert known is not None
+    assert (known.cause, known.where) == (NO_SPACE, ATTEMPT)
+    assert known.line().startswith(f"no space left on device: {ATTEMPT}; free space there")
+
+
+def test_mkdirs_failed_is_what_the_file_system_shows_there() -> None:
+    asked: list[str] = []
+
+    def probe(path: str) -> str | None:
+        asked.append(path)
+        return READ_ONLY
+
+    known = classify(JavaError(SPARK_MKDIRS), probe=probe)
+    assert known is not None and (known.cause, known.where) == (READ_ONLY, ATTEMPT)
+    assert asked == [ATTEMPT]  # Hadoop's _temporary/... tail is not the operator's folder
+    unprobed = classify(JavaError(SPARK_MKDIRS))
+    assert unprobed is not None and unprobed.cause == CANNOT_CREATE
+
+
+def test_delta_rs_errors_name_their_file_or_the_pipeline_s_locations() -> None:
+    context = FailureContext(locations=["/data/pv/table", "/data/pv/quarantine"])
+    full = classify(JavaError(DELTA_RS_NO_SPACE), context)
+    assert full is not None and full.cause == NO_SPACE
+    assert full.where == "under /data/pv/table, /data/pv/quarantine"
+    read_only = classify(JavaError(DELTA_RS_READ_ONLY), context)
+    assert read_only is not None and read_only.cause == READ_ONLY
+    assert read_only.where.startswith("/tmp/h-err-m/t/part-00000-")
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        (errno.ENOSPC, NO_SPACE),
+        (errno.EROFS, READ_ONLY),
+        (errno.EACCES, NOT_WRITABLE),
+    ],
+)
+def test_an_os_error_anywhere_in_the_chain_names_its_file(code: int, cause: str) -> None:
+    try:
+        try:
+            raise OSError(code, "os says", "/data/pv/table/_delta_log/00000000000000000003.json")
+        except OSError as inner:
+            raise RuntimeError("commit failed") from inner
+    except RuntimeError as outer:
+        known = classify(outer)
+    assert known is not None
+    assert (known.cause, known.where) == (
+        cause,
+        "/data/pv/table/_delta_log/00000000000000000003.json",
+    )
+
+
+def test_kafka_authorization_from_spark_and_from_librdkafka_names_the_cluster() -> None:
+    context = FailureContext(kafka="broker-1:9093")
+    spark = classify(JavaError(SPARK_TOPIC_DENIED), context)
+    assert spark is not None and spark.cause == KAFKA_AUTHORIZATION
+    assert spark.where == "Kafka at broker-1:9093"
+    assert "Not authorized to access topics: [orders]" in spark.line()
+    for code in (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED):
+        known = classify(KafkaException(KafkaError(code)), context)
+        assert known is not None and known.cause == KAFKA_AUTHORIZATION, code
+
+
+def test_spark_out_of_memory_and_a_lost_executor_name_spark() -> None:
+    context = FailureContext(spark="spark://10.0.0.2:7077")
+    oom = classify(JavaError(SPARK_OOM_TEXT), context)
+    assert oom is not None and (oom.cause, oom.detail) == (SPARK_OOM, "Java heap space")
+    assert oom.line().startswith(
+        "Spark ran out of memory: Spark at spark://10.0.0.2:7077 (Java heap space); "
+        "give Spark more memory"
+    )
+    lost = classify(JavaError(EXECUTOR_LOST_TEXT), context)
+    assert lost is not None and lost.cause == EXECUTOR_LOST
+    assert "ExecutorLostFailure (executor 2 exited" in lost.line()
+    # the chain a query raised once the driver's JVM was killed (captured with kill -9)
+    refused = ConnectionRefusedError(111, "Connection refused")
+    refused.__context__ = Py4JNetworkError("Answer from Java side is empty")
+    gone = classify(refused, context)
+    assert gone is not None and gone.cause == SPARK_GONE
+
+
+def test_a_path_that_is_not_a_delta_table() -> None:
+    text = "[DELTA_MISSING_DELTA_TABLE] `/data/pv/table` is not a Delta table. SQLSTATE: 42P01"
+    known = classify(JavaError(text), FailureContext(locations=["/data/pv/table"]))
+    assert known is not None and (known.cause, known.where) == (NOT_DELTA, "/data/pv/table")
+    spark = classify(JavaError(DELTA_SPARK_NOT_DELTA))
+    assert spark is not None and (spark.cause, spark.where) == (NOT_DELTA, "/tmp/h-err-nd2")
+    delta_rs = classify(JavaError("Generic delta kernel error: No files in log segment"))
+    assert delta_rs is not None and delta_rs.cause == NOT_DELTA
+
+
+def test_an_unforeseen_error_is_left_unknown_and_its_traceback_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    text = """An error occurred while calling o262.parquet.
+: org.apache.spark.SparkRuntimeException: [USER_RAISED_EXCEPTION] a transform's own bug
+\tat org.apache.spark.sql.errors.QueryExecutionErrors$.raiseError(QueryExecutionErrors.scala:2836)
+"""
+    try:
+        raise JavaError(text)
+    except JavaError as exc:
+        error = exc
+    assert classify(error) is None
+    assert first_line(error) == (
+        "JavaError: org.apache.spark.SparkRuntimeException: [USER_RAISED_EXCEPTION] a "
+        "transform's own bug"
+    )
+    log = write_traceback(error, "exactly run")
+    assert log is not None and log.parent == tmp_path / "logs"
+    assert "QueryExecutionErrors.scala:2836" in log.read_text()
+    line = unforeseen_line(error, "exactly run", log)
+    assert line.endswith(f"(full traceback in {log})")
+    assert "\n" not in line
+
+
+def test_the_probe_sees_a_full_or_read_only_folder_only_where_it_is(tmp_path: Path) -> None:
+    assert local_folder_problem(str(tmp_path / "not" / "there" / "yet")) is None
+    assert local_folder_problem("s3://bucket/table") is None
+
+
+def run_op_raising(error: Exception, state: Path) -> dg.ExecuteInProcessResult:
+    """A one-op job of pipeline `pv` whose op, under `one_line_failures`, raises `error`."""
+
+    @dg.op(name="pv_stage", required_resource_keys={pipeline_key("pv")})
+    @one_line_failures("pv")
+    def stage(context) -> None:  # unannotated: Dagster cannot read a string annotation
+        raise error
+
+    resource = PipelineResource(config_path=str(state / "no-such-config.yaml"))
+
+    @dg.job(resource_defs={pipeline_key("pv"): resource})
+    def failing() -> None:
+        stage()
+
+    with dg.instance_for_test() as instance:
+        return failing.execute_in_process(instance=instance, raise_on_error=False)
+
+
+def step_failure(result: dg.ExecuteInProcessResult) -> tuple[str, list[str]]:
+    (failed,) = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
+    shown = failed.step_failure_data.user_failure_data
+    error = failed.step_failure_data.error
+    assert shown is not None and shown.description is not None and error is not None
+    assert error.message == shown.description
+    return shown.description, error.stack
+
+
+def test_an_op_s_failure_is_the_cli_s_line_without_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    full = OSError(errno.ENOSPC, "No space left on device", "/data/pv/table/part-0.parquet")
+    line, stack = step_failure(run_op_raising(full, tmp_path))
+    assert line.startswith("no space left on device: /data/pv/table/part-0.parquet; ")
+    assert stack == []
+
+    line, stack = step_failure(run_op_raising(ZeroDivisionError("division by zero"), tmp_path))
+    (log,) = (tmp_path / "logs").glob("error-*.log")
+    assert line == (
+        f"pv_stage failed: ZeroDivisionError: division by zero (full traceback in {log})"
+    )
+    assert stack == []
+    assert "Traceback (most recent call last)" in log.read_text()
+
+
+def test_delta_rs_on_a_full_local_disk_is_not_called_an_object_store_failure() -> None:
+    from deltalake.exceptions import DeltaError
+
+    from resources.delta import store_failure
+
+    full = store_failure("/data/pv/table", DeltaError(DELTA_RS_NO_SPACE))
+    assert str(full).startswith("no space left on device: /data/pv/table; free space there")
+    other = store_failure("s3://b/pv", DeltaError("Generic S3 error: connection refused"))
+    assert str(other) == "s3://b/pv: the object store failed: Generic S3 error: connection refused"
+
+
+def test_old_log_files_go_once_there_are_more_than_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for n in range(5):
+        old = logs / f"error-2026010{n}T000000-1.log"
+        old.write_text("old")
+        os.utime(old, (1_000_000 + n, 1_000_000 + n))
+    (logs / "spark-20260101T000000-1.log").write_text("another kind")
+    new = log_file("error", keep=3)
+    assert sorted(p.name for p in logs.glob("error-*")) == [
+        "error-20260103T000000-1.log",
+        "error-20260104T000000-1.log",
+    ]
+    assert (logs / "spark-20260101T000000-1.log").exists()
+    assert new.parent == logs and not new.exists()
+
+
+def test_python_out_of_memory_is_known_and_not_taken_for_java_s() -> None:
+    known = classify(MemoryError())
+    assert known is not None and known.cause == PYTHON_OOM
+    java = classify(JavaError(SPARK_OOM_TEXT))
+    assert java is not None and java.cause == SPARK_OOM
