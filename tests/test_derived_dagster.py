@@ -341,7 +341,6 @@ def test_the_check_reads_the_derived_table_at_the_raw_tables_batches(tmp_path: P
     """On real tables: a derived table ahead by the batch in flight is read at the version
     that holds the raw table's batches (passes); one behind the raw table fails (invariant
     12); no verdict until both tables exist."""
-    from types import SimpleNamespace
 
     from orchestration.derived_checks import derived_verdict
     from resources.delta import DeltaTarget
@@ -349,10 +348,7 @@ def test_the_check_reads_the_derived_table_at_the_raw_tables_batches(tmp_path: P
     raw_uri, out_uri = tmp_path / "raw", tmp_path / "per_app"
     spec = parse_output({**PER_APP, "table_uri": str(out_uri)})
     assert isinstance(spec, AggregateOutput)
-    pipeline: Any = SimpleNamespace(
-        config=SimpleNamespace(pipeline="orders", app_id="orders"),
-        publisher=SimpleNamespace(table=DeltaTarget(str(raw_uri))),
-    )
+    pipeline: Any = in_flight_pipeline(raw_uri)
     target = DeltaTarget(spec.table_uri)
     assert derived_verdict(pipeline, spec, target) is None  # no table yet
 
@@ -368,6 +364,10 @@ def test_the_check_reads_the_derived_table_at_the_raw_tables_batches(tmp_path: P
     verdict = derived_verdict(pipeline, spec, target)
     assert verdict is not None and verdict.passed, verdict
     assert verdict.metadata["derived_version"] == 0 and verdict.metadata["raw_version"] == 0
+    pipeline.live.may_be_alive = lambda _batch: False  # its owner died: nobody finishes it
+    verdict = derived_verdict(pipeline, spec, target)
+    assert verdict is not None and not verdict.passed and "holds batch orders/2" in verdict.text
+    pipeline.live.may_be_alive = lambda _batch: True
 
     write_deltalake(str(raw_uri), more, mode="append", commit_properties=txns({"orders": 2}))
     verdict = derived_verdict(pipeline, spec, target)
@@ -377,6 +377,26 @@ def test_the_check_reads_the_derived_table_at_the_raw_tables_batches(tmp_path: P
     verdict = derived_verdict(pipeline, spec, target)
     assert verdict is not None and not verdict.passed
     assert "behind the raw table's 3 and None" in verdict.text and "invariant 12" in verdict.text
+
+
+def in_flight_pipeline(raw_uri: Path) -> Any:
+    """What the checks read of a Pipeline: its raw table, and a ledger in which every batch
+    an output holds ahead of the raw table is PREPARED by an owner that may be alive (the
+    batch in flight)."""
+    from types import SimpleNamespace
+
+    from ledger.protocol import BatchState
+    from resources.delta import DeltaTarget
+    from tests.fixtures.batches import a_batch
+
+    return SimpleNamespace(
+        config=SimpleNamespace(pipeline="orders", app_id="orders"),
+        publisher=SimpleNamespace(table=DeltaTarget(str(raw_uri))),
+        store=SimpleNamespace(
+            get=lambda app, batch_id: a_batch(batch_id, BatchState.PREPARED, app_id=app)
+        ),
+        live=SimpleNamespace(may_be_alive=lambda _batch: True),
+    )
 
 
 def txns(apps: dict[str, int]) -> CommitProperties:
@@ -393,24 +413,19 @@ def test_the_postgres_check_compares_when_the_state_holds_the_raw_tables_batches
     equal when its state holds the raw table's batches; behind the raw table fails
     (invariant 12); a row changed behind the pipeline's back fails naming the group."""
     import uuid
-    from types import SimpleNamespace
 
     import sqlalchemy as sa
 
     from derived.postgres import PostgresTarget, apply_partial
     from derived.spec import PostgresOutput
     from orchestration.derived_checks import postgres_verdict
-    from resources.delta import DeltaTarget
 
     raw_uri = tmp_path / "raw"
     table = f"per_app_{uuid.uuid4().hex[:12]}"
     spec = parse_output({**DASHBOARD, "url": postgres_url, "table": table, **PER_APP_MEASURES})
     assert isinstance(spec, PostgresOutput)
     pg = PostgresTarget(spec, str(raw_uri))
-    pipeline: Any = SimpleNamespace(
-        config=SimpleNamespace(pipeline="orders", app_id="orders"),
-        publisher=SimpleNamespace(table=DeltaTarget(str(raw_uri))),
-    )
+    pipeline: Any = in_flight_pipeline(raw_uri)
     app = spec.app_id("orders")
     try:
         assert postgres_verdict(pipeline, pg) is None  # no raw table yet
