@@ -27,7 +27,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake import CommitProperties, DeltaTable, TableFeatures, Transaction
 from deltalake import Field as DeltaField
 from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
@@ -338,6 +338,40 @@ def widen_schema(
 def _table_widened(table: DeltaTable, schema: pa.Schema, uri: str) -> DeltaSchema | None:
     features = table.protocol().writer_features or ()
     return widen_schema(table.schema(), schema, where=f"Delta table {uri}", table_features=features)
+
+
+#: What protocol writer version 2 implies, named once a table has writer version 7.
+_LEGACY_WRITER_FEATURES = ("invariants", "appendOnly")
+
+
+def _with_legacy_features(table: DeltaTable) -> None:
+    """Name `invariants` and `appendOnly` in the protocol of a table delta-rs created at
+    writer version 7 without them.
+
+    delta-rs 1.6 creates a table with a timestamp_ntz column at writer version 7 with the
+    single feature timestampNtz, dropping what writer version 2 implied; delta-spark then
+    refuses to read the table at all (DELTA_FEATURES_PROTOCOL_METADATA_MISMATCH: every
+    NOT NULL column, the coordinates included, is an invariant). delta-spark names both
+    when it upgrades a table itself. Called right after the create, by every creator: a
+    second creator's concurrent commit only makes this one fail, and then the features are
+    there. A table created without them before this fix is left as it is (the next
+    creator-less repair would need a commit outside any batch)."""
+    protocol = table.protocol()
+    if protocol.min_writer_version < 7:
+        return
+    have = set(protocol.writer_features or ())
+    if all(f in have for f in _LEGACY_WRITER_FEATURES):
+        return
+    try:
+        table.alter.add_feature(
+            [TableFeatures.Invariants, TableFeatures.AppendOnly],
+            allow_protocol_versions_increase=True,
+        )
+    except CommitFailedError:
+        table.update_incremental()
+        have = set(table.protocol().writer_features or ())
+        if not all(f in have for f in _LEGACY_WRITER_FEATURES):
+            raise
 
 
 def _no_file_filter(table: DeltaTable) -> list[tuple[str, str, list[str]]]:
@@ -737,6 +771,10 @@ class DeltaTarget:
         except Exception:
             if self.load() is None:
                 raise
+        table = self.load()
+        if table is not None:
+            _with_legacy_features(table)
+            self._forget()  # the table object moved on by a commit of its own: load afresh
 
     def ensure_table(self, schema: pa.Schema) -> None:
         """Create the table with `schema` unless it exists; a concurrent creator wins
