@@ -14,6 +14,7 @@ import base64
 import json
 import math
 import re
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal, localcontext
@@ -23,6 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import sqlalchemy as sa
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -310,33 +312,53 @@ def _stat_value(column: str, text_value: Any) -> Any:
     return text_value
 
 
+#: The money aggregate per flag, as a Delta or a PostgreSQL output.
+MONEY = {
+    "group_by": ["flag"],
+    "measures": [
+        {"name": "rows", "fn": "count"},
+        {"name": "dec9_sum", "fn": "sum", "column": "dec9"},
+        {"name": "dec18_sum", "fn": "sum", "column": "dec18"},
+        {"name": "dec38_sum", "fn": "sum", "column": "dec38"},
+        {"name": "dec9_max", "fn": "max", "column": "dec9"},
+    ],
+}
+
+
+def _run_records(config: Any, spark: Any, kafka_client: Any) -> None:
+    """RECORDS and one malformed record through the pipeline until it has caught up."""
+    kafka_client.produce(config.kafka.topic, [*(_to_json(r) for r in RECORDS), b"{bad"])
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    while tpc.run_batch() is not None:
+        pass
+
+
+def _assert_money(rows: list[dict[str, Any]]) -> None:
+    """The money aggregate's rows equal Python's exact Decimal sums per flag."""
+    got = {r["flag"]: r for r in rows}
+    assert set(got) == {True, False, None}
+    for flag, row in got.items():
+        group = [r for r in RECORDS if r.get("flag") is flag]
+        assert row["rows"] == len(group)
+        for column in ("dec9", "dec18", "dec38"):
+            values = [r[column] for r in group if r.get(column) is not None]
+            with localcontext(prec=80):  # the default 28 digits would round a decimal(38)
+                want = sum(values, Decimal(0)) if values else None
+            assert row[f"{column}_sum"] == want, (flag, column)
+        values = [r["dec9"] for r in group if r.get("dec9") is not None]
+        assert row["dec9_max"] == (max(values) if values else None)
+
+
 @pytest.fixture
 def typed_table(
     spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> Iterator[Any]:
     """One batch of RECORDS (and one malformed record) through the pipeline, with an
     aggregate output summing the decimals per flag."""
-    derived = [
-        {
-            "kind": "aggregate",
-            "name": "money_per_flag",
-            "table_uri": str(tmp_path / "money_per_flag"),
-            "group_by": ["flag"],
-            "measures": [
-                {"name": "rows", "fn": "count"},
-                {"name": "dec9_sum", "fn": "sum", "column": "dec9"},
-                {"name": "dec18_sum", "fn": "sum", "column": "dec18"},
-                {"name": "dec38_sum", "fn": "sum", "column": "dec38"},
-                {"name": "dec9_max", "fn": "max", "column": "dec9"},
-            ],
-        }
-    ]
-    config = pipeline_factory(1, transform=TRANSFORM, derived=derived)
-    kafka_client.produce(config.kafka.topic, [*(_to_json(r) for r in RECORDS), b"{bad"])
-    tpc = build(config, spark_factory=lambda: spark)
-    tpc.recover_and_commit()
-    while tpc.run_batch() is not None:
-        pass
+    money = {"kind": "aggregate", "name": "money", "table_uri": str(tmp_path / "money"), **MONEY}
+    config = pipeline_factory(1, transform=TRANSFORM, derived=[money])
+    _run_records(config, spark, kafka_client)
     yield config
 
 
@@ -445,18 +467,24 @@ def test_an_aggregate_sums_decimals_exactly(typed_table: Any) -> None:
     table = DeltaTable(output.table_uri).to_pyarrow_table()
     for name in ("dec9_sum", "dec18_sum", "dec38_sum", "dec9_max"):
         assert pa.types.is_decimal(table.schema.field(name).type), name
-    got = {r["flag"]: r for r in table.to_pylist()}
-    assert set(got) == {True, False, None}
-    for flag, row in got.items():
-        group = [r for r in RECORDS if r.get("flag") is flag]
-        assert row["rows"] == len(group)
-        for column in ("dec9", "dec18", "dec38"):
-            values = [r[column] for r in group if r.get(column) is not None]
-            with localcontext(prec=80):  # the default 28 digits would round a decimal(38)
-                want = sum(values, Decimal(0)) if values else None
-            assert row[f"{column}_sum"] == want, (flag, column)
-        values = [r["dec9"] for r in group if r.get("dec9") is not None]
-        assert row["dec9_max"] == (max(values) if values else None)
+    _assert_money(table.to_pylist())
     # and the asset check's recomputation from the raw rows (pyarrow's decimal sums) agrees
     raw = DeltaTable(typed_table.delta.table_uri).to_pyarrow_table()
     assert aggregate_differences(recompute_aggregate(raw, output), table, output) == []
+
+
+def test_a_postgres_output_sums_decimals_exactly(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, postgres_url: str
+) -> None:
+    """The same sums in a PostgreSQL output: numeric columns, Decimals both ways."""
+    table = f"money_{uuid.uuid4().hex[:12]}"
+    money = {"kind": "postgres", "name": "money", "url": postgres_url, "table": table, **MONEY}
+    config = pipeline_factory(1, transform=TRANSFORM, derived=[money])
+    _run_records(config, spark, kafka_client)
+    engine = sa.create_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            rows = [dict(r._mapping) for r in conn.execute(sa.text(f'SELECT * FROM "{table}"'))]
+    finally:
+        engine.dispose()
+    _assert_money(rows)
