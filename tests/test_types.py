@@ -488,3 +488,65 @@ def test_a_postgres_output_sums_decimals_exactly(
     finally:
         engine.dispose()
     _assert_money(rows)
+
+
+#: Orders as issue 28's first contact had them: `amount` a decimal(12,2) JSON number.
+ORDERS: list[dict[str, Any]] = [
+    {"order_id": 1, "amount": D("12.34"), "total": D("123456789012345678901234567.0123456789"),
+     "placed": date(9999, 12, 31), "at": _ts("9999-12-31T23:59:59.999999+00:00"),
+     "local_at": datetime(9999, 12, 31, 23, 59, 59, 999999), "rate": NAN},
+    {"order_id": 2, "amount": D("-9999999999.99"), "total": D("-0.0000000001"),
+     "placed": date(1900, 1, 1), "at": _ts("1969-12-31T23:59:59.999999+00:00"),
+     "local_at": datetime(1900, 1, 1), "rate": INF},
+    {"order_id": 3, "amount": D("9999999999.99"), "total": D("0"), "placed": date(1970, 1, 1),
+     "at": _ts("2026-11-26T12:00:00.5+01:00"), "local_at": datetime(2026, 11, 26, 12),
+     "rate": 0.25},
+    {"order_id": 4},
+]
+
+
+def _order_json(order: dict[str, Any]) -> bytes:
+    """An order as JSON: timestamps with their zone (or none, for `local_at`)."""
+    return _to_json({k: v.isoformat() if isinstance(v, datetime) else v for k, v in order.items()})
+
+
+def test_a_pandas_transform_lands_decimals_and_far_timestamps_exactly(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """The same types through a pandas transform (Arrow batches both ways, in Spark's
+    Python workers): decimals, dates and timestamps up to year 9999, infinity (a NaN lands
+    as null), and the log's decimal statistics for the `amount` column that crashed the
+    first batch."""
+    config = pipeline_factory(1, transform="tests.pandas_transforms:orders")
+    kafka_client.produce(config.kafka.topic, [_order_json(o) for o in ORDERS])
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    while tpc.run_batch() is not None:
+        pass
+    columns = ["amount", "total", "placed", "at", "local_at", "rate"]
+    want = {o["order_id"]: {c: _canon(o.get(c)) for c in columns} for o in ORDERS}
+    # pandas has one marker for NaN and null, and pyspark turns a pandas NaN into a null:
+    # a pandas transform cannot land a NaN (README, pandas transforms)
+    want[1]["rate"] = None
+    uri = config.delta.table_uri
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["order_id", *columns]).to_pylist()
+    assert {r.pop("order_id"): {c: _canon(v) for c, v in r.items()} for r in rows} == want
+    spark_rows = (
+        spark.read.format("delta").load(uri)
+        .select("order_id", *(F.unix_micros(c).alias(c) if c == "at" else c for c in columns))
+        .collect()
+    )
+    got = {}
+    for row in spark_rows:
+        values = {c: _canon(v) for c, v in row.asDict().items()}
+        if values["at"] is not None:
+            values["at"] = ("utc", values["at"])
+        got[values.pop("order_id")] = values
+    assert got == want
+    (add,) = _committed_adds(uri)
+    stats = json.loads(add["stats"], parse_float=Decimal, parse_constant=_not_json)
+    assert stats["minValues"]["amount"] == D("-9999999999.99")
+    assert stats["maxValues"]["amount"] == D("9999999999.99")
+    assert stats["nullCount"]["amount"] == 1
+    assert stats["maxValues"]["local_at"] == "9999-12-31T23:59:59.999999"
+    assert "rate" not in stats["maxValues"]
