@@ -25,13 +25,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import sqlalchemy as sa
+import yaml
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from derived.invariants import aggregate_differences, recompute_aggregate
 from jobs.pipeline import build
-from resources.delta import DeltaTarget
+from resources.config import load_config
+from resources.delta import Compaction, DeltaTarget
 from tests.fixtures.pipeline import assert_exactly_once
 
 TRANSFORM = "tests.transforms:every_type"
@@ -354,17 +356,53 @@ def _assert_money(rows: list[dict[str, Any]]) -> None:
         assert row["dec9_max"] == (max(values) if values else None)
 
 
-@pytest.fixture
-def typed_table(
-    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
-) -> Iterator[Any]:
-    """One batch of RECORDS (and one malformed record) through the pipeline, with an
-    aggregate output summing the decimals per flag."""
-    money = {"kind": "aggregate", "name": "money", "table_uri": str(tmp_path / "money"), **MONEY}
-    # two batches: two files, and a MERGE that adds the second batch's sums to the first's
-    config = pipeline_factory(1, max_records=10, transform=TRANSFORM, derived=[money])
+def _typed_pipeline(kafka_broker: str, kafka_client: Any, spark: Any, root: Path) -> Any:
+    """A pipeline of RECORDS (and one malformed record) with the money aggregate, in two
+    batches (two files, and a MERGE that adds the second batch's sums to the first's), run
+    until it has caught up. Its config as tests/fixtures/pipeline.py `pipeline_factory`
+    writes one, for a module-scoped fixture (that factory is per test)."""
+    topic = f"every-type-{uuid.uuid4().hex[:8]}"
+    kafka_client.create_topic(topic, 1)
+    money = {"kind": "aggregate", "name": "money", "table_uri": str(root / "money"), **MONEY}
+    doc = {
+        "pipeline": "every_type",
+        "kafka": {
+            "bootstrap_servers": kafka_broker,
+            "topic": topic,
+            "starting_offsets": "earliest",
+        },
+        "delta": {"table_uri": str(root / "table"), "quarantine_uri": str(root / "quarantine")},
+        "ledger": {"url": f"sqlite:///{root / 'ledger.db'}"},
+        "spark": {"master": "local[2]"},
+        "batch": {"max_records_per_partition": 10, "lease_seconds": 30},
+        "transform": TRANSFORM,
+        "derived": [money],
+    }
+    path = root / "every_type.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    config = load_config(path)
     _run_records(config, spark, kafka_client)
-    yield config
+    return config
+
+
+@pytest.fixture(scope="module")
+def typed_table(
+    kafka_broker: str, kafka_client: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Any:
+    """The pipeline of `_typed_pipeline`, shared by the tests that only read its tables: a
+    run is most of this file's time."""
+    return _typed_pipeline(kafka_broker, kafka_client, spark, tmp_path_factory.mktemp("typed"))
+
+
+@pytest.fixture(scope="module")
+def compacted_table(
+    kafka_broker: str, kafka_client: Any, spark: Any, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Any, Compaction | None]:
+    """Another such pipeline, its table then compacted by delta-rs's OPTIMIZE (which writes
+    the new file's statistics itself); with what the compaction did."""
+    root = tmp_path_factory.mktemp("compacted")
+    config = _typed_pipeline(kafka_broker, kafka_client, spark, root)
+    return config, DeltaTarget(config.delta.table_uri).compact()
 
 
 def _assert_reads_back(uri: str, spark: Any) -> None:
@@ -450,12 +488,13 @@ def test_every_orderable_column_has_min_max_and_null_counts_in_the_delta_log(
     assert not problems, "\n".join(problems)
 
 
-def test_compaction_keeps_every_type(typed_table: Any, spark: Any) -> None:
+def test_compaction_keeps_every_type(
+    compacted_table: tuple[Any, Compaction | None], spark: Any
+) -> None:
     """delta-rs's OPTIMIZE rewrites the files: the rows must read back as they were."""
-    uri = typed_table.delta.table_uri
-    done = DeltaTarget(uri).compact()
+    config, done = compacted_table
     assert done is not None and (done.files_removed, done.files_added) == (2, 1)
-    _assert_reads_back(uri, spark)
+    _assert_reads_back(config.delta.table_uri, spark)
 
 
 @pytest.mark.xfail(
@@ -465,12 +504,13 @@ def test_compaction_keeps_every_type(typed_table: Any, spark: Any) -> None:
     "min -9999999999999999999999999999.9999999999 becomes -9.999999999999997e+27, above "
     "the rows' min, so a filter below it skips a file that holds matching rows",
 )
-def test_compaction_writes_sound_statistics(typed_table: Any) -> None:
+def test_compaction_writes_sound_statistics(
+    compacted_table: tuple[Any, Compaction | None],
+) -> None:
     """The statistics OPTIMIZE writes for its new file, which delta-rs computes itself (not
     the stage's `delta_stats`): any bound it writes must hold the file's rows."""
-    uri = typed_table.delta.table_uri
-    assert DeltaTarget(uri).compact() is not None
-    problems = _log_stats_problems(uri, complete=False)
+    config, _ = compacted_table
+    problems = _log_stats_problems(config.delta.table_uri, complete=False)
     assert not problems, "\n".join(problems)
 
 
