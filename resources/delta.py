@@ -354,8 +354,8 @@ def _with_legacy_features(table: DeltaTable) -> None:
     NOT NULL column, the coordinates included, is an invariant). delta-spark names both
     when it upgrades a table itself. Called right after the create, by every creator: a
     second creator's concurrent commit only makes this one fail, and then the features are
-    there. A table created without them before this fix is left as it is (the next
-    creator-less repair would need a commit outside any batch)."""
+    there. A table created without them before this fix is left as it is: its repair is a
+    commit of its own, delta-rs's `DeltaTable.alter.add_feature` with these two."""
     protocol = table.protocol()
     if protocol.min_writer_version < 7:
         return
