@@ -1,17 +1,17 @@
 """Describe staged Parquet files for the prepare vote: size, record count, Delta statistics.
 
-Each footer is read once, here; the vote stores the result and the commit reuses it, so
-publishing never touches the data files again.
+Each footer is read once, here, and a file's float columns once if it has any (a footer's
+min/max may leave NaN out: resources/delta.py `_json_value`); the vote stores the result and
+the commit reuses it, so publishing never touches the data files again.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from ledger.batch import StagedFile
 from resources import storage
-from resources.delta import delta_stats
+from resources.delta import delta_stats, float_columns, nan_columns, stats_json
 
 
 def describe(
@@ -25,6 +25,8 @@ def describe(
     files = []
     for info in storage.list_data_files(folder):
         meta = storage.read_parquet_metadata(info.uri)
+        floats = float_columns(meta, columns)
+        nan = nan_columns(storage.read_parquet(info.uri, floats)) if floats else set()
         files.append(
             StagedFile(
                 target=target,
@@ -32,7 +34,7 @@ def describe(
                 size=info.size,
                 records=meta.num_rows,
                 modification_time=info.modification_time_ms,
-                stats=json.dumps(delta_stats(meta, columns), separators=(",", ":")),
+                stats=stats_json(delta_stats(meta, columns, nan)),
             )
         )
     return files

@@ -16,7 +16,6 @@ commit.
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 from collections import Counter
@@ -32,7 +31,7 @@ from deltalake import DeltaTable, write_deltalake
 from ledger.batch import StagedFile
 from ledger.protocol import OffsetRange
 from resources import storage
-from resources.delta import CommitOutcome, DeltaTarget, delta_stats
+from resources.delta import CommitOutcome, DeltaTarget, delta_stats, stats_json
 
 TOPIC = "pageviews"
 APP = "pageviews"
@@ -72,7 +71,7 @@ def staged(root: Path, app_id: str, batch_id: int, attempt: int, rng: OffsetRang
         info.size,
         len(offsets),
         info.modification_time_ms,
-        json.dumps(delta_stats(pq.read_metadata(path)), separators=(",", ":")),
+        stats_json(delta_stats(pq.read_metadata(path))),
     )
 
 
@@ -228,7 +227,7 @@ def test_a_replace_rewrites_a_staged_file_with_the_table_s_columns_only(tmp_path
         info.size,
         first.records,
         info.modification_time_ms,
-        json.dumps(delta_stats(meta, SCHEMA.names), separators=(",", ":")),
+        stats_json(delta_stats(meta, SCHEMA.names)),
     )
     target = DeltaTarget(str(root))
     common = {"schema": SCHEMA, "metadata": {}}
@@ -426,3 +425,23 @@ def test_a_load_after_a_failed_commit_is_fresh(tmp_path: Path) -> None:
     assert outcome.published and outcome.tries == 2 and outcome.table_version == 3
     assert assert_reads_as_fresh(target, root) is not kept
     assert coordinates(root) == Counter({(0, o): 1 for o in range(10, 40)})
+
+
+def test_a_table_created_with_a_timestamp_ntz_column_stays_readable_by_delta_spark(
+    tmp_path: Path,
+) -> None:
+    """delta-rs creates such a table at writer version 7 naming timestampNtz alone, and
+    delta-spark refuses to open it while a column is NOT NULL (the coordinates are): the
+    invariants feature is in use but not in the protocol (tests/test_types.py reads one).
+    The create names what writer version 2 implied, once."""
+    uri = str(tmp_path / "table")
+    schema = pa.schema(
+        [pa.field("_kafka_offset", pa.int64(), nullable=False), ("ts", pa.timestamp("us"))]
+    )
+    target = DeltaTarget(uri)
+    target.ensure_table(schema)
+    protocol = DeltaTable(uri).protocol()
+    assert {"timestampNtz", "invariants", "appendOnly"} <= set(protocol.writer_features or ())
+    version = DeltaTable(uri).version()
+    target.ensure_table(schema)
+    assert DeltaTable(uri).version() == version

@@ -7,6 +7,7 @@ import os
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from jobs.examples.pageviews import COORDINATES, PAGEVIEW
 from jobs.examples.pageviews import transform as pageviews
@@ -121,6 +122,73 @@ def pageviews_with_tombstones(records: DataFrame) -> DataFrame:
         F.when(tombstone, F.col("key").cast("string")).otherwise(F.col("_p.user")).alias("user"),
         F.col("_p.url").alias("url"),
         F.try_to_timestamp(F.col("_p.ts")).alias("ts"),
+        *COORDINATES,
+        "value",
+        error.alias("_error"),
+    )
+
+
+# -- every column type (tests/test_types.py) --------------------------------------------------
+
+#: One column of every type a Delta table holds, as a JSON record spells it: decimals of
+#: each Parquet encoding Spark picks (INT32 up to precision 9, INT64 up to 18, fixed bytes
+#: up to 38), every integer width, floats that may be NaN or infinite, dates and timestamps
+#: with and without time zone, binary (base64 in JSON), unicode text and nested types.
+EVERY_TYPE = T.StructType(
+    [
+        T.StructField("id", T.IntegerType()),
+        T.StructField("dec9", T.DecimalType(9, 2)),
+        T.StructField("dec18", T.DecimalType(18, 4)),
+        T.StructField("dec38", T.DecimalType(38, 10)),
+        T.StructField("tiny", T.ByteType()),
+        T.StructField("small", T.ShortType()),
+        T.StructField("medium", T.IntegerType()),
+        T.StructField("big", T.LongType()),
+        T.StructField("f32", T.FloatType()),
+        T.StructField("f64", T.DoubleType()),
+        T.StructField("f64_finite", T.DoubleType()),
+        T.StructField("flag", T.BooleanType()),
+        T.StructField("day", T.DateType()),
+        T.StructField("ts", T.TimestampType()),
+        T.StructField("ts_ntz", T.TimestampNTZType()),
+        T.StructField("blob", T.BinaryType()),
+        T.StructField("text", T.StringType()),
+        T.StructField("tags", T.ArrayType(T.StringType())),
+        T.StructField("amounts", T.MapType(T.StringType(), T.DecimalType(12, 2))),
+        T.StructField(
+            "point",
+            T.StructType(
+                [
+                    T.StructField("x", T.DoubleType()),
+                    T.StructField("label", T.StringType()),
+                    T.StructField("day", T.DateType()),
+                    T.StructField("amount", T.DecimalType(12, 2)),
+                    T.StructField("dims", T.ArrayType(T.IntegerType())),
+                ]
+            ),
+        ),
+        T.StructField("_corrupt", T.StringType()),
+    ]
+)
+
+
+def every_type(records: DataFrame) -> DataFrame:
+    """JSON records into one typed column per field of EVERY_TYPE, parsed by Spark itself
+    (decimals exactly from the JSON numbers, NaN and Infinity accepted, base64 binary), the
+    way a data engineer's transform builds typed columns."""
+    text = F.col("value").cast("string")
+    parsed = F.from_json(
+        text, EVERY_TYPE, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"}
+    )
+    with_json = records.withColumn("_p", F.when(F.ltrim(text).startswith("{"), parsed))
+    error = (
+        F.when(F.col("_p").isNull(), F.lit("value is not a JSON object"))
+        .when(F.col("_p._corrupt").isNotNull(), F.lit("value is not valid JSON"))
+        .when(F.col("_p.id").isNull(), F.lit("missing field: id"))
+    )
+    fields = [f.name for f in EVERY_TYPE.fields if f.name != "_corrupt"]
+    return with_json.select(
+        *(F.col(f"_p.{name}").alias(name) for name in fields),
         *COORDINATES,
         "value",
         error.alias("_error"),
