@@ -55,6 +55,7 @@ LONGEST_FIRST = (
     "test_backfill.py",
     "test_clean.py",
     "test_ui.py",
+    "test_types.py",
     "test_bench_smoke.py",
 )
 

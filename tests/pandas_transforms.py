@@ -49,17 +49,21 @@ def orders(records: pd.DataFrame) -> pd.DataFrame:
 
     out = pd.DataFrame(index=records.index)
     out["order_id"] = [r["order_id"] for r in rows]
-    out["amount"] = pd.Series([decimal(r.get("amount")) for r in rows], index=records.index,
-                              dtype=object)
-    out["total"] = pd.Series([decimal(r.get("total")) for r in rows], index=records.index,
-                             dtype=object)
+    out["amount"] = pd.Series(
+        [decimal(r.get("amount")) for r in rows], index=records.index, dtype=object
+    )
+    out["total"] = pd.Series(
+        [decimal(r.get("total")) for r in rows], index=records.index, dtype=object
+    )
     out["placed"] = pd.Series(
         [None if r.get("placed") is None else date.fromisoformat(r["placed"]) for r in rows],
-        index=records.index, dtype=object,
+        index=records.index,
+        dtype=object,
     )
     out["at"] = pd.Series([stamp(r.get("at")) for r in rows], index=records.index, dtype=object)
-    out["local_at"] = pd.Series([stamp(r.get("local_at")) for r in rows], index=records.index,
-                                dtype=object)
+    out["local_at"] = pd.Series(
+        [stamp(r.get("local_at")) for r in rows], index=records.index, dtype=object
+    )
     out["rate"] = [None if r.get("rate") is None else float(r["rate"]) for r in rows]
     out["_error"] = None
     for column in ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp"):

@@ -99,8 +99,10 @@ def test_timestamps_with_and_without_zone_dates_and_limits(tmp_path: Path) -> No
     table = pa.table(
         {
             "ts": pa.array(
-                [datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
-                 datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)],
+                [
+                    datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+                    datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+                ],
                 pa.timestamp("us", tz="UTC"),
             ),
             "ntz": pa.array(

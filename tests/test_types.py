@@ -70,8 +70,13 @@ RECORDS: list[dict[str, Any]] = [
         "text": "naïve café",
         "tags": ["a", "b"],
         "amounts": {"eur": D("1.50"), "usd": D("-2.00")},
-        "point": {"x": 1.5, "label": "é", "day": date(2024, 1, 1), "amount": D("12.34"),
-                  "dims": [1, 2]},
+        "point": {
+            "x": 1.5,
+            "label": "é",
+            "day": date(2024, 1, 1),
+            "amount": D("12.34"),
+            "dims": [1, 2],
+        },
     },
     {
         "id": 1,
@@ -93,8 +98,13 @@ RECORDS: list[dict[str, Any]] = [
         "text": "東京 🚀 שלום",
         "tags": [],
         "amounts": {},
-        "point": {"x": -0.5, "label": "zz", "day": date(9999, 12, 31), "amount": D("9999999999.99"),
-                  "dims": []},
+        "point": {
+            "x": -0.5,
+            "label": "zz",
+            "day": date(9999, 12, 31),
+            "amount": D("9999999999.99"),
+            "dims": [],
+        },
     },
     {
         "id": 2,
@@ -116,8 +126,13 @@ RECORDS: list[dict[str, Any]] = [
         "text": "",
         "tags": [None, "ü"],
         "amounts": {"ß": None},
-        "point": {"x": None, "label": None, "day": date(1969, 12, 31), "amount": D("-0.01"),
-                  "dims": None},
+        "point": {
+            "x": None,
+            "label": None,
+            "day": date(1969, 12, 31),
+            "amount": D("-0.01"),
+            "dims": None,
+        },
     },
     {
         "id": 3,
@@ -136,7 +151,7 @@ RECORDS: list[dict[str, Any]] = [
         "ts": _ts("1969-12-31T23:59:59.999999+00:00"),
         "ts_ntz": datetime(1969, 7, 20, 20, 17, 40, 500000),
         "blob": b"\x80",
-        "text": "e\u0301 tab\there\nnewline \"quoted\" \\ back",
+        "text": 'e\u0301 tab\there\nnewline "quoted" \\ back',
         "tags": ["x"],
         "amounts": {"k": D("0.10")},
         "point": None,
@@ -145,9 +160,27 @@ RECORDS: list[dict[str, Any]] = [
     {
         "id": 5,
         **dict.fromkeys(
-            ["dec9", "dec18", "dec38", "tiny", "small", "medium", "big", "f32", "f64",
-             "f64_finite", "flag", "day", "ts", "ts_ntz", "blob", "text", "tags", "amounts",
-             "point"]
+            [
+                "dec9",
+                "dec18",
+                "dec38",
+                "tiny",
+                "small",
+                "medium",
+                "big",
+                "f32",
+                "f64",
+                "f64_finite",
+                "flag",
+                "day",
+                "ts",
+                "ts_ntz",
+                "blob",
+                "text",
+                "tags",
+                "amounts",
+                "point",
+            ]
         ),
     },
     *(
@@ -171,16 +204,37 @@ RECORDS: list[dict[str, Any]] = [
             "text": f"row {i} ✓",
             "tags": [f"t{i}"] * (i % 3),
             "amounts": {f"a{i}": D(i) / 4},
-            "point": {"x": float(i), "label": f"p{i}", "day": None, "amount": D(i),
-                      "dims": [i, None]},
+            "point": {
+                "x": float(i),
+                "label": f"p{i}",
+                "day": None,
+                "amount": D(i),
+                "dims": [i, None],
+            },
         }
         for i in range(6, 16)
     ),
 ]
 COLUMNS = [c for c in RECORDS[5] if c != "id"]
 #: The columns whose min/max the log must carry: every orderable type, struct fields too.
-ORDERABLE = ["dec9", "dec18", "dec38", "tiny", "small", "medium", "big", "f64_finite", "day",
-             "ts", "ts_ntz", "text", "point.x", "point.label", "point.day", "point.amount"]
+ORDERABLE = [
+    "dec9",
+    "dec18",
+    "dec38",
+    "tiny",
+    "small",
+    "medium",
+    "big",
+    "f64_finite",
+    "day",
+    "ts",
+    "ts_ntz",
+    "text",
+    "point.x",
+    "point.label",
+    "point.day",
+    "point.amount",
+]
 #: Columns holding NaN or an infinity: no min/max (JSON has no number for them, and a max
 #: that leaves NaN out would let data skipping drop the rows a `> max` filter matches).
 NOT_FINITE = ["f32", "f64"]
@@ -278,8 +332,9 @@ def _committed_adds(table_uri: str) -> Iterator[dict[str, Any]]:
     yield from adds.values()
 
 
-def _file_truth(table_uri: str, path: str) -> tuple[int, dict[str, Any], dict[str, Any],
-                                                     dict[str, int]]:
+def _file_truth(
+    table_uri: str, path: str
+) -> tuple[int, dict[str, Any], dict[str, Any], dict[str, int]]:
     """Row count, min, max and null count per checked column, from the file's own rows."""
     rows = pq.read_table(Path(table_uri, path), columns=COLUMNS).to_pylist()
     mins: dict[str, Any] = {}
@@ -594,15 +649,33 @@ def test_a_postgres_output_sums_decimals_exactly(
 
 #: Orders as issue 28's first contact had them: `amount` a decimal(12,2) JSON number.
 ORDERS: list[dict[str, Any]] = [
-    {"order_id": 1, "amount": D("12.34"), "total": D("123456789012345678901234567.0123456789"),
-     "placed": date(9999, 12, 31), "at": _ts("9999-12-31T23:59:59.999999+00:00"),
-     "local_at": datetime(9999, 12, 31, 23, 59, 59, 999999), "rate": NAN},
-    {"order_id": 2, "amount": D("-9999999999.99"), "total": D("-0.0000000001"),
-     "placed": date(1900, 1, 1), "at": _ts("1969-12-31T23:59:59.999999+00:00"),
-     "local_at": datetime(1900, 1, 1), "rate": INF},
-    {"order_id": 3, "amount": D("9999999999.99"), "total": D("0"), "placed": date(1970, 1, 1),
-     "at": _ts("2026-11-26T12:00:00.5+01:00"), "local_at": datetime(2026, 11, 26, 12),
-     "rate": 0.25},
+    {
+        "order_id": 1,
+        "amount": D("12.34"),
+        "total": D("123456789012345678901234567.0123456789"),
+        "placed": date(9999, 12, 31),
+        "at": _ts("9999-12-31T23:59:59.999999+00:00"),
+        "local_at": datetime(9999, 12, 31, 23, 59, 59, 999999),
+        "rate": NAN,
+    },
+    {
+        "order_id": 2,
+        "amount": D("-9999999999.99"),
+        "total": D("-0.0000000001"),
+        "placed": date(1900, 1, 1),
+        "at": _ts("1969-12-31T23:59:59.999999+00:00"),
+        "local_at": datetime(1900, 1, 1),
+        "rate": INF,
+    },
+    {
+        "order_id": 3,
+        "amount": D("9999999999.99"),
+        "total": D("0"),
+        "placed": date(1970, 1, 1),
+        "at": _ts("2026-11-26T12:00:00.5+01:00"),
+        "local_at": datetime(2026, 11, 26, 12),
+        "rate": 0.25,
+    },
     {"order_id": 4},
 ]
 
@@ -634,7 +707,8 @@ def test_a_pandas_transform_lands_decimals_and_far_timestamps_exactly(
     rows = DeltaTable(uri).to_pyarrow_table(columns=["order_id", *columns]).to_pylist()
     assert {r.pop("order_id"): {c: _canon(v) for c, v in r.items()} for r in rows} == want
     spark_rows = (
-        spark.read.format("delta").load(uri)
+        spark.read.format("delta")
+        .load(uri)
         .select("order_id", *(F.unix_micros(c).alias(c) if c == "at" else c for c in columns))
         .collect()
     )
