@@ -5,6 +5,7 @@ and alerts reach a real webhook exactly once."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import sqlalchemy as sa
+import yaml
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
@@ -82,6 +84,41 @@ def test_definitions_load_for_the_demo_pipeline() -> None:
     }
     assert defs.resolve_job_def("pageviews_redrive").partitions_def == job.partitions_def
     assert defs.resolve_assets_def("pageviews_table") is not None
+
+
+def _examples(text: str) -> list[str]:
+    """The YAML after each `example:` in a text, up to the end of its line or sentence."""
+    found = []
+    for part in re.split(r"(?i)example:", text)[1:]:
+        found.append(part.strip().split("\n")[0].rstrip("."))
+    return found
+
+
+def test_every_example_shown_in_a_job_description_and_the_readme_parses() -> None:
+    """An operator pastes the Launchpad examples the UI shows, and the README's YAML: each
+    must parse, and a Launchpad example must be the job's own op config."""
+    from orchestration.definitions import defs
+
+    jobs = [j for j in defs.resolve_all_job_defs() if not j.name.startswith("__")]
+    shown = 0
+    for job in jobs:
+        for example in _examples(job.description or ""):
+            doc = yaml.safe_load(example)
+            assert isinstance(doc, dict) and set(doc) == {"ops"}, (job.name, example)
+            assert set(doc["ops"]) <= {node.name for node in job.nodes}, (job.name, example)
+            shown += 1
+    from orchestration.backfill_job import BackfillRequest
+
+    for field in BackfillRequest.model_fields.values():
+        for example in _examples(field.description or ""):
+            assert isinstance(yaml.safe_load(example), list), example
+            shown += 1
+    assert shown >= 2
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", readme, flags=re.S)
+    assert blocks
+    for block in blocks:
+        yaml.safe_load(block)
 
 
 def test_the_code_location_loads_when_its_shared_spark_server_cannot_be_set_up(
