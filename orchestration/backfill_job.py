@@ -105,9 +105,10 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
         name=f"{name}_backfill",
         description=(
             f"Fill or replace offset ranges of pipeline {name!r}, exactly once, while the live "
-            "pipeline keeps running. Without ranges it only finishes voted backfill batches. "
-            f"Launchpad example: ops: {{{name}_backfill_ranges: {{config: {{mode: fill, "
-            "ranges: [{partition: 0, start: 0, end: 1000}]}}}}"
+            "pipeline keeps running. Without ranges it only recovers: it finishes every voted "
+            "batch of the pipeline, backfill or live. Launchpad example: ops: "
+            f"{{{name}_backfill_ranges: {{config: {{mode: fill, "
+            "ranges: [{partition: 0, start: 0, end: 1000}]}}}"
         ),
         executor_def=dg.in_process_executor,
         tags={PIPELINE_TAG: f"{name}.backfill"},
