@@ -101,6 +101,20 @@ def test_table_reads_the_same_through_delta_rs_and_delta_spark(
     )
     assert len(via_rs) == 900
     assert via_rs == via_spark
+    # DESCRIBE HISTORY shows each batch's commit with its batch id and ranges
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{config.delta.table_uri}`").collect()
+    shown = sorted(h["userMetadata"] for h in history if h["userMetadata"])
+    store = LedgerStore(config.ledger.url)
+    try:
+        batches = store.batches(app_id=config.app_id)
+    finally:
+        store.dispose()
+    expected = sorted(
+        f"exactly pageviews/{b.batch_id} live: "
+        + " ".join(f"{r.topic}-{r.partition}[{r.start},{r.end})" for r in b.ranges)
+        for b in batches
+    )
+    assert len(expected) >= 2 and shown == expected
 
 
 def test_malformed_records_land_in_quarantine_with_their_coordinates(
