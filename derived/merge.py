@@ -42,6 +42,7 @@ from resources.delta import (
     METADATA_KEY,
     DeltaTarget,
     store_failure,
+    user_metadata,
     widen_schema,
 )
 
@@ -274,7 +275,8 @@ def _apply(
     started = time.perf_counter()
     last_error: Exception | None = None
     unknown = 0
-    custom = {METADATA_KEY: {**(metadata or {}), "app_id": app_id, "batch_id": batch_id}}
+    ours = {**(metadata or {}), "app_id": app_id, "batch_id": batch_id}
+    custom = {METADATA_KEY: ours, "userMetadata": user_metadata(ours)}
     for tries in range(1, max_tries + 1):
         table = target.load()
         if table is None:

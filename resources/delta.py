@@ -211,6 +211,19 @@ def stats_json(stats: Mapping[str, Any]) -> str:
 METADATA_KEY = "exactly"
 
 
+def user_metadata(metadata: Mapping[str, Any]) -> str:
+    """A batch's commit as one line in the commit info's `userMetadata`, the field
+    delta-spark's DESCRIBE HISTORY shows as a column (our own key, METADATA_KEY, is kept
+    for the ledger's rebuild but DESCRIBE HISTORY does not show it): the batch, its kind or
+    backfill mode, and its ranges."""
+    ranges = " ".join(
+        f"{r['topic']}-{r['partition']}[{r['start']},{r['end']})"
+        for r in metadata.get("ranges") or ()
+    )
+    kind = (metadata.get("params") or {}).get("mode") or metadata.get("kind") or "batch"
+    return f"exactly {metadata.get('app_id')}/{metadata.get('batch_id')} {kind}: {ranges}".strip()
+
+
 def encode_schema(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
 
@@ -921,7 +934,10 @@ class DeltaTarget:
                 )
             properties = CommitProperties(
                 app_transactions=[Transaction(app_id, batch_id)],
-                custom_metadata={METADATA_KEY: dict(metadata)},
+                custom_metadata={
+                    METADATA_KEY: dict(metadata),
+                    "userMetadata": user_metadata(metadata),
+                },
                 max_commit_retries=0,
             )
             actions = actions_for(table, tries)
