@@ -245,6 +245,39 @@ def test_recover_commits_prepared_batch(
     assert publisher.published_ids() == [1]
 
 
+def test_a_recovery_that_loses_the_takeover_race_leaves_the_batch_to_the_winner(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeSource,
+    stager: FakeStager,
+    publisher: FakePublisher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two starts recover the same dead batch at once (a continuous run's sweep and an
+    `exactly backfill`, two Dagster runs): one takes it over, the other is fenced. The
+    loser must not fail (a continuous run would end): the batch is the winner's to finish;
+    a start that plans on its application id then waits for it (BusyError) as for any
+    batch in flight."""
+    voted(tpc)
+    real = store.takeover
+
+    def racing(batch: Batch, owner: Any = None) -> Batch:
+        real(batch)  # another start takes it over first ...
+        return real(batch)  # ... ours, on the copy read before: fenced
+
+    monkeypatch.setattr(store, "takeover", racing)
+    restarted = coordinator(store, source, stager, publisher)
+    assert restarted.recover_and_commit(wait=False) == []
+    left = store.get(APP, 1)
+    assert left is not None and (left.state, left.attempt) == (S.PREPARED, 2)
+    with pytest.raises(BusyError):
+        restarted.recover_and_commit()
+    assert publisher.commits == []
+    monkeypatch.setattr(store, "takeover", real)
+    finished = restarted.recover_and_commit()  # the winner died: the next start finishes it
+    assert [(b.batch_id, b.state) for b in finished] == [(1, S.ACKED)]
+
+
 def test_recover_acks_committed_batch_without_publishing(
     tpc: TwoPhaseCommit, store: LedgerStore, source: FakeSource, publisher: FakePublisher
 ) -> None:
