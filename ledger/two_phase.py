@@ -664,17 +664,22 @@ class TwoPhaseCommit:
             batch = self.store.get(self.app_id, stale.batch_id)
             if batch is None:
                 continue
-            if batch.state in ABANDONABLE:
-                if batch.voted_once and not self.may_be_alive(batch):
-                    with self._finishing(batch):
-                        finished.append(self._finish_restaging(batch))
-                continue  # the others are abandoned below, if their owner is gone
-            if batch.state not in MUST_FINISH:
-                continue  # an earlier batch's ack caught it up
-            if self.may_be_alive(batch) and "ack_error" not in batch.metrics:
-                continue  # its owner is finishing it (a PREPARED one is BusyError below)
-            with self._finishing(batch):
-                finished.append(self._finish_voted(batch))
+            try:
+                if batch.state in ABANDONABLE:
+                    if batch.voted_once and not self.may_be_alive(batch):
+                        with self._finishing(batch):
+                            finished.append(self._finish_restaging(batch))
+                    continue  # the others are abandoned below, if their owner is gone
+                if batch.state not in MUST_FINISH:
+                    continue  # an earlier batch's ack caught it up
+                if self.may_be_alive(batch) and "ack_error" not in batch.metrics:
+                    continue  # its owner is finishing it (a PREPARED one is BusyError below)
+                with self._finishing(batch):
+                    finished.append(self._finish_voted(batch))
+            except FencedError:
+                # another start took it over first (two recoveries at once): it is the
+                # winner's to finish; with `wait`, BusyError below waits for it
+                self.log(f"batch {batch.label} was taken over by another start; left to it")
         finished.extend(self.abandon_dead())
         if not wait:
             return finished
