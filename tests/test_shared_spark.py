@@ -35,14 +35,10 @@ from resources.shared_spark import (
     stop_servers,
 )
 from tests.fixtures.pipeline import assert_exactly_once, config_path
-from tests.fixtures.soak import soak
 
 RUN_TIMEOUT = 900
 #: How long a run may go on after its server died (generous; the default client waits 10+ min).
 STALL_LIMIT = 180
-#: The batch the server dies under: big enough that its stage is still running 2 s after it
-#: was planned (a soak: a third in `make test`, the full size in `make soak`).
-DOOMED_RECORDS = soak(50_000, 150_000)
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +130,6 @@ def cli(args: list[str], env: dict[str, str]) -> str:
     return result.stdout
 
 
-@pytest.mark.soak
 def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_stalls(
     shared_config: PipelineConfig, kafka_client: KafkaClient, state: dict[str, str]
 ) -> None:
@@ -145,7 +140,7 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     topic = shared_config.kafka.topic
     kafka_client.produce(topic, pageviews(100))
     run(shared_config, state)  # a warm server; batch 1
-    kafka_client.produce(topic, pageviews(DOOMED_RECORDS, start=100))
+    kafka_client.produce(topic, pageviews(150_000, start=100))
     store = LedgerStore(shared_config.ledger.url)
     try:
         doomed = subprocess.Popen(
@@ -174,7 +169,7 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     finally:
         store.dispose()
     run(shared_config, state, "--until-caught-up")
-    assert sum(assert_exactly_once(shared_config, kafka_client)) == DOOMED_RECORDS + 100
+    assert sum(assert_exactly_once(shared_config, kafka_client)) == 150_100
 
 
 @pytest.mark.integration
