@@ -1,5 +1,5 @@
 # The two entry points of the README. Both set the machine up first (idempotent).
-.PHONY: setup demo test test-unit lint ui
+.PHONY: setup demo test test-unit soak lint ui
 
 setup:
 	@bash scripts/setup.sh
@@ -16,6 +16,12 @@ test: setup
 # Only the tests that start no JVM and no server (tests/conftest.py marks them): seconds.
 test-unit: setup
 	.venv/bin/python -m pytest -m unit
+
+# The soaks (tests marked `soak`) at full size: `make test` runs the same tests on the same
+# code path with fewer records, kills and rounds (tests/fixtures/soak.py reads EXACTLY_SOAK).
+# Twice the default per-test limit: a full-size soak on a loaded machine may need it.
+soak: setup
+	EXACTLY_SOAK=1 .venv/bin/python -m pytest -m soak -n 2 --dist loadfile --timeout 1800
 
 lint: setup
 	.venv/bin/ruff check .

@@ -4,6 +4,11 @@ Speed is never asserted here (the machine is shared; figures are for BENCHMARKS.
 that the harness still works end to end and its JSON holds every section, with positive
 figures. It runs as a child process because the harness starts and stops its own broker and
 Spark session, which must not be the test session's shared ones.
+
+A soak (tests/fixtures/soak.py): `make test` runs every section at the smallest sizes the
+bench's flags accept while each section still has something to measure (two points where a
+section compares sizes, four batches in the scale section); `make soak` runs `--smoke` as
+it is.
 """
 
 from __future__ import annotations
@@ -12,15 +17,49 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.product import PHASES
+from tests.fixtures.soak import soak
 
 REPO = Path(__file__).resolve().parent.parent
 SMOKE_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The flags given after `--smoke`, and what the JSON must then hold."""
+
+    flags: tuple[str, ...]
+    records: int
+    scale_partitions: tuple[int, ...]
+    pipelines: int
+    files: tuple[int, ...]
+    history: int
+
+
+#: `--smoke` itself (bench/harness.py SMOKE).
+FULL = Sizes((), 2_000, (8, 64), 4, (10, 100, 1000), 20)
+#: 400 records in batches of 100: still four batches per scale run; two partition counts,
+#: two pipelines at once, two file counts: every comparison keeps two sides.
+SMALL = Sizes(
+    (
+        *("--records", "400", "--partitions", "2"),
+        *("--scale-partitions", "1,2", "--scale-batch", "100", "--scale-pipelines", "2"),
+        *("--files", "1,10", "--history", "10"),
+        *("--freshness-rate", "200", "--freshness-seconds", "3"),
+    ),
+    400,
+    (1, 2),
+    2,
+    (1, 10),
+    10,
+)
+SIZES = soak(SMALL, FULL)
 
 
 def _numbers(value: Any, path: str = "") -> Iterator[tuple[str, float]]:
@@ -45,10 +84,12 @@ def _may_be_zero(where: str) -> bool:
 
 
 @pytest.mark.integration
+@pytest.mark.soak
 def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
+    command = [sys.executable, "-m", "exactly_cli", "bench", "--smoke", *SIZES.flags]
     result = subprocess.run(
-        [sys.executable, "-m", "exactly_cli", "bench", "--smoke", "--json-out", str(out)],
+        [*command, "--json-out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -107,25 +148,27 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     }
     assert {r["batch"] for r in summary["ratios"]} == batches
     assert all(v is not None for r in summary["ratios"] for v in r.values())
-    assert set(summary["delta_commit"]["files"]) == {"10", "100", "1000"}
+    assert set(summary["delta_commit"]["files"]) == {str(n) for n in SIZES.files}
     history = summary["delta_commit"]["history"]
-    assert history["commits"] == 20 and len(history["windows"]) == 4
+    assert history["commits"] == SIZES.history and len(history["windows"]) == 4
 
-    # the scale section: the same data at 8 and 64 partitions, four pipelines against one
+    # the scale section: the same data at two partition counts (8 and 64 in the full
+    # smoke), several pipelines (four) against one
     for heading in ("Scale with partitions", "Scale with pipelines", "at once / one alone"):
         assert heading in result.stdout
     scale = summary["scale"]
     rows = {r["partitions"]: r for r in scale["partitions"]}
-    assert set(rows) == {8, 64}, rows
+    assert set(rows) == set(SIZES.scale_partitions), rows
     for row in rows.values():
-        assert row["records"] == 2_000 and row["batches"] >= 4, row
+        assert row["records"] == SIZES.records and row["batches"] >= 4, row
         assert set(row["phases_per_batch_s"]) == set(PHASES), row
         assert row["fixed_cost_s"] > 0 and set(row["fixed_cost_phases_s"]) == set(PHASES), row
-        assert row["vs_first"]["partitions"] == row["partitions"] / 8, row
+        first = SIZES.scale_partitions[0]
+        assert row["vs_first"]["partitions"] == row["partitions"] / first, row
         assert isinstance(row["fixed_cost_within_partitions"], bool), row
     pipelines = scale["pipelines"]
-    assert pipelines["alone"]["records"] == pipelines["together"]["records"] == 2_000
-    assert len(pipelines["together"]["each_records_per_s"]) == 4
+    assert pipelines["alone"]["records"] == pipelines["together"]["records"] == SIZES.records
+    assert len(pipelines["together"]["each_records_per_s"]) == SIZES.pipelines
     assert pipelines["together_over_alone"] > 0
     assert isinstance(pipelines["target_met"], bool)
 

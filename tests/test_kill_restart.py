@@ -8,8 +8,9 @@ The kill takes the child's whole process group (the Python driver and its Spark 
 as when a machine or container dies), at a moment drawn from a seeded generator: the first
 kill counts from the run's first batch (it lands in a later batch staging, voting,
 committing, or between two batches), the others from the start (while Spark starts, the
-first batch PLANNED). Three kills: the cluster's runs pay 15-20 s each for the session and
-its executors, and the test must stay within its CI budget. The seed is in every assertion
+first batch PLANNED). A soak (tests/fixtures/soak.py): two kills in `make test`, one of each
+kind, and three in `make soak` (the cluster's runs pay 15-20 s each for the session and its
+executors, and each kill is a run more). The seed is in every assertion
 message; `EXACTLY_KILL_SEED=<seed>` replays the same moments (the machine's timing still
 varies).
 
@@ -41,11 +42,14 @@ from resources.config import PipelineConfig
 from resources.kafka import KafkaClient
 from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.soak import soak
 from tests.test_cli import EXACTLY, REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
 
-KILLS = 3
+#: Kills alternate between the two kinds of moment below, the first after the first batch:
+#: two kills (the small size) land one of each kind.
+KILLS = soak(2, 3)
 #: Runs that may end on their own (caught up between two rounds) before KILLS were killed.
 MAX_RUNS = 3 * KILLS
 #: The first kill, and every other one after it, lands this many seconds after the run's
