@@ -235,16 +235,10 @@ def derived_verdict(
         apps, raw_apps, apps_at(derived.version()), pipeline.store.get, pipeline.live.may_be_alive
     )
     if stuck is not None:
-        return _stuck_verdict(name, spec, stuck, raw_version)
+        return _failed_unrecounted(name, spec, stuck, raw_version)
     version, behind = match_version(raw_apps, derived.version(), apps_at)
     if behind is not None:
-        return Verdict(
-            check_name(spec),
-            derived_key(name, spec.name),
-            False,
-            f"{spec.name}: {behind} (raw table at version {raw_version})",
-            {"raw_version": raw_version},
-        )
+        return _failed_unrecounted(name, spec, behind, raw_version)
     if version is None:
         return None
     derived.load_as_version(version)
@@ -265,7 +259,9 @@ def derived_verdict(
     return judge_derived(name, spec, expected, actual, raw_version, version)
 
 
-def _stuck_verdict(pipeline: str, spec: Any, why: str, raw_version: int) -> Verdict:
+def _failed_unrecounted(pipeline: str, spec: Any, why: str, raw_version: int) -> Verdict:
+    """A failure found before any recount: the output behind the raw table, or ahead of
+    it by a batch nobody finishes."""
     return Verdict(
         check_name(spec),
         derived_key(pipeline, spec.name),
@@ -308,7 +304,7 @@ def postgres_verdict(pipeline: Pipeline, pg: PostgresTarget) -> Verdict | None:
         apps, raw_apps, tuple(held), pipeline.store.get, pipeline.live.may_be_alive
     )
     if stuck is not None:
-        return _stuck_verdict(name, spec, stuck, raw_version)
+        return _failed_unrecounted(name, spec, stuck, raw_version)
     if tuple(held) != raw_apps:
         return None
     dataset = raw.to_pyarrow_dataset()
