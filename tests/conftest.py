@@ -5,7 +5,7 @@ a test is `integration` when it asks for a fixture that starts a real server or 
 Kafka broker, Spark, PostgreSQL, the S3 server; directly or through another fixture), takes
 the PostgreSQL variant of `ledger_url`, or is marked `integration` by hand (tests that start
 their own broker, Connect server or Dagster webserver). Everything else is `unit`, and
-`pytest -m unit` runs it all in seconds with no JVM and no server.
+`pytest -m unit` runs it all in about a minute with no JVM and no server.
 """
 
 from __future__ import annotations
