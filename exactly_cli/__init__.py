@@ -15,14 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from ledger.errors import ExactlyError, with_config
-from resources.failures import (
-    FailureContext,
-    classify,
-    context_of,
-    local_folder_problem,
-    unforeseen_line,
-    write_traceback,
-)
+from resources.failures import UNFORESEEN, FailureContext, context_of, describe_failure
 
 #: The exit code of a failure no known cause explains (a known one's is ExactlyError's, 2).
 UNFORESEEN_EXIT_CODE = 1
@@ -80,12 +73,9 @@ def failure_line(exc: Exception, args: argparse.Namespace) -> tuple[str, int]:
     the operator can act on it. Anything else is a bug or a failure nobody foresaw: its full
     traceback (the Java stack too) goes to a log file, which the line names, exit code 1.
     """
-    known = classify(exc, failure_context(args), probe=local_folder_problem)
-    if known is not None:
-        return _one_line(known.line()), ExactlyError.exit_code
-    what = f"exactly {args.command}"
-    log = write_traceback(exc, what)
-    return _one_line(unforeseen_line(exc, what, log)), UNFORESEEN_EXIT_CODE
+    found = describe_failure(exc, f"exactly {args.command}", failure_context(args))
+    unforeseen = found.cause == UNFORESEEN
+    return found.line, UNFORESEEN_EXIT_CODE if unforeseen else ExactlyError.exit_code
 
 
 def failure_context(args: argparse.Namespace) -> FailureContext:
@@ -101,10 +91,6 @@ def failure_context(args: argparse.Namespace) -> FailureContext:
         return context_of(load_config(config_file))
     except Exception:
         return FailureContext()
-
-
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
 
 
 def error_line(exc: ExactlyError, args: argparse.Namespace) -> str:

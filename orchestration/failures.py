@@ -36,12 +36,11 @@ from dagster._utils.error import SerializableErrorInfo
 from ledger.errors import ExactlyError
 from orchestration.resources import resource_in
 from resources.failures import (
+    UNFORESEEN,
     FailureContext,
-    classify,
     context_of,
-    local_folder_problem,
-    unforeseen_line,
-    write_traceback,
+    describe_failure,
+    one_line,
 )
 
 
@@ -58,10 +57,6 @@ class OneLineFailure(DagsterUserCodeProcessError, dg.Failure):
         self.allow_retries = True
 
 
-def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
-
-
 def _as_is(text: str) -> str:
     return text
 
@@ -72,13 +67,12 @@ def one_line_failure(
     """The one-line failure for `exc`, raised by `what` (an op's name): `spell` puts the
     config file's path into the commands an ExactlyError names."""
     if isinstance(exc, ExactlyError):
-        return OneLineFailure(_one_line(spell(str(exc))), {"cause": type(exc).__name__})
-    known = classify(exc, context, probe=local_folder_problem)
-    if known is not None:
-        return OneLineFailure(_one_line(known.line()), {"cause": known.cause})
-    log = write_traceback(exc, what)
-    metadata = {"cause": "unforeseen", "traceback_log": str(log) if log else "not written"}
-    return OneLineFailure(_one_line(unforeseen_line(exc, what, log)), metadata)
+        return OneLineFailure(one_line(spell(str(exc))), {"cause": type(exc).__name__})
+    found = describe_failure(exc, what, context)
+    metadata: dict[str, Any] = {"cause": found.cause}
+    if found.cause == UNFORESEEN:
+        metadata["traceback_log"] = str(found.log) if found.log else "not written"
+    return OneLineFailure(found.line, metadata)
 
 
 @contextmanager

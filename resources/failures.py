@@ -395,3 +395,34 @@ def unforeseen_line(exc: BaseException, what: str, log: Path | None) -> str:
     where its full traceback is."""
     where = f"full traceback in {log}" if log else "no log file could be written"
     return f"{what} failed: {first_line(exc)} ({where})"
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: its non-blank lines joined by a space."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+#: The cause a failure no known cause explains is reported under.
+UNFORESEEN = "unforeseen"
+
+
+@dataclass(frozen=True)
+class FailureLine:
+    """What the CLI prints and Dagster's run view shows for an error that is not an
+    ExactlyError: the line, the known cause's name (or UNFORESEEN), and for an unforeseen
+    one the log file holding its traceback (None when none could be written)."""
+
+    line: str
+    cause: str
+    log: Path | None = None
+
+
+def describe_failure(exc: BaseException, what: str, context: FailureContext) -> FailureLine:
+    """The one line for `exc`, raised by `what`: its known cause with the path or service,
+    or, for anything else, what failed and where its full traceback was written (the file
+    is written here). The CLI and the Dagster ops both say failures through this."""
+    known = classify(exc, context, probe=local_folder_problem)
+    if known is not None:
+        return FailureLine(one_line(known.line()), known.cause)
+    log = write_traceback(exc, what)
+    return FailureLine(one_line(unforeseen_line(exc, what, log)), UNFORESEEN, log)
