@@ -35,6 +35,7 @@ from tests.fixtures.pipeline import (
 )
 from tests.test_backfill import apps_by_coordinate, cli
 from tests.test_crash import LEFT_IN, derived_held, without_ledger
+from tests.test_derived_replace_pipeline import backfill_args
 
 S = BatchState
 
@@ -58,24 +59,6 @@ def plain_run(config: Any, spark: Any) -> None:
     """The next `exactly run --until-caught-up`, through the CLI's own function: recover
     (rebuilding a lost ledger), then batches until caught up."""
     run_pipeline(config, batches=None, spark_factory=lambda: spark)
-
-
-def backfill_args(config: Any, mode: str, rng: OffsetRange, transform: str) -> list[str]:
-    return [
-        "backfill",
-        "-c",
-        str(config_path(config)),
-        "--partition",
-        str(rng.partition),
-        "--from",
-        str(rng.start),
-        "--to",
-        str(rng.end),
-        "--mode",
-        mode,
-        "--transform",
-        transform,
-    ]
 
 
 def backfill_pipeline(
@@ -183,7 +166,7 @@ def test_backfill_crash_then_plain_run_with_and_without_the_ledger(
     )
     app_id = backfill_app_id(config.pipeline)
     apps_before = apps_by_coordinate(config)
-    args = backfill_args(config, mode, rng, transform)
+    args = backfill_args(config_path(config), mode, rng, transform)
     if point == "recovery_after_delta_commit":
         crashed = cli(*args, env={"EXACTLY_CRASH_AT": "after_prepare"})
         assert crashed.returncode == 137, crashed.stdout + crashed.stderr
@@ -249,7 +232,7 @@ def test_a_backfill_no_start_can_finish_refuses_the_start_naming_the_outputs_hol
     )
     app_id = backfill_app_id(config.pipeline)
     crashed = cli(
-        *backfill_args(config, "replace", rng, transform),
+        *backfill_args(config_path(config), "replace", rng, transform),
         env={"EXACTLY_CRASH_AT": "between_derived_commits#2"},
     )
     assert crashed.returncode == 137, crashed.stdout + crashed.stderr

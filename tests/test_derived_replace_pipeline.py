@@ -68,7 +68,8 @@ def replace(config: Any, spark: Any, rng: OffsetRange) -> Any:
     return tpc.finish(batch).batch if planned else None
 
 
-def replace_args(path: Path, rng: OffsetRange) -> list[str]:
+def backfill_args(path: Path, mode: str, rng: OffsetRange, transform: str) -> list[str]:
+    """`exactly backfill`'s arguments for one range."""
     return [
         "backfill",
         "-c",
@@ -80,10 +81,14 @@ def replace_args(path: Path, rng: OffsetRange) -> list[str]:
         "--to",
         str(rng.end),
         "--mode",
-        "replace",
+        mode,
         "--transform",
-        TRANSFORM_V2,
+        transform,
     ]
+
+
+def replace_args(path: Path, rng: OffsetRange) -> list[str]:
+    return backfill_args(path, "replace", rng, TRANSFORM_V2)
 
 
 def assert_replaced_something(config: Any) -> None:
