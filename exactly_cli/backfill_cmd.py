@@ -9,6 +9,7 @@ from ledger.batch import BatchKind
 from ledger.errors import ConfigError
 from ledger.protocol import OffsetRange
 from resources.config import load_config
+from resources.transforms import absolute_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +44,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     if args.start < 0 or args.end <= args.start:
         raise ConfigError(f"--from {args.start} --to {args.end} is not a non-empty range")
     rng = OffsetRange(topic, args.partition, args.start, args.end)
-    transform = args.transform or config.transform
+    transform = absolute_spec(args.transform) if args.transform else config.transform
     with Pipeline(config, log=print) as pipeline:
         tpc = pipeline.backfill(transform)
         for done in pipeline.recover(BatchKind.BACKFILL):

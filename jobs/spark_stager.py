@@ -15,7 +15,7 @@ from ledger.batch import Batch
 from ledger.errors import AuthenticationError, ExactlyError, UnreachableError
 from ledger.two_phase import StageOutput
 from resources import storage
-from resources.config import PipelineConfig, load_transform
+from resources.config import PipelineConfig
 from resources.shared_spark import ensure_server, server_mode
 from resources.spark import build_session, stop_session
 
@@ -229,7 +229,9 @@ class SparkStager:
         params. A batch staged again (invariant 11) must write what its first attempt
         wrote, whichever coordinator finishes it."""
         name = batch.params.get("transform") or self.config.transform
-        transform = self.transform if name == self.config.transform else load_transform(name)
+        transform = (
+            self.transform if name == self.config.transform else self.config.load_transform(name)
+        )
         return {"transform": transform, "transform_name": name}
 
 

@@ -28,6 +28,7 @@ from orchestration.rejection import rejections_end_the_run
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config import PipelineConfig
+from resources.transforms import absolute_spec
 
 
 class OffsetRangeConfig(dg.Config):
@@ -71,7 +72,9 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
     ) -> Iterator[dg.Output[Batch]]:
         """Finish voted backfill batches, then fill or replace the requested ranges."""
         pipeline = pipeline_in(context, name)
-        transform = config.transform or pipeline.config.transform
+        transform = (
+            absolute_spec(config.transform) if config.transform else pipeline.config.transform
+        )
         tpc = pipeline.backfill(transform)
         ranges = [
             OffsetRange(r.topic or pipeline.config.kafka.topic, r.partition, r.start, r.end)

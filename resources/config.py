@@ -6,7 +6,6 @@ typo in a config that silently falls back to a default is how records get lost.
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -29,6 +28,7 @@ from ledger.cleaning import parse_duration
 from ledger.errors import ConfigError
 from resources import storage
 from resources.strict import _NAME, EnvValue, OptionValue, _Strict
+from resources.transforms import absolute_spec, is_file_spec, load_transform
 
 
 def resolve_options(
@@ -371,6 +371,9 @@ class PipelineConfig(_Strict):
     clean: CleanSettings = Field(default_factory=CleanSettings)
     compact: CompactSettings = Field(default_factory=CompactSettings)
     transform: str = "jobs.examples.pageviews:transform"
+    #: Folders the transform's modules are imported from, relative to the config file's
+    #: folder; appended to the import path of this process only (resources/transforms.py)
+    python_path: list[str] = Field(default_factory=list)
     #: Delta tables kept from the raw rows in the same two-phase commit (derived/spec.py,
     #: docs/derived-tables.md): published after the quarantine, before the raw table
     derived: list[OutputSpec] = Field(default_factory=list)
@@ -415,8 +418,9 @@ class PipelineConfig(_Strict):
     @field_validator("transform")
     @classmethod
     def _transform(cls, value: str) -> str:
-        if value.count(":") != 1:
-            raise ValueError("must be 'module.path:function'")
+        target, _, function = value.rpartition(":")
+        if not target or not function or (":" in target and not is_file_spec(value)):
+            raise ValueError("must be 'module.path:function' or 'path/to/file.py:function'")
         return value
 
     @property
@@ -428,20 +432,9 @@ class PipelineConfig(_Strict):
     def group_id(self) -> str:
         return self.kafka.group_id or f"exactly-{self.pipeline}"
 
-    def load_transform(self) -> Callable[..., Any]:
-        return load_transform(self.transform)
-
-
-def load_transform(spec: str) -> Callable[..., Any]:
-    module_name, _, func_name = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"transform: cannot import module {module_name!r}: {exc}") from exc
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise ConfigError(f"transform: {module_name!r} has no function {func_name!r}")
-    return func
+    def load_transform(self, spec: str | None = None) -> Callable[..., Any]:
+        """This pipeline's transform, or another one (a backfill's) found the same way."""
+        return load_transform(spec or self.transform, self.python_path)
 
 
 def _describe(error: ValidationError, source: str) -> str:
@@ -463,9 +456,14 @@ def _describe(error: ValidationError, source: str) -> str:
 
 
 def parse_config(
-    data: Any, source: str = "<config>", base_dir: Path | None = None
+    data: Any,
+    source: str = "<config>",
+    base_dir: Path | None = None,
+    code_dir: Path | None = None,
 ) -> PipelineConfig:
-    """Validate a loaded YAML document; local paths become absolute against `base_dir`."""
+    """Validate a loaded YAML document; local paths become absolute against `base_dir`, and
+    the transform's file and `python_path` against `code_dir` (the config file's folder,
+    where its user keeps the code beside it), both by default the current directory."""
     if not isinstance(data, dict):
         raise ConfigError(f"invalid pipeline config {source}: expected a mapping at the top")
     try:
@@ -504,7 +502,21 @@ def parse_config(
                     "other's files)"
                 )
     ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
-    return config.model_copy(update={"delta": delta, "ledger": ledger, "derived": derived})
+    code = _code_location(config, code_dir or base, source)
+    return config.model_copy(update={"delta": delta, "ledger": ledger, "derived": derived, **code})
+
+
+def _code_location(config: PipelineConfig, code_dir: Path, source: str) -> dict[str, Any]:
+    """The transform's file and `python_path` as absolute paths (resources/transforms.py)."""
+    folders = []
+    for entry in config.python_path:
+        folder = (code_dir / entry).resolve()
+        if not folder.is_dir():
+            raise ConfigError(
+                f"invalid pipeline config {source}: python_path: {folder} is not a folder"
+            )
+        folders.append(str(folder))
+    return {"python_path": folders, "transform": absolute_spec(config.transform, code_dir)}
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:
@@ -528,4 +540,4 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(f"pipeline config {file} is not valid YAML: {exc}") from exc
-    return parse_config(data, str(file))
+    return parse_config(data, str(file), code_dir=file.parent)

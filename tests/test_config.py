@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from ledger.errors import ConfigError
-from resources.config import PipelineConfig, load_config, load_transform, parse_config
+from resources.config import PipelineConfig, load_config, parse_config
+from resources.transforms import load_transform
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "pipelines" / "pageviews.yaml"

@@ -585,3 +585,40 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
     assert sorted(loads(cursor)) == sorted(names)  # alerted once; the next tick keeps it open
     _again, cursor = evaluate(cursor)
     assert sorted(loads(cursor)) == sorted(names)
+
+
+def test_a_transform_beside_the_config_runs_in_dagster_without_shadowing_anything(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    """The issue's outage: with the transforms' folder on PYTHONPATH, a `gql.py` in it took
+    the Dagster webserver down. The config's `python_path` reaches this run only, appended
+    after every installed module, and exports nothing to the processes it starts."""
+    import os
+
+    config = pipeline_factory(1)
+    path = config_path(config)
+    code = path.parent / "code"
+    code.mkdir()
+    (code / "gql.py").write_text("raise RuntimeError('the user gql.py was imported')\n")
+    (code / "views_in_dagster.py").write_text(
+        "from jobs.examples.pageviews import transform as pageviews\n\n\n"
+        "def transform(records):\n    return pageviews(records)\n"
+    )
+    doc = yaml.safe_load(path.read_text())
+    doc.update(transform="views_in_dagster:transform", python_path=["code"])
+    path.write_text(yaml.safe_dump(doc))
+    environment = os.environ.get("PYTHONPATH")
+    kafka_client.produce(config.kafka.topic, pageviews(50))
+
+    jobs = pipeline_definitions(path)
+    request = tick(jobs, instance)
+    assert isinstance(request, dg.RunRequest)
+    result = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key=request.partition_key, tags=request.tags
+    )
+    assert result.success
+    assert assert_exactly_once(config, kafka_client) == (50, 0)
+    import gql
+
+    assert "site-packages" in str(gql.__file__)
+    assert os.environ.get("PYTHONPATH") == environment
