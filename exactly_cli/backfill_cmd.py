@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from exactly_cli.pipeline_cmd import progress_sink, say
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.batch import BatchKind
 from ledger.errors import ConfigError
@@ -45,10 +46,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         raise ConfigError(f"--from {args.start} --to {args.end} is not a non-empty range")
     rng = OffsetRange(topic, args.partition, args.start, args.end)
     transform = absolute_spec(args.transform) if args.transform else config.transform
-    with Pipeline(config, log=print) as pipeline:
+    with Pipeline(config, log=say, progress=progress_sink(None)) as pipeline:
         tpc = pipeline.backfill(transform)
         for done in pipeline.recover(BatchKind.BACKFILL):
-            print(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
+            say(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
         batch, planned = plan_backfill(
             tpc,
             live_app_id=config.app_id,
@@ -59,12 +60,12 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             derived=config.derived,
         )
         if not planned:
-            print(
+            say(
                 f"{args.mode} of {rng} already done as backfill batch "
                 f"{batch.app_id}/{batch.batch_id} ({batch.state}); nothing to do "
                 "(use --again to run it again)"
             )
             return 0
         report = tpc.finish(batch)
-    print(f"{args.mode} {report.line()}")
+    say(f"{args.mode} {report.line()}")
     return 0

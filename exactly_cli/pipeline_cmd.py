@@ -12,12 +12,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from exactly_cli.progress import ProgressLine
 from jobs.continuous import Cadence, run_continuously
 from ledger.batch import Batch
 from ledger.errors import BusyError, ExactlyError
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore
 from resources.config import PipelineConfig, load_config
+from resources.spark_progress import ProgressSink
 
 #: States whose batches published what they were planned on.
 COMMITTED_STATES = (BatchState.COMMITTED, BatchState.ACKED)
@@ -64,6 +66,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=120.0,
         help="seconds to wait while another live process owns a batch",
     )
+    run.add_argument(
+        "--progress-every",
+        type=float,
+        default=None,
+        help="seconds between two progress lines of a running stage (default: 1 on a "
+        "terminal, updated in place; 10 otherwise, one line each); 0 shows none",
+    )
     run.set_defaults(func=cmd_run)
 
     recover = sub.add_parser("recover", help="finish prepared batches, abandon dead ones")
@@ -91,8 +100,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     demo.set_defaults(func=cmd_demo)
 
 
-def _say(message: str) -> None:
-    print(message, flush=True)
+#: Everything the pipeline commands print, so a progress line in place is cleared first.
+_LINE = ProgressLine()
+
+
+def say(message: str) -> None:
+    """Print a line for the user (clearing the stage's progress line first)."""
+    _LINE.say(message)
+
+
+def progress_sink(every: float | None) -> ProgressSink | None:
+    """The stage's progress line, every `every` seconds (None: the line's own default)."""
+    if every is not None and every <= 0:
+        return None
+    return ProgressSink(_LINE.show, every if every is not None else _LINE.every())
 
 
 def _with_busy_retry(action, timeout: float):
@@ -103,7 +124,7 @@ def _with_busy_retry(action, timeout: float):
         except BusyError as exc:
             if time.monotonic() >= deadline:
                 raise
-            _say(f"waiting: {exc}")
+            say(f"waiting: {exc}")
             time.sleep(2.0)
 
 
@@ -114,6 +135,7 @@ def run_pipeline(
     allow_empty: bool = False,
     busy_timeout: float = 120.0,
     spark_factory: Callable[[], Any] | None = None,
+    progress: ProgressSink | None = None,
 ) -> int:
     """Recover, then run batches; returns how many batches were committed.
 
@@ -121,17 +143,17 @@ def run_pipeline(
     command itself starts the process's own."""
     from jobs.pipeline import Pipeline
 
-    with Pipeline(config, log=_say, spark_factory=spark_factory) as pipeline:
+    with Pipeline(config, log=say, spark_factory=spark_factory, progress=progress) as pipeline:
         tpc = pipeline.live
         for batch in _with_busy_retry(pipeline.recover, busy_timeout):
-            _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
+            say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
         done = 0
         while batches is None or done < batches:
             report = _with_busy_retry(lambda: tpc.run_batch(allow_empty=allow_empty), busy_timeout)
             if report is None:
-                _say(f"{config.pipeline}: caught up, nothing new to read")
+                say(f"{config.pipeline}: caught up, nothing new to read")
                 break
-            _say(report.line())
+            say(report.line())
             done += 1
     return done
 
@@ -142,6 +164,7 @@ def run_continuous(
     *,
     allow_empty: bool = False,
     busy_timeout: float = 120.0,
+    progress: ProgressSink | None = None,
 ) -> int:
     """Recover, then run batches until SIGTERM or SIGINT; returns how many committed.
 
@@ -155,23 +178,23 @@ def run_continuous(
 
     stop = threading.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
-    with Pipeline(config, log=_say) as pipeline:
+    with Pipeline(config, log=say, progress=progress) as pipeline:
         tpc = pipeline.live
         for batch in _with_busy_retry(pipeline.recover, busy_timeout):
-            _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
+            say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
         pipeline.spark()
         previous = {sig: signal.getsignal(sig) for sig in signals}
 
         def request_stop(signum: int, _frame: Any) -> None:
             name = signal.Signals(signum).name
-            _say(f"{config.pipeline}: {name}: stopping after the batch in flight")
+            say(f"{config.pipeline}: {name}: stopping after the batch in flight")
             stop.set()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
         def sweep() -> None:
             for batch in pipeline.recover_backfills():
-                _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
+                say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
 
         for sig in signals:
             signal.signal(sig, request_stop)
@@ -182,13 +205,13 @@ def run_continuous(
                 ),
                 cadence,
                 stop,
-                lambda report: _say(report.line()),
+                lambda report: say(report.line()),
                 sweep=sweep,
             )
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-    _say(f"{config.pipeline}: stopped after {done} batch(es)")
+    say(f"{config.pipeline}: stopped after {done} batch(es)")
     return done
 
 
@@ -206,6 +229,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             Cadence(min_interval=args.min_interval, sweep_interval=args.recover_interval),
             allow_empty=args.allow_empty,
             busy_timeout=args.busy_timeout,
+            progress=progress_sink(args.progress_every),
         )
         return 0
     run_pipeline(
@@ -213,6 +237,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         batches=None if args.until_caught_up else args.batches,
         allow_empty=args.allow_empty,
         busy_timeout=args.busy_timeout,
+        progress=progress_sink(args.progress_every),
     )
     return 0
 
@@ -221,11 +246,11 @@ def cmd_recover(args: argparse.Namespace) -> int:
     from jobs.pipeline import Pipeline
 
     config = load_config(args.config)
-    with Pipeline(config, log=_say) as pipeline:
+    with Pipeline(config, log=say) as pipeline:
         finished = pipeline.recover()
     for batch in finished:
-        _say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
-    _say(f"{config.pipeline}: recovered {len(finished)} batch(es)")
+        say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
+    say(f"{config.pipeline}: recovered {len(finished)} batch(es)")
     return 0
 
 
@@ -246,9 +271,9 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     for line in ledger_lines(found):
-        _say(line)
+        say(line)
     if decisions:
-        _say("")
+        say("")
         _print_decisions(decisions, store, config.pipeline)
     return 0
 
@@ -297,10 +322,10 @@ def _print_decisions(decisions: list[Any], store: LedgerStore, pipeline: str) ->
     for batch in sorted(committed, key=lambda b: b.batch_id):
         for d in batch.decisions:
             carried.setdefault(d.id, f"carried by batch {batch.batch_id}")
-    _say(f"decisions ({len(decisions)}):")
+    say(f"decisions ({len(decisions)}):")
     for d in decisions:
         where = carried.get(d.id, "not committed yet")
-        _say(f"  {d.id[:8]} after batch {d.after_batch_id}, {where}: {d.describe()}")
+        say(f"  {d.id[:8]} after batch {d.after_batch_id}, {where}: {d.describe()}")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -312,17 +337,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         started = time.perf_counter()
         bootstrap = broker.start()
-        _say(
-            f"embedded Kafka broker started at {bootstrap} in {time.perf_counter() - started:.1f}s"
-        )
+        say(f"embedded Kafka broker started at {bootstrap} in {time.perf_counter() - started:.1f}s")
     except AlreadyRunningError as exc:
         bootstrap = exc.status.bootstrap
-        _say(f"embedded Kafka broker already running at {bootstrap}")
+        say(f"embedded Kafka broker already running at {bootstrap}")
     if not args.s3:
         _demo(load_config(_DEMO_CONFIG), bootstrap, args.events)
     else:
         _demo_on_s3(bootstrap, args.events)
-    _say("the broker keeps running for the Dagster UI; stop it with: exactly kafka stop")
+    say("the broker keeps running for the Dagster UI; stop it with: exactly kafka stop")
     return 0
 
 
@@ -340,7 +363,7 @@ def _demo_on_s3(bootstrap: str, events: int) -> None:
     config = load_config(_DEMO_S3_CONFIG)
     started = time.perf_counter()
     with start_s3_server(Path("data") / "s3") as server:
-        _say(
+        say(
             f"S3 server (s3proxy) started at {server.endpoint_url} in "
             f"{time.perf_counter() - started:.1f}s, objects in {server.data_dir}"
         )
@@ -350,7 +373,7 @@ def _demo_on_s3(bootstrap: str, events: int) -> None:
         if bucket not in {b["Name"] for b in listed}:
             server.create_bucket(bucket)
         _demo(config, bootstrap, events)
-    _say("the S3 server stopped; `exactly demo --s3` starts it again on the same objects")
+    say("the S3 server stopped; `exactly demo --s3` starts it again on the same objects")
 
 
 def _demo(config: PipelineConfig, bootstrap: str, events: int) -> None:
@@ -366,7 +389,7 @@ def _demo(config: PipelineConfig, bootstrap: str, events: int) -> None:
     produced = client.produce(
         config.kafka.topic, pageviews(events, start=before, malformed_every=1000)
     )
-    _say(
+    say(
         f"produced {produced} page-view events to {config.kafka.topic} "
         f"(every 1000th is malformed on purpose)"
     )
@@ -395,16 +418,16 @@ def _print_counts(config: PipelineConfig) -> None:
         rows = spark.read.format("delta").load(spec.table_uri)
         summed = rows.groupBy("app").agg(F.sum(counts[0]).alias("n")).collect()
         kept[spec.name] = {r["app"]: int(r["n"]) for r in summed}
-    _say(
+    say(
         f"\npage views per app, recounted from {config.delta.table_uri} and as kept by "
         "each aggregate table (read through delta-spark):"
     )
-    _say(f"  {'app':<10} {'recount':>8}" + "".join(f" {name:>22}" for name in kept))
+    say(f"  {'app':<10} {'recount':>8}" + "".join(f" {name:>22}" for name in kept))
     for app in sorted(set(recount) | {a for k in kept.values() for a in k}, key=str):
         cells = "".join(f" {k.get(app, 0):>22}" for k in kept.values())
-        _say(f"  {app!s:<10} {recount.get(app, 0):>8}{cells}")
+        say(f"  {app!s:<10} {recount.get(app, 0):>8}{cells}")
     try:
         quarantined = spark.read.format("delta").load(config.delta.quarantine_uri).count()
     except Exception:
         quarantined = 0
-    _say(f"  {'quarantine':<10} {quarantined:>8}")
+    say(f"  {'quarantine':<10} {quarantined:>8}")

@@ -25,6 +25,7 @@ from ledger.two_phase import Incident, TwoPhaseCommit
 from resources import storage
 from resources.config import PipelineConfig
 from resources.kafka import KafkaClient
+from resources.spark_progress import ProgressSink
 
 
 def _quiet(_message: str) -> None:
@@ -40,9 +41,11 @@ class Pipeline:
         *,
         spark_factory: Callable[[], Any] | None = None,
         log: Callable[[str], None] = _quiet,
+        progress: ProgressSink | None = None,
     ) -> None:
         self.config = config
         self.log = log
+        self.progress = progress
         # a bucket that is missing or refuses us fails here, not after a batch was staged
         storage.check_buckets([config.delta.table_uri, config.delta.quarantine_uri])
         self.store = LedgerStore(config.ledger.url)
@@ -158,7 +161,7 @@ class Pipeline:
             app_id=app_id,
             kind=kind,
             source=self.source,
-            stager=SparkStager(config, self.spark),
+            stager=SparkStager(config, self.spark, self.progress),
             publisher=self.publisher,
             max_records_per_partition=config.batch.max_records_per_partition,
             lease_seconds=config.batch.lease_seconds,

@@ -18,6 +18,7 @@ from resources import storage
 from resources.config import PipelineConfig
 from resources.shared_spark import ensure_server, server_mode
 from resources.spark import build_session, stop_session
+from resources.spark_progress import ProgressSink, watch
 
 if TYPE_CHECKING:
     from resources.s3 import S3Access
@@ -166,9 +167,15 @@ class SparkStager:
     transform that does not import fails before any batch is planned.
     """
 
-    def __init__(self, config: PipelineConfig, spark_factory: Callable[[], Any]) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark_factory: Callable[[], Any],
+        progress: ProgressSink | None = None,
+    ) -> None:
         self.config = config
         self.spark_factory = spark_factory
+        self.progress = progress
         self.transform = config.load_transform()
 
     def stage(self, batch: Batch) -> StageOutput:
@@ -181,7 +188,9 @@ class SparkStager:
         Spark would print the Java stack trace of every retry.
         """
         try:
-            return stage(self.spark_factory(), **self.job_arguments(batch))
+            spark = self.spark_factory()
+            with self._watched(spark, batch):
+                return stage(spark, **self.job_arguments(batch))
         except ExactlyError:
             raise
         except Exception as exc:
@@ -195,6 +204,14 @@ class SparkStager:
             if error is None:
                 raise  # the transform's own bug or Spark's: its traceback is the diagnosis
             raise error from exc
+
+    def _watched(self, spark: Any, batch: Batch) -> contextlib.AbstractContextManager[None]:
+        """The stage's progress sampled for the sink, if the stager has one."""
+        sink = self.progress
+        if sink is None:
+            return contextlib.nullcontext()
+        planned = sum(r.span for r in batch.ranges)
+        return watch(spark, lambda sample: sink.report(batch.label, planned, sample), sink.every)
 
     def job_arguments(self, batch: Batch) -> dict[str, Any]:
         """The stage job's inputs for `batch`: its ranges, the folders unique to its attempt,
