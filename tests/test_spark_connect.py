@@ -156,3 +156,34 @@ def test_a_whole_batch_stages_and_commits_through_spark_connect(
     assert report.output.records_read == 400
     table_rows, quarantined = assert_exactly_once(config, kafka_client)
     assert (table_rows, quarantined) == (392, 8)
+
+
+def test_progress_is_sampled_from_what_the_server_streams(remote: Any, tmp_path: Path) -> None:
+    """The stage's progress line on a shared server (resources/spark_progress.py): the
+    figures come from the progress the server streams with the query, tasks done of all."""
+    import threading
+    import time
+
+    from resources.spark_progress import StageProgress, watch
+
+    samples: list[StageProgress] = []
+    lock = threading.Lock()
+
+    def keep(sample: StageProgress) -> None:
+        with lock:
+            samples.append(sample)
+
+    frame = remote.range(0, 400, numPartitions=8).select(
+        F.col("id"), F.expr("reflect('java.lang.Thread', 'sleep', cast(5 as bigint))").alias("z")
+    )
+    with watch(remote, keep, 0.2):
+        frame.write.parquet(str(tmp_path / "out"))
+    count = len(samples)
+    assert count >= 2, samples
+    assert all(s.tasks == 8 and s.records_written is None for s in samples), samples
+    done = [s.tasks_done for s in samples]
+    assert done == sorted(done) and done[-1] > done[0], done
+    time.sleep(0.5)
+    assert len(samples) == count  # the handler is removed with the watch
+    remote.range(10).collect()
+    assert len(samples) == count
