@@ -73,3 +73,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.integration)
         else:
             item.add_marker(pytest.mark.unit)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop this worker's shared Spark server, if a crash test started one."""
+    from resources.shared_spark import STATE_ENV, stop_servers
+    from tests.fixtures.pipeline import crash_spark_state
+
+    folder = crash_spark_state()
+    if folder.is_dir():
+        stop_servers({STATE_ENV: str(folder)})

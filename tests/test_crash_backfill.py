@@ -29,6 +29,7 @@ from tests.fixtures.derived import (
 from tests.fixtures.pipeline import (
     config_path,
     coordinates,
+    crash_env,
     crash_run,
     produced_coordinates,
     save_config,
@@ -168,11 +169,11 @@ def test_backfill_crash_then_plain_run_with_and_without_the_ledger(
     apps_before = apps_by_coordinate(config)
     args = backfill_args(config_path(config), mode, rng, transform)
     if point == "recovery_after_delta_commit":
-        crashed = cli(*args, env={"EXACTLY_CRASH_AT": "after_prepare"})
+        crashed = cli(*args, env=crash_env("after_prepare"))
         assert crashed.returncode == 137, crashed.stdout + crashed.stderr
         crash_run(config, point)  # the next start recovers the backfill and dies
     else:
-        crashed = cli(*args, env={"EXACTLY_CRASH_AT": point})
+        crashed = cli(*args, env=crash_env(point))
         assert crashed.returncode == 137, crashed.stdout + crashed.stderr
         assert f"crash point {point.partition('#')[0]} reached" in crashed.stderr
     assert backfill_state(config, app_id) == {1: LEFT_IN[point.partition("#")[0]]}
@@ -233,7 +234,7 @@ def test_a_backfill_no_start_can_finish_refuses_the_start_naming_the_outputs_hol
     app_id = backfill_app_id(config.pipeline)
     crashed = cli(
         *backfill_args(config_path(config), "replace", rng, transform),
-        env={"EXACTLY_CRASH_AT": "between_derived_commits#2"},
+        env=crash_env("between_derived_commits#2"),
     )
     assert crashed.returncode == 137, crashed.stdout + crashed.stderr
     lost = without_ledger(config, tmp_path / "ledger-lost")

@@ -36,7 +36,7 @@ from tests.fixtures.derived import (
     replaceable_outputs,
     user_events,
 )
-from tests.fixtures.pipeline import assert_exactly_once, config_path, save_config
+from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_env, save_config
 from tests.test_backfill import cli
 from tests.test_crash import crashed_batch, derived_held, without_ledger
 
@@ -164,7 +164,7 @@ def test_a_replace_crashed_between_its_commits_finishes_right_with_and_without_t
     rng = OffsetRange(topic, 1, 10, 80)
     app_id = backfill_app_id(config.pipeline)
 
-    crashed = cli(*replace_args(config_path(config), rng), env={"EXACTLY_CRASH_AT": point})
+    crashed = cli(*replace_args(config_path(config), rng), env=crash_env(point))
     assert crashed.returncode == 137, crashed.stdout + crashed.stderr
     batch = crashed_batch(config, app_id)
     assert (batch.batch_id, batch.state) == (1, S.PREPARED)
