@@ -28,6 +28,7 @@ from ledger.batch import BACKFILL_SUFFIX
 from ledger.cleaning import parse_duration
 from ledger.errors import ConfigError
 from resources import storage
+from resources.formats import FormatSettings
 from resources.strict import _NAME, EnvValue, OptionValue, _Strict
 
 
@@ -371,9 +372,23 @@ class PipelineConfig(_Strict):
     clean: CleanSettings = Field(default_factory=CleanSettings)
     compact: CompactSettings = Field(default_factory=CompactSettings)
     transform: str = "jobs.examples.pageviews:transform"
+    #: records in Avro, decoded by Spark's from_avro instead of a transform
+    #: (resources/formats.py); the transform is then `format:<kind>`
+    format: FormatSettings | None = None
     #: Delta tables kept from the raw rows in the same two-phase commit (derived/spec.py,
     #: docs/derived-tables.md): published after the quarantine, before the raw table
     derived: list[OutputSpec] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _format_or_transform(cls, data: Any) -> Any:
+        # a format's decoder is the transform: naming both would leave one of them unused
+        if isinstance(data, dict) and isinstance(data.get("format"), dict):
+            if "transform" in data:
+                raise ValueError("give format or transform, not both: format decodes the records")
+            kind = data["format"].get("kind")
+            data = {**data, "transform": f"format:{kind}"}
+        return data
 
     @field_validator("derived")
     @classmethod
@@ -429,6 +444,10 @@ class PipelineConfig(_Strict):
         return self.kafka.group_id or f"exactly-{self.pipeline}"
 
     def load_transform(self) -> Callable[..., Any]:
+        if self.format is not None and self.transform == self.format.transform_name:
+            from jobs.avro_decode import avro_decoder  # Spark is imported by the stager only
+
+            return avro_decoder(self.format)
         return load_transform(self.transform)
 
 
