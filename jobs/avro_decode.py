@@ -1,0 +1,172 @@
+"""The transform of a `format: avro` pipeline (resources/formats.py): Kafka values decoded
+by Spark's own `from_avro`, each field of the record a column, every record that does not
+decode kept for the quarantine with the reason (invariant 9).
+
+It keeps the transform contract (jobs/stage.py `check_output`): the coordinate columns,
+`value` and `_error`. So the stage, the quarantine, the coordinate check (invariant 13) and
+the schema rules (invariant 14: a new optional field is a new nullable column in the same
+commit, a changed type is refused) are the ones every transform has.
+
+The Confluent wire format is undone in Spark, not in Python: the first byte must be 0, the
+next four are the schema id (big-endian), the datum starts at byte 6. Each known id is
+decoded with its own (writer) schema resolved to the newest id's (reader) schema, so every
+id yields the same columns. A record goes to the quarantine when its value is missing or
+shorter than the header, its magic byte is not 0, its schema id is not configured, its
+writer schema cannot be resolved to the reader's, or its datum does not decode.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import operator
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastavro import parse_schema, schemaless_writer
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.avro.functions import from_avro
+
+from jobs.stage import COORDINATES, RESERVED
+from ledger.errors import ConfigError
+from resources.formats import FormatSettings, unreadable_because
+
+#: The Confluent wire header: magic byte 0, then a 4-byte big-endian schema id.
+HEADER_BYTES = 5
+_DECODED = "_exactly_decoded"
+#: Columns a record's fields may not be named: the contract's and the stage's own.
+_TAKEN = frozenset({*COORDINATES, "key", "value", "_error", *RESERVED, _DECODED})
+
+
+def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
+    """The transform for `fmt`; the schemas are read now (the stager builds it before
+    any batch is planned), so a file gone since the config loaded fails here."""
+    try:
+        writers = fmt.writer_schemas()
+    except ValueError as exc:
+        raise ConfigError(f"format: {exc}") from None
+    reader = writers[max(writers)]
+    fields = [f["name"] for f in json.loads(reader)["fields"]]
+    start = 1 if fmt.wire == "plain" else HEADER_BYTES + 1
+    undecoded = _undecoded(json.loads(reader), start)
+    clash = sorted(n for n in fields if n.lower() in {t.lower() for t in _TAKEN})
+    if clash:
+        raise ConfigError(
+            f"format: the record's field(s) {clash} are named like columns the pipeline adds "
+            "itself (the _kafka_* coordinates, _batch_id, key, value, _error): rename them"
+        )
+
+    def transform(records: DataFrame) -> DataFrame:
+        if fmt.wire == "plain":
+            decoded, error = _plain(writers[0])
+        else:
+            decoded, error = _confluent(writers, reader)
+        with_record = records.withColumn(_DECODED, decoded)
+        missing = F.col("value").isNull()
+        reason = (
+            F.when(missing, F.lit("record has no value"))
+            .when(error.isNotNull(), error)
+            .when(undecoded, F.lit("value is not an Avro datum of the schema"))
+        )
+        return with_record.select(
+            *(F.col(f"{_DECODED}.`{name}`").alias(name) for name in fields),
+            *COORDINATES,
+            "value",
+            reason.alias("_error"),
+        )
+
+    return transform
+
+
+def _undecoded(reader: dict[str, Any], start: int) -> Column:
+    """True where from_avro could not decode the datum.
+
+    In PERMISSIVE mode Spark's from_avro returns a record whose every field is null for a
+    datum it cannot decode, not a null record. A field the schema does not let be null
+    (not a union with null) tells them apart: any of them null means the datum failed. A
+    schema whose every field may be null has no such field: there the failure is every
+    field null while the value is not what a record of nulls encodes to.
+    """
+    decoded = F.col(_DECODED)
+    if not reader["fields"]:
+        return decoded.isNull()
+    required = [f["name"] for f in reader["fields"] if not _nullable(f["type"])]
+    if required:
+        return decoded.isNull() | _any(decoded[name].isNull() for name in required)
+    every_null = _all(decoded[f["name"]].isNull() for f in reader["fields"])
+    nulls = io.BytesIO()
+    schemaless_writer(nulls, parse_schema(reader), {f["name"]: None for f in reader["fields"]})
+    datum = F.expr(f"substring(value, {start})")
+    return decoded.isNull() | (every_null & (datum != F.lit(nulls.getvalue())))
+
+
+def _nullable(schema: Any) -> bool:
+    return isinstance(schema, list) and "null" in schema
+
+
+def _any(columns: Iterable[Column]) -> Column:
+    return functools.reduce(operator.or_, columns)
+
+
+def _all(columns: Iterable[Column]) -> Column:
+    return functools.reduce(operator.and_, columns)
+
+
+def _options(reader: str | None = None) -> dict[str, str]:
+    # PERMISSIVE: a datum that does not decode is a null record, which the quarantine
+    # keeps with its reason, not a failed job
+    return {"mode": "PERMISSIVE", **({"avroSchema": reader} if reader else {})}
+
+
+def _plain(schema: str) -> tuple[Column, Column]:
+    decoded = from_avro(F.col("value"), schema, _options())
+    return decoded, F.lit(None).cast("string")
+
+
+def _confluent(writers: dict[int, str], reader: str) -> tuple[Column, Column]:
+    """The record decoded by its schema id's writer schema, and the reason it cannot be
+    (null when it decoded, or when only the datum itself is bad)."""
+    value = F.col("value")
+    magic = F.conv(F.hex(F.substring(value, 1, 1)), 16, 10).cast("int")
+    schema_id = F.conv(F.hex(F.substring(value, 2, 4)), 16, 10).cast("long")
+    payload = F.expr(f"substring(value, {HEADER_BYTES + 1})")
+    parsed_reader = json.loads(reader)
+    decoded: Column | None = None
+    refused: dict[int, str] = {}
+    for sid, writer in writers.items():
+        why = unreadable_because(json.loads(writer), parsed_reader)
+        if why is not None:
+            refused[sid] = why
+            continue
+        branch = from_avro(payload, writer, _options(reader))
+        decoded = (decoded if decoded is not None else F).when(schema_id == sid, branch)
+    # the newest id reads itself, so one branch at least
+    assert decoded is not None, "the newest schema id cannot be read as itself"
+    newest = max(writers)
+    error = F.when(
+        F.length(value) < HEADER_BYTES,
+        F.lit("value is shorter than the Confluent header (5 bytes)"),
+    )
+    error = error.when(
+        magic != 0,
+        F.concat(
+            F.lit("magic byte is "),
+            magic.cast("string"),
+            F.lit(", not 0: not the Confluent wire format"),
+        ),
+    )
+    error = error.when(
+        ~schema_id.isin(list(writers)),
+        F.concat(
+            F.lit("schema id "),
+            schema_id.cast("string"),
+            F.lit(f" is unknown (format.schema_ids has {', '.join(map(str, sorted(writers)))})"),
+        ),
+    )
+    for sid, why in refused.items():
+        error = error.when(
+            schema_id == sid, F.lit(f"schema id {sid} cannot be read as schema id {newest}: {why}")
+        )
+    return decoded, error
