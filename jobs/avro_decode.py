@@ -50,7 +50,6 @@ def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
     reader = writers[max(writers)]
     fields = [f["name"] for f in json.loads(reader)["fields"]]
     start = 1 if fmt.wire == "plain" else HEADER_BYTES + 1
-    undecoded = _undecoded(json.loads(reader), start)
     clash = sorted(n for n in fields if n.lower() in {t.lower() for t in _TAKEN})
     if clash:
         raise ConfigError(
@@ -65,6 +64,9 @@ def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
             decoded, error = _confluent(writers, reader)
         with_record = records.withColumn(_DECODED, decoded)
         missing = F.col("value").isNull()
+        # Columns are built here, not above: the stager loads the transform before any
+        # Spark session exists, and a classic session's columns need one
+        undecoded = _undecoded(json.loads(reader), start)
         reason = (
             F.when(missing, F.lit("record has no value"))
             .when(error.isNotNull(), error)
@@ -103,7 +105,7 @@ def _undecoded(reader: dict[str, Any], start: int) -> Column:
 
 
 def _nullable(schema: Any) -> bool:
-    return isinstance(schema, list) and "null" in schema
+    return schema == "null" or (isinstance(schema, list) and "null" in schema)
 
 
 def _any(columns: Iterable[Column]) -> Column:

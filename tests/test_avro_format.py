@@ -89,7 +89,9 @@ def with_format(config: PipelineConfig, tmp_path: Path, fmt: dict[str, Any]) -> 
     doc["format"] = fmt
     path = tmp_path / "avro-pipeline.yaml"
     path.write_text(yaml.safe_dump(doc))
-    return load_config(path)
+    config = load_config(path)
+    object.__setattr__(config, "_path", path)  # for config_path(), as pipeline_factory's
+    return config
 
 
 def schema_file(tmp_path: Path, name: str, schema: dict[str, Any]) -> str:
