@@ -142,8 +142,9 @@ def unreadable_because(writer: Any, reader: Any, where: str = "") -> str | None:
 
     Conservative: what it accepts Avro resolves (same types, the spec's promotions, a
     reader field the writer lacks that has a default, unions branch by branch, records
-    field by field); what Spark's from_avro would fail the whole job on is never passed to
-    it, and the records of such a writer go to the quarantine with this reason instead.
+    field by field). Spark's from_avro, in PERMISSIVE mode, would turn such a record into
+    a row of nulls, which the quarantine would keep as "not an Avro datum": the records of
+    a writer refused here go there with this reason instead, and from_avro never sees them.
     """
     at = f"{where}: " if where else ""
     w_kind, r_kind = _kind(writer), _kind(reader)

@@ -259,3 +259,30 @@ def test_an_incompatible_schema_is_refused_before_the_vote(
     bad = by_offset(config.delta.quarantine_uri, ["_error"])
     assert bad == {3: {"_error": "schema id 3 is unknown (format.schema_ids has 1)"}}
     assert_exactly_once(config, kafka_client)
+
+
+def test_an_id_whose_schema_cannot_be_read_as_the_newest_is_quarantined_with_why(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    # id 1 wrote order_id as a string; id 2, the newest, as a long: id 1's records cannot
+    # be resolved to the table's schema; the quarantine says why, not only "not a datum"
+    v3, v1 = schema_file(tmp_path, "v3", ORDER_V3), schema_file(tmp_path, "v1", ORDER_V1)
+    config = with_format(
+        pipeline_factory(1),
+        tmp_path,
+        {"kind": "avro", "wire": "confluent", "schema_ids": {1: v3, 2: v1}},
+    )
+    old = confluent(1, ORDER_V3, {**order(0), "order_id": "x0"})
+    kafka_client.produce(config.kafka.topic, [old, confluent(2, ORDER_V1, order(1))], partition=0)
+    assert run_batch(config, spark).batch.state is BatchState.ACKED
+
+    assert by_offset(config.delta.table_uri, ["order_id"]) == {1: {"order_id": 1}}
+    bad = by_offset(config.delta.quarantine_uri, ["_error", "_raw_value"])
+    assert bad == {
+        0: {
+            "_error": "schema id 1 cannot be read as schema id 2: "
+            "order_id: string cannot be read as long",
+            "_raw_value": old,
+        }
+    }
+    assert_exactly_once(config, kafka_client)
