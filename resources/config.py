@@ -523,7 +523,10 @@ def parse_config(
                     "other's files)"
                 )
     ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
-    return config.model_copy(update={"delta": delta, "ledger": ledger, "derived": derived})
+    fmt = config.format.resolved(base) if config.format else None
+    return config.model_copy(
+        update={"delta": delta, "ledger": ledger, "derived": derived, "format": fmt}
+    )
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:

@@ -119,6 +119,16 @@ class FormatSettings(_Strict):
                 raise ValueError(f"schema id {schema_id}: {exc}") from None
         return value
 
+    def resolved(self, base: Path) -> FormatSettings:
+        """A copy whose schema files are absolute paths against `base`, as the config's other
+        local paths are: the stager reads them again, maybe from another folder (Dagster)."""
+        return self.model_copy(
+            update={
+                "schema_file": str(base / self.schema_file) if self.schema_file else None,
+                "schema_ids": {i: str(base / p) for i, p in self.schema_ids.items()},
+            }
+        )
+
     @property
     def transform_name(self) -> str:
         return f"{FORMAT_TRANSFORM_PREFIX}{self.kind}"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ledger.errors import ConfigError
-from resources.config import parse_config
+from resources.config import load_config, parse_config
 from tests.test_cli import exactly, one_error_line
 
 MINIMAL: dict[str, Any] = {
@@ -110,3 +110,25 @@ def test_the_command_line_says_one_line_and_exits_2(tmp_path: Path) -> None:
     path.write_text(yaml.safe_dump(data))
     line = one_error_line(exactly("run", "-c", str(path)))
     assert "format.schema_file" in line and "gone.avsc" in line, line
+
+
+def test_the_shipped_avro_example_loads_with_absolute_schema_paths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    config = load_config(repo / "pipelines" / "avro" / "orders.yaml")
+    assert config.format is not None and config.transform == "format:avro"
+    assert all(Path(p).is_absolute() for p in config.format.schema_ids.values())
+    reader = json.loads(config.format.reader_schema())
+    assert [f["name"] for f in reader["fields"]][-1] == "coupon"  # id 2, the newest
+
+
+def test_schema_paths_resolve_against_the_folder_run_from(
+    avsc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(avsc.parent)
+    config = parse_config(_config({"kind": "avro", "schema_file": avsc.name}))
+    assert config.format is not None and config.format.schema_file == str(avsc)
+    monkeypatch.chdir("/")
+    assert json.loads(config.format.reader_schema())["name"] == "Order"
