@@ -24,7 +24,8 @@ from ledger.errors import InconsistencyError
 from ledger.protocol import BatchState
 from ledger.store import LedgerStore
 from resources.config import PipelineConfig, load_config
-from tests.fixtures.pipeline import assert_exactly_once
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.test_cli import exactly
 
 ORDER_V1: dict[str, Any] = {
     "type": "record",
@@ -286,3 +287,36 @@ def test_an_id_whose_schema_cannot_be_read_as_the_newest_is_quarantined_with_why
         }
     }
     assert_exactly_once(config, kafka_client)
+
+
+def test_a_replace_backfill_decodes_again_once_the_missing_schema_id_is_configured(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The operator's way out of `schema id N is unknown`: add the id, then replace the
+    offsets; `exactly backfill` takes the format's decoder as the pipeline's transform."""
+    v1, v2 = schema_file(tmp_path, "v1", ORDER_V1), schema_file(tmp_path, "v2", ORDER_V2)
+    base = pipeline_factory(1)
+    config = with_format(
+        base, tmp_path, {"kind": "avro", "wire": "confluent", "schema_ids": {1: v1}}
+    )
+    records = [
+        confluent(1, ORDER_V1, order(0)),
+        confluent(2, ORDER_V2, order(1, coupon="C1")),
+        confluent(1, ORDER_V1, order(2)),
+    ]
+    kafka_client.produce(config.kafka.topic, records, partition=0)
+    run_batch(config, spark)
+    assert set(by_offset(config.delta.quarantine_uri, ["_error"])) == {1}
+
+    fixed = with_format(
+        base, tmp_path, {"kind": "avro", "wire": "confluent", "schema_ids": {1: v1, 2: v2}}
+    )
+    args = ["--partition", "0", "--from", "0", "--to", "3", "--mode", "replace"]
+    result = exactly("backfill", "-c", str(config_path(fixed)), *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+    coupons = {o: r["coupon"] for o, r in by_offset(fixed.delta.table_uri, ["coupon"]).items()}
+    assert coupons == {0: None, 1: "C1", 2: None}
+    quarantine = DeltaTable(fixed.delta.quarantine_uri).to_pyarrow_table()
+    assert quarantine.num_rows == 0
+    assert_exactly_once(fixed, kafka_client)
