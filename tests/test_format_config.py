@@ -132,3 +132,94 @@ def test_schema_paths_resolve_against_the_folder_run_from(
     assert config.format is not None and config.format.schema_file == str(avsc)
     monkeypatch.chdir("/")
     assert json.loads(config.format.reader_schema())["name"] == "Order"
+
+
+PROTO = """
+syntax = "proto3";
+package shop;
+message Address {
+  string city = 1;
+  int32 zip = 2;
+}
+message Order {
+  int64 order_id = 1;
+  optional string note = 2;
+  Address address = 3;
+  repeated string tags = 4;
+}
+"""
+
+
+@pytest.fixture
+def proto(tmp_path: Path) -> Path:
+    path = tmp_path / "order.proto"
+    path.write_text(PROTO)
+    return path
+
+
+def test_a_proto_file_compiles_into_a_descriptor_set(proto: Path) -> None:
+    config = parse_config(
+        _config({"kind": "protobuf", "schema_file": str(proto), "message": "shop.Order"})
+    )
+    assert config.format is not None and config.transform == "format:protobuf"
+    from google.protobuf import descriptor_pb2
+
+    descriptors = descriptor_pb2.FileDescriptorSet.FromString(config.format.descriptor_set())
+    assert [f.name for f in descriptors.file] == ["order.proto"]
+
+
+def test_a_descriptor_set_file_is_taken_as_it_is(proto: Path, tmp_path: Path) -> None:
+    compiled = parse_config(
+        _config({"kind": "protobuf", "schema_file": str(proto), "message": "shop.Order"})
+    )
+    assert compiled.format is not None
+    desc = tmp_path / "order.desc"
+    desc.write_bytes(compiled.format.descriptor_set())
+    config = parse_config(
+        _config({"kind": "protobuf", "schema_file": str(desc), "message": "shop.Order"})
+    )
+    assert config.format is not None
+    assert config.format.descriptor_set() == compiled.format.descriptor_set()
+
+
+def test_a_protobuf_format_must_name_a_message_of_the_file(proto: Path) -> None:
+    message = _error(_config({"kind": "protobuf", "schema_file": str(proto)}))
+    assert "format.message" in message and "required" in message, message
+    message = _error(
+        _config({"kind": "protobuf", "schema_file": str(proto), "message": "shop.Nope"})
+    )
+    assert "format.message" in message and "shop.Order" in message, message
+    avro_message = _error(_config({"kind": "avro", "schema_file": "x.avsc", "message": "A"}))
+    assert "format.message" in avro_message, avro_message
+
+
+def test_a_proto_file_that_does_not_compile_is_one_line_quoting_protoc(proto: Path) -> None:
+    proto.write_text(PROTO.replace("int64 order_id = 1;", "int64 order_id = ;"))
+    message = _error(
+        _config({"kind": "protobuf", "schema_file": str(proto), "message": "shop.Order"})
+    )
+    assert "format.schema_file" in message and "order.proto:" in message, message
+    assert "\n" not in message
+
+
+def test_a_file_that_is_no_descriptor_set_is_named(tmp_path: Path) -> None:
+    desc = tmp_path / "junk.desc"
+    desc.write_bytes(b"\xff\xff\xff")
+    message = _error(
+        _config({"kind": "protobuf", "schema_file": str(desc), "message": "shop.Order"})
+    )
+    assert "format.schema_file" in message and "descriptor set" in message, message
+
+
+def test_protobuf_reads_the_plain_wire_only(proto: Path) -> None:
+    message = _error(
+        _config(
+            {
+                "kind": "protobuf",
+                "wire": "confluent",
+                "schema_ids": {1: str(proto)},
+                "message": "shop.Order",
+            }
+        )
+    )
+    assert "format.wire" in message and "protobuf" in message, message
