@@ -50,7 +50,7 @@ def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
     reader = writers[max(writers)]
     fields = [f["name"] for f in json.loads(reader)["fields"]]
     start = 1 if fmt.wire == "plain" else HEADER_BYTES + 1
-    clash = sorted(n for n in fields if n.lower() in {t.lower() for t in _TAKEN})
+    clash = taken_names(fields)
     if clash:
         raise ConfigError(
             f"format: the record's field(s) {clash} are named like columns the pipeline adds "
@@ -80,6 +80,12 @@ def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
         )
 
     return transform
+
+
+def taken_names(fields: list[str]) -> list[str]:
+    """The record's field names that would clash with a column the pipeline adds itself
+    (Delta column names are case-insensitive)."""
+    return sorted(n for n in fields if n.lower() in {t.lower() for t in _TAKEN})
 
 
 def _undecoded(reader: dict[str, Any], start: int) -> Column:

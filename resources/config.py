@@ -372,8 +372,8 @@ class PipelineConfig(_Strict):
     clean: CleanSettings = Field(default_factory=CleanSettings)
     compact: CompactSettings = Field(default_factory=CompactSettings)
     transform: str = "jobs.examples.pageviews:transform"
-    #: records in Avro, decoded by Spark's from_avro instead of a transform
-    #: (resources/formats.py); the transform is then `format:<kind>`
+    #: records in Avro or Protobuf, decoded instead of by a transform (resources/formats.py);
+    #: the transform is then `format:<kind>`
     format: FormatSettings | None = None
     #: Delta tables kept from the raw rows in the same two-phase commit (derived/spec.py,
     #: docs/derived-tables.md): published after the quarantine, before the raw table
@@ -445,9 +445,9 @@ class PipelineConfig(_Strict):
 
     def load_transform(self) -> Callable[..., Any]:
         if self.format is not None and self.transform == self.format.transform_name:
-            from jobs.avro_decode import avro_decoder  # Spark is imported by the stager only
+            from jobs.format_decode import format_transform  # Spark: the stager's import
 
-            return avro_decoder(self.format)
+            return format_transform(self.format)
         return load_transform(self.transform)
 
 
