@@ -223,3 +223,27 @@ def test_protobuf_reads_the_plain_wire_only(proto: Path) -> None:
         )
     )
     assert "format.wire" in message and "protobuf" in message, message
+
+
+def test_a_message_that_contains_itself_is_refused_before_any_batch(tmp_path: Path) -> None:
+    from jobs.protobuf_decode import protobuf_decoder
+
+    proto = tmp_path / "tree.proto"
+    proto.write_text('syntax = "proto3"; message Node { string name = 1; Node child = 2; }')
+    config = parse_config(
+        _config({"kind": "protobuf", "schema_file": str(proto), "message": "Node"})
+    )
+    assert config.format is not None
+    with pytest.raises(ConfigError, match=r"Node contains itself \(Node -> Node\)"):
+        protobuf_decoder(config.format)
+
+
+def test_a_field_named_like_a_pipeline_column_is_refused(tmp_path: Path) -> None:
+    from jobs.protobuf_decode import protobuf_decoder
+
+    proto = tmp_path / "clash.proto"
+    proto.write_text('syntax = "proto3"; message M { string Value = 1; }')
+    config = parse_config(_config({"kind": "protobuf", "schema_file": str(proto), "message": "M"}))
+    assert config.format is not None
+    with pytest.raises(ConfigError, match=r"\['Value'\] are named like columns"):
+        protobuf_decoder(config.format)
