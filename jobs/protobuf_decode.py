@@ -7,6 +7,8 @@ project reaches does not serve; so the values are parsed in Spark's Python worke
 (`mapInArrow`) by the protobuf runtime, from the descriptor set the config compiled. The
 transform contract is the same as any transform's (coordinates, `value`, `_error`), so the
 quarantine, the coordinate check and the schema rules (invariant 14) are the stage's own.
+On the Confluent wire (jobs/protobuf_wire.py) each value's schema id picks its descriptor
+set and its message indexes must name the config's message there.
 
 Types: (s)int32/sfixed32 int, uint32/fixed32 and (s)int64/sfixed64 long, uint64/fixed64
 decimal(20,0) (a long would overflow), float, double, bool, string, bytes; an enum its
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC
 from decimal import Decimal
 from typing import Any
@@ -32,8 +35,10 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from jobs.avro_decode import taken_names
 from jobs.pandas_transform import CONTRACT
+from jobs.protobuf_wire import WireError, unframe
 from ledger.errors import ConfigError
 from resources.formats import FormatSettings
+from resources.proto_schema import message_names
 
 _TIMESTAMP = "google.protobuf.Timestamp"
 _F = FieldDescriptor
@@ -68,26 +73,36 @@ def message_type(descriptor_set: bytes, name: str) -> Any:
 
 
 def protobuf_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
-    """The transform for `fmt`; the descriptor set is read and the message's columns are
-    worked out now, so a file gone or a recursive message fails before any batch."""
+    """The transform for `fmt`; the descriptor sets are read and the message's columns are
+    worked out now, so a file gone or a recursive message fails before any batch. On the
+    Confluent wire the newest id's message is the table's; an older id whose message has a
+    field of another type is refused (its records quarantined with the reason)."""
     try:
-        descriptor_set = fmt.descriptor_set()
+        sets = fmt.descriptor_sets()
     except ValueError as exc:
         raise ConfigError(f"format: {exc}") from None
     assert fmt.message is not None
-    decoded = struct_of(message_type(descriptor_set, fmt.message).DESCRIPTOR, ())
+    newest = max(sets)
+    decoded = struct_of(message_type(sets[newest], fmt.message).DESCRIPTOR, ())
     clash = taken_names([f.name for f in decoded.fields])
     if clash:
         raise ConfigError(
             f"format: the message's field(s) {clash} are named like columns the pipeline adds "
             "itself (the _kafka_* coordinates, _batch_id, key, value, _error): rename them"
         )
+    refused = {}
+    for sid, descriptor_set in sets.items():
+        if fmt.message not in message_names(descriptor_set):
+            refused[sid] = f"it has no message {fmt.message}"
+            continue
+        why = unfit(struct_of(message_type(descriptor_set, fmt.message).DESCRIPTOR, ()), decoded)
+        if why is not None:
+            refused[sid] = why
     contract = T.StructType.fromDDL(", ".join(f"`{n}` {t}" for n, t in CONTRACT))
     out = T.StructType([*decoded.fields, *contract.fields])
     decode = functools.partial(
         _decode_batches,
-        descriptor_set=descriptor_set,
-        message=fmt.message,
+        reading=Reading(sets, fmt.message, fmt.wire == "confluent", refused, newest),
         schema=to_arrow_schema(out, timezone="UTC"),
     )
 
@@ -95,6 +110,81 @@ def protobuf_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
         return records.mapInArrow(decode, out)
 
     return transform
+
+
+def unfit(writer: T.DataType, reader: T.DataType, path: str = "") -> str | None:
+    """Why values of Spark type `writer` cannot land in a column of type `reader`, or None:
+    a struct may lack fields (they read null) or have more (dropped); anything else must be
+    the same type."""
+    at = f"{path}: " if path else ""
+    if isinstance(writer, T.StructType) and isinstance(reader, T.StructType):
+        written = {f.name: f.dataType for f in writer.fields}
+        for field in reader.fields:
+            if field.name in written:
+                why = unfit(written[field.name], field.dataType, f"{path}.{field.name}".strip("."))
+                if why:
+                    return why
+        return None
+    if isinstance(writer, T.ArrayType) and isinstance(reader, T.ArrayType):
+        return unfit(writer.elementType, reader.elementType, f"{path}[]")
+    if isinstance(writer, T.MapType) and isinstance(reader, T.MapType):
+        return unfit(writer.keyType, reader.keyType, f"{path}{{}}") or unfit(
+            writer.valueType, reader.valueType, f"{path}{{}}"
+        )
+    if writer != reader:
+        return f"{at}{writer.simpleString()} cannot be read as {reader.simpleString()}"
+    return None
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a Python worker needs to parse values: every id's descriptor set, the message,
+    whether values are framed (Confluent wire), the ids refused and why, the newest id."""
+
+    sets: dict[int, bytes]
+    message: str
+    confluent: bool
+    refused: dict[int, str]
+    newest: int
+
+    def parse(self, value: bytes | None) -> tuple[dict[str, Any] | None, str | None]:
+        if value is None:
+            return None, "record has no value"
+        if not self.confluent:
+            return _parse(message_type(self.sets[0], self.message), value, self.message)
+        try:
+            framed = unframe(value)
+        except WireError as exc:
+            return None, str(exc)
+        sid = framed.schema_id
+        if sid not in self.sets:
+            known = ", ".join(map(str, sorted(self.sets)))
+            return None, f"schema id {sid} is unknown (format.schema_ids has {known})"
+        if sid in self.refused:
+            why = self.refused[sid]
+            return None, f"schema id {sid} cannot be read as schema id {self.newest}: {why}"
+        named = indexed_message(self.sets[sid], framed.indexes)
+        if named != self.message:
+            return None, (
+                f"message indexes {list(framed.indexes)} of schema id {sid} name "
+                f"{named or 'no message'}, not {self.message}"
+            )
+        cls = message_type(self.sets[sid], self.message)
+        return _parse(cls, framed.payload, self.message)
+
+
+@functools.lru_cache(maxsize=64)
+def indexed_message(descriptor_set: bytes, indexes: tuple[int, ...]) -> str | None:
+    """The full name of the message `indexes` point at in the schema's own file (the last
+    of its descriptor set: protoc writes the files it imports first), or None."""
+    file = descriptor_pb2.FileDescriptorSet.FromString(descriptor_set).file[-1]
+    messages, name = list(file.message_type), file.package
+    for index in indexes:
+        if not 0 <= index < len(messages):
+            return None
+        name = f"{name}.{messages[index].name}" if name else messages[index].name
+        messages = list(messages[index].nested_type)
+    return name
 
 
 def struct_of(message: Descriptor, seen: tuple[str, ...]) -> T.StructType:
@@ -140,21 +230,23 @@ def _is_map(field: FieldDescriptor) -> bool:
 
 
 def _decode_batches(
-    batches: Iterator[pa.RecordBatch], *, descriptor_set: bytes, message: str, schema: pa.Schema
+    batches: Iterator[pa.RecordBatch], *, reading: Reading, schema: pa.Schema
 ) -> Iterator[pa.RecordBatch]:
     """In a Python worker: each batch's values parsed, the coordinates passed through."""
-    cls = message_type(descriptor_set, message)
-    fields = list(cls.DESCRIPTOR.fields)
+    fields = [
+        f.name
+        for f in message_type(reading.sets[reading.newest], reading.message).DESCRIPTOR.fields
+    ]
     for batch in batches:
         rows: list[dict[str, Any] | None] = []
         errors: list[str | None] = []
         for value in batch.column("value").to_pylist():
-            row, error = _parse(cls, value, message)
+            row, error = reading.parse(value)
             rows.append(row)
             errors.append(error)
         columns = [
-            pa.array([r[f.name] if r else None for r in rows], type=schema.field(f.name).type)
-            for f in fields
+            pa.array([r.get(name) if r else None for r in rows], type=schema.field(name).type)
+            for name in fields
         ]
         passed = [
             batch.column(name).cast(schema.field(name).type)

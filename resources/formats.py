@@ -89,18 +89,9 @@ class FormatSettings(_Strict):
     schema_file: str | None = Field(default=None, validate_default=True)
     #: confluent wire: schema id -> the file holding that id's schema
     schema_ids: dict[int, str] = Field(default_factory=dict, validate_default=True)
-    #: protobuf: the message type every value is, with its package (`shop.Order`)
+    #: protobuf: the message type every value is, with its package (`shop.Order`); on the
+    #: confluent wire, the one each value's message indexes must name
     message: str | None = Field(default=None, validate_default=True)
-
-    @field_validator("wire")
-    @classmethod
-    def _wire(cls, value: str, info: ValidationInfo) -> str:
-        if value == "confluent" and info.data.get("kind") == "protobuf":
-            raise ValueError(
-                "confluent is read for kind avro only: protobuf's message indexes after the "
-                "schema id are not read yet; give wire plain"
-            )
-        return value
 
     @field_validator("schema_file")
     @classmethod
@@ -126,13 +117,12 @@ class FormatSettings(_Strict):
             raise ValueError("required for wire confluent: schema id -> .avsc file")
         if wire == "plain" and value:
             raise ValueError("only for wire confluent: give schema_file")
-        if info.data.get("kind") != "avro":
-            return value
+        read = read_descriptor_set if info.data.get("kind") == "protobuf" else read_avro_schema
         for schema_id, path in value.items():
             if not 0 <= schema_id < 2**31:
                 raise ValueError(f"{schema_id}: a schema id is 4 bytes, 0 to 2147483647")
             try:
-                read_avro_schema(path)
+                read(path)
             except ValueError as exc:
                 raise ValueError(f"schema id {schema_id}: {exc}") from None
         return value
@@ -145,7 +135,8 @@ class FormatSettings(_Strict):
             raise ValueError("only for kind protobuf (an Avro schema names its own record)")
         if kind == "protobuf" and value is None:
             raise ValueError("required for kind protobuf: the message type, e.g. shop.Order")
-        path = info.data.get("schema_file")
+        ids = info.data.get("schema_ids") or {}
+        path = ids[max(ids)] if ids else info.data.get("schema_file")
         if kind == "protobuf" and path is not None:
             names = message_names(read_descriptor_set(path))
             if value not in names:
@@ -153,9 +144,15 @@ class FormatSettings(_Strict):
         return value
 
     def descriptor_set(self) -> bytes:
-        """protobuf: the serialized FileDescriptorSet of `schema_file`."""
-        assert self.schema_file is not None
-        return read_descriptor_set(self.schema_file)
+        """protobuf: the serialized FileDescriptorSet of `schema_file`, or of the newest id's."""
+        return self.descriptor_sets()[max(self.descriptor_sets())]
+
+    def descriptor_sets(self) -> dict[int, bytes]:
+        """protobuf: schema id -> its serialized FileDescriptorSet (plain wire: id 0)."""
+        if self.wire == "plain":
+            assert self.schema_file is not None
+            return {0: read_descriptor_set(self.schema_file)}
+        return {i: read_descriptor_set(p) for i, p in sorted(self.schema_ids.items())}
 
     def resolved(self, base: Path) -> FormatSettings:
         """A copy whose schema files are absolute paths against `base`, as the config's other

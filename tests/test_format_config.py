@@ -211,8 +211,8 @@ def test_a_file_that_is_no_descriptor_set_is_named(tmp_path: Path) -> None:
     assert "format.schema_file" in message and "descriptor set" in message, message
 
 
-def test_protobuf_reads_the_plain_wire_only(proto: Path) -> None:
-    message = _error(
+def test_protobuf_on_the_confluent_wire_takes_schemas_by_id(proto: Path) -> None:
+    config = parse_config(
         _config(
             {
                 "kind": "protobuf",
@@ -222,7 +222,13 @@ def test_protobuf_reads_the_plain_wire_only(proto: Path) -> None:
             }
         )
     )
-    assert "format.wire" in message and "protobuf" in message, message
+    assert config.format is not None and set(config.format.descriptor_sets()) == {1}
+    message = _error(
+        _config(
+            {"kind": "protobuf", "wire": "confluent", "schema_ids": {1: str(proto)}, "message": "X"}
+        )
+    )
+    assert "format.message" in message and "shop.Order" in message, message
 
 
 def test_a_message_that_contains_itself_is_refused_before_any_batch(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import pytest
 from deltalake import DeltaTable
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
+from jobs.protobuf_wire import frame
 from ledger.errors import InconsistencyError
 from ledger.protocol import BatchState
 from tests.fixtures.pipeline import assert_exactly_once
@@ -177,3 +178,80 @@ def test_an_incompatible_change_is_refused_before_the_vote(
         run_batch(with_format(base, tmp_path, fmt(v3)), spark)
     assert "column order_id" in str(info.value) and "invariant 14" in str(info.value)
     assert (version(uri), version(base.delta.quarantine_uri)) == versions
+
+
+def confluent_fmt(ids: dict[int, str]) -> dict[str, Any]:
+    return {"kind": "protobuf", "wire": "confluent", "schema_ids": ids, "message": "shop.Order"}
+
+
+#: shop.Order is the second message of order.proto (Address is the first): indexes [1]
+ORDER_INDEXES = (1,)
+
+
+def test_the_confluent_wire_reads_ids_and_message_indexes_and_a_new_id_adds_a_column(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    base = pipeline_factory(1)
+    v1, v2 = proto_file(tmp_path, "v1", PROTO_V1), proto_file(tmp_path, "v2", PROTO_V2)
+    topic, uri = base.kafka.topic, base.delta.table_uri
+    older, newer = order_class(v1), order_class(v2)
+    wrong_magic = b"\x01" + frame(1, message(older, 2), ORDER_INDEXES)[1:]
+    kafka_client.produce(
+        topic,
+        [
+            frame(1, message(older, 0), ORDER_INDEXES),
+            frame(1, message(older, 1), ORDER_INDEXES),
+            wrong_magic,
+            frame(9, message(older, 3), ORDER_INDEXES),
+            frame(1, message(older, 4)),  # indexes [0]: the Address message
+        ],
+        partition=0,
+    )
+    config = with_format(base, tmp_path, confluent_fmt({1: v1}))
+    assert run_batch(config, spark).batch.state is BatchState.ACKED
+    assert by_offset(uri, COLUMNS) == {0: expected(0), 1: expected(1)}
+    bad = {o: r["_error"] for o, r in by_offset(base.delta.quarantine_uri, ["_error"]).items()}
+    assert bad == {
+        2: "magic byte is 1, not 0: not the Confluent wire format",
+        3: "schema id 9 is unknown (format.schema_ids has 1)",
+        4: "message indexes [0] of schema id 1 name shop.Address, not shop.Order",
+    }
+    before = DeltaTable(uri).version()
+
+    kafka_client.produce(
+        topic,
+        [
+            frame(1, message(older, 5), ORDER_INDEXES),
+            frame(2, message(newer, 6, coupon="C6"), ORDER_INDEXES),
+        ],
+        partition=0,
+    )
+    evolved = with_format(base, tmp_path, confluent_fmt({1: v1, 2: v2}))
+    assert run_batch(evolved, spark).batch.state is BatchState.ACKED
+    assert DeltaTable(uri).version() == before + 1
+    assert "metaData" in _log_actions(uri, before + 1)
+    coupons = {o: r["coupon"] for o, r in by_offset(uri, ["coupon"]).items()}
+    assert coupons == {0: None, 1: None, 5: None, 6: "C6"}
+    assert by_offset(uri, COLUMNS)[6] == expected(6)
+    assert_exactly_once(evolved, kafka_client)
+
+
+def test_an_older_id_whose_field_changed_type_is_quarantined_with_why(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    v3, v1 = proto_file(tmp_path, "v3", PROTO_V3), proto_file(tmp_path, "v1", PROTO_V1)
+    config = with_format(pipeline_factory(1), tmp_path, confluent_fmt({1: v3, 2: v1}))
+    old = frame(1, message(order_class(v3), 0, order_id="x0"), ORDER_INDEXES)
+    new = frame(2, message(order_class(v1), 1), ORDER_INDEXES)
+    kafka_client.produce(config.kafka.topic, [old, new], partition=0)
+    assert run_batch(config, spark).batch.state is BatchState.ACKED
+    assert by_offset(config.delta.table_uri, COLUMNS) == {1: expected(1)}
+    bad = by_offset(config.delta.quarantine_uri, ["_error", "_raw_value"])
+    assert bad == {
+        0: {
+            "_error": "schema id 1 cannot be read as schema id 2: "
+            "order_id: string cannot be read as bigint",
+            "_raw_value": old,
+        }
+    }
+    assert_exactly_once(config, kafka_client)
