@@ -17,14 +17,9 @@ writer schema cannot be resolved to the reader's, or its datum does not decode.
 
 from __future__ import annotations
 
-import functools
-import io
 import json
-import operator
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
-from fastavro import parse_schema, schemaless_writer
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
@@ -36,8 +31,14 @@ from resources.formats import FormatSettings, unreadable_because
 #: The Confluent wire header: magic byte 0, then a 4-byte big-endian schema id.
 HEADER_BYTES = 5
 _DECODED = "_exactly_decoded"
+#: A field added to the reader schema, absent from every writer's, default true: Avro's
+#: schema resolution fills it in for every datum it decodes. In PERMISSIVE mode Spark's
+#: from_avro returns a record of nulls (not a null record) for a datum it cannot decode, so
+#: this field null, and only then, means the datum failed: a record of nulls that did
+#: decode, from whichever schema id, has it true.
+_DECODED_OK = "_exactly_decoded_ok"
 #: Columns a record's fields may not be named: the contract's and the stage's own.
-_TAKEN = frozenset({*COORDINATES, "key", "value", "_error", *RESERVED, _DECODED})
+_TAKEN = frozenset({*COORDINATES, "key", "value", "_error", *RESERVED, _DECODED, _DECODED_OK})
 
 
 def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
@@ -49,7 +50,6 @@ def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
         raise ConfigError(f"format: {exc}") from None
     reader = writers[max(writers)]
     fields = [f["name"] for f in json.loads(reader)["fields"]]
-    start = 1 if fmt.wire == "plain" else HEADER_BYTES + 1
     clash = taken_names(fields)
     if clash:
         raise ConfigError(
@@ -66,7 +66,7 @@ def avro_decoder(fmt: FormatSettings) -> Callable[[DataFrame], DataFrame]:
         missing = F.col("value").isNull()
         # Columns are built here, not above: the stager loads the transform before any
         # Spark session exists, and a classic session's columns need one
-        undecoded = _undecoded(json.loads(reader), start)
+        undecoded = F.col(_DECODED).isNull() | F.col(f"{_DECODED}.{_DECODED_OK}").isNull()
         reason = (
             F.when(missing, F.lit("record has no value"))
             .when(error.isNotNull(), error)
@@ -88,48 +88,21 @@ def taken_names(fields: list[str]) -> list[str]:
     return sorted(n for n in fields if n.lower() in {t.lower() for t in _TAKEN})
 
 
-def _undecoded(reader: dict[str, Any], start: int) -> Column:
-    """True where from_avro could not decode the datum.
-
-    In PERMISSIVE mode Spark's from_avro returns a record whose every field is null for a
-    datum it cannot decode, not a null record. A field the schema does not let be null
-    (not a union with null) tells them apart: any of them null means the datum failed. A
-    schema whose every field may be null has no such field: there the failure is every
-    field null while the value is not what a record of nulls encodes to.
-    """
-    decoded = F.col(_DECODED)
-    if not reader["fields"]:
-        return decoded.isNull()
-    required = [f["name"] for f in reader["fields"] if not _nullable(f["type"])]
-    if required:
-        return decoded.isNull() | _any(decoded[name].isNull() for name in required)
-    every_null = _all(decoded[f["name"]].isNull() for f in reader["fields"])
-    nulls = io.BytesIO()
-    schemaless_writer(nulls, parse_schema(reader), {f["name"]: None for f in reader["fields"]})
-    datum = F.expr(f"substring(value, {start})")
-    return decoded.isNull() | (every_null & (datum != F.lit(nulls.getvalue())))
+def with_sentinel(reader: str) -> str:
+    """The reader schema with the `_DECODED_OK` field last."""
+    schema = json.loads(reader)
+    sentinel = {"name": _DECODED_OK, "type": "boolean", "default": True}
+    return json.dumps({**schema, "fields": [*schema["fields"], sentinel]})
 
 
-def _nullable(schema: Any) -> bool:
-    return schema == "null" or (isinstance(schema, list) and "null" in schema)
-
-
-def _any(columns: Iterable[Column]) -> Column:
-    return functools.reduce(operator.or_, columns)
-
-
-def _all(columns: Iterable[Column]) -> Column:
-    return functools.reduce(operator.and_, columns)
-
-
-def _options(reader: str | None = None) -> dict[str, str]:
-    # PERMISSIVE: a datum that does not decode is a null record, which the quarantine
-    # keeps with its reason, not a failed job
-    return {"mode": "PERMISSIVE", **({"avroSchema": reader} if reader else {})}
+def _options(reader: str) -> dict[str, str]:
+    # PERMISSIVE: a datum that does not decode is a record of nulls, which the quarantine
+    # keeps with its reason, not a failed job; the reader always carries the sentinel
+    return {"mode": "PERMISSIVE", "avroSchema": with_sentinel(reader)}
 
 
 def _plain(schema: str) -> tuple[Column, Column]:
-    decoded = from_avro(F.col("value"), schema, _options())
+    decoded = from_avro(F.col("value"), schema, _options(schema))
     return decoded, F.lit(None).cast("string")
 
 

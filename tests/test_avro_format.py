@@ -320,3 +320,45 @@ def test_a_replace_backfill_decodes_again_once_the_missing_schema_id_is_configur
     quarantine = DeltaTable(fixed.delta.quarantine_uri).to_pyarrow_table()
     assert quarantine.num_rows == 0
     assert_exactly_once(fixed, kafka_client)
+
+
+NULLABLE_V1: dict[str, Any] = {
+    "type": "record",
+    "name": "Tag",
+    "fields": [
+        {"name": "a", "type": ["null", "string"], "default": None},
+        {"name": "b", "type": ["null", "long"], "default": None},
+    ],
+}
+NULLABLE_V2: dict[str, Any] = {
+    **NULLABLE_V1,
+    "fields": [*NULLABLE_V1["fields"], {"name": "c", "type": ["null", "int"], "default": None}],
+}
+
+
+def test_a_record_of_nulls_from_an_older_id_lands_and_a_broken_one_does_not(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """A schema whose every field may be null: from_avro's row of nulls for a datum it could
+    not decode looks like a record of nulls, whatever schema id wrote it."""
+    v1, v2 = schema_file(tmp_path, "n1", NULLABLE_V1), schema_file(tmp_path, "n2", NULLABLE_V2)
+    config = with_format(
+        pipeline_factory(1),
+        tmp_path,
+        {"kind": "avro", "wire": "confluent", "schema_ids": {1: v1, 2: v2}},
+    )
+    nulls_v1 = confluent(1, NULLABLE_V1, {"a": None, "b": None})
+    nulls_v2 = confluent(2, NULLABLE_V2, {"a": None, "b": None, "c": None})
+    full = confluent(1, NULLABLE_V1, {"a": "x", "b": 7})
+    broken = confluent(1, NULLABLE_V1, {"a": "xyz", "b": None})[:7]  # the string cut short
+    kafka_client.produce(config.kafka.topic, [nulls_v1, nulls_v2, full, broken], partition=0)
+    assert run_batch(config, spark).batch.state is BatchState.ACKED
+
+    assert by_offset(config.delta.table_uri, ["a", "b", "c"]) == {
+        0: {"a": None, "b": None, "c": None},
+        1: {"a": None, "b": None, "c": None},
+        2: {"a": "x", "b": 7, "c": None},
+    }
+    bad = by_offset(config.delta.quarantine_uri, ["_error"])
+    assert bad == {3: {"_error": "value is not an Avro datum of the schema"}}
+    assert_exactly_once(config, kafka_client)
