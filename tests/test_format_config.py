@@ -253,3 +253,17 @@ def test_a_field_named_like_a_pipeline_column_is_refused(tmp_path: Path) -> None
     assert config.format is not None
     with pytest.raises(ConfigError, match=r"\['Value'\] are named like columns"):
         protobuf_decoder(config.format)
+
+
+def test_the_code_location_serves_the_avro_example(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from orchestration.definitions import build_definitions
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)
+    monkeypatch.setenv("EXACTLY_PIPELINES_DIR", str(repo / "pipelines" / "avro"))
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    defs = build_definitions()
+    for job in ("orders_micro_batch", "orders_backfill", "orders_continuous"):
+        assert defs.resolve_job_def(job) is not None
