@@ -387,6 +387,18 @@ class PipelineConfig(_Strict):
             if "transform" in data:
                 raise ValueError("give format or transform, not both: format decodes the records")
             kind = data["format"].get("kind")
+            upserts = [
+                d.get("name")
+                for d in data.get("derived") or []
+                if isinstance(d, dict) and d.get("kind") == "upsert"
+            ]
+            if upserts:
+                # a format quarantines null values: an upsert output would never delete
+                raise ValueError(
+                    f"format: the upsert output(s) {upserts} need tombstones (null values) "
+                    "let through with the key from the Kafka key, which format does not do "
+                    "yet: use a transform"
+                )
             data = {**data, "transform": f"format:{kind}"}
         return data
 

@@ -267,3 +267,11 @@ def test_the_code_location_serves_the_avro_example(
     defs = build_definitions()
     for job in ("orders_micro_batch", "orders_backfill", "orders_continuous"):
         assert defs.resolve_job_def(job) is not None
+
+
+def test_a_format_cannot_feed_an_upsert_output_yet(avsc: Path) -> None:
+    """An upsert output deletes by tombstones (null values), which a format quarantines as
+    `record has no value`: the output would never delete. Refused, not half-working."""
+    upsert = {"kind": "upsert", "name": "users", "table_uri": "tables/users", "key": ["id"]}
+    message = _error(_config({"kind": "avro", "schema_file": str(avsc)}, derived=[upsert]))
+    assert "upsert" in message and "format" in message and "users" in message, message
