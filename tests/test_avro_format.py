@@ -362,3 +362,27 @@ def test_a_record_of_nulls_from_an_older_id_lands_and_a_broken_one_does_not(
     bad = by_offset(config.delta.quarantine_uri, ["_error"])
     assert bad == {3: {"_error": "value is not an Avro datum of the schema"}}
     assert_exactly_once(config, kafka_client)
+
+
+def test_an_aggregate_derived_output_counts_the_decoded_records(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    aggregate = {
+        "kind": "aggregate",
+        "name": "orders_per_note",
+        "table_uri": str(tmp_path / "per_note"),
+        "group_by": ["note"],
+        "measures": [{"name": "orders", "fn": "count"}],
+    }
+    config = with_format(
+        pipeline_factory(1, derived=[aggregate]),
+        tmp_path,
+        {"kind": "avro", "schema_file": schema_file(tmp_path, "order", ORDER_V1)},
+    )
+    values = [avro(ORDER_V1, order(i)) for i in range(5)] + [b"\x02"]
+    kafka_client.produce(config.kafka.topic, values, partition=0)
+    assert run_batch(config, spark).batch.state is BatchState.ACKED
+    counts = DeltaTable(str(tmp_path / "per_note")).to_pyarrow_table(columns=["note", "orders"])
+    got = {r["note"]: r["orders"] for r in counts.to_pylist()}
+    assert got == {None: 2, "note-0": 1, "note-2": 1, "note-4": 1}
+    assert_exactly_once(config, kafka_client)
