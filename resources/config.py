@@ -27,6 +27,7 @@ from ledger.batch import BACKFILL_SUFFIX
 from ledger.cleaning import parse_duration
 from ledger.errors import ConfigError
 from resources import storage
+from resources.formats import FormatSettings
 from resources.strict import _NAME, EnvValue, OptionValue, _Strict
 from resources.transforms import absolute_spec, is_file_spec, load_transform
 
@@ -374,9 +375,35 @@ class PipelineConfig(_Strict):
     #: Folders the transform's modules are imported from, relative to the config file's
     #: folder; appended to the import path of this process only (resources/transforms.py)
     python_path: list[str] = Field(default_factory=list)
+    #: records in Avro or Protobuf, decoded instead of by a transform (resources/formats.py);
+    #: the transform is then `format:<kind>`
+    format: FormatSettings | None = None
     #: Delta tables kept from the raw rows in the same two-phase commit (derived/spec.py,
     #: docs/derived-tables.md): published after the quarantine, before the raw table
     derived: list[OutputSpec] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _format_or_transform(cls, data: Any) -> Any:
+        # a format's decoder is the transform: naming both would leave one of them unused
+        if isinstance(data, dict) and isinstance(data.get("format"), dict):
+            if "transform" in data:
+                raise ValueError("give format or transform, not both: format decodes the records")
+            kind = data["format"].get("kind")
+            upserts = [
+                d.get("name")
+                for d in data.get("derived") or []
+                if isinstance(d, dict) and d.get("kind") == "upsert"
+            ]
+            if upserts:
+                # a format quarantines null values: an upsert output would never delete
+                raise ValueError(
+                    f"format: the upsert output(s) {upserts} need tombstones (null values) "
+                    "let through with the key from the Kafka key, which format does not do "
+                    "yet: use a transform"
+                )
+            data = {**data, "transform": f"format:{kind}"}
+        return data
 
     @field_validator("derived")
     @classmethod
@@ -433,8 +460,14 @@ class PipelineConfig(_Strict):
         return self.kafka.group_id or f"exactly-{self.pipeline}"
 
     def load_transform(self, spec: str | None = None) -> Callable[..., Any]:
-        """This pipeline's transform, or another one (a backfill's) found the same way."""
-        return load_transform(spec or self.transform, self.python_path)
+        """This pipeline's transform, or another one (a backfill's) found the same way: its
+        format's decoder, a file, or a module on the import path and `python_path`."""
+        spec = spec or self.transform
+        if self.format is not None and spec == self.format.transform_name:
+            from jobs.format_decode import format_transform  # Spark: the stager's import
+
+            return format_transform(self.format)
+        return load_transform(spec, self.python_path)
 
 
 def _describe(error: ValidationError, source: str) -> str:
@@ -503,7 +536,10 @@ def parse_config(
                 )
     ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
     code = _code_location(config, code_dir or base, source)
-    return config.model_copy(update={"delta": delta, "ledger": ledger, "derived": derived, **code})
+    fmt = config.format.resolved(base) if config.format else None
+    return config.model_copy(
+        update={"delta": delta, "ledger": ledger, "derived": derived, "format": fmt, **code}
+    )
 
 
 def _code_location(config: PipelineConfig, code_dir: Path, source: str) -> dict[str, Any]:

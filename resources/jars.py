@@ -46,7 +46,7 @@ def pyspark_jars() -> list[Path]:
 
 
 def spark_jars(object_store: bool = False) -> list[Path]:
-    """Jars for Spark's classpath: Kafka source and Delta, minus what pyspark already ships;
+    """Jars for Spark's classpath: Kafka source, spark-avro and Delta, minus what pyspark ships;
     with `object_store`, also Hadoop's s3a filesystem and the AWS SDK it calls.
 
     Transitive dependencies such as Hadoop, Jackson, Parquet or Scala are in pyspark's own

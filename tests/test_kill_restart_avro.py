@@ -1,0 +1,143 @@
+"""The random-kill test (tests/test_kill_restart.py) on a pipeline that decodes Avro on the
+Confluent wire (`format: avro`, no transform): while a producer keeps writing orders (every
+25th value broken: a cut-short datum, a wrong magic byte or an unknown schema id, by turns),
+`exactly run` is SIGKILLed at random moments, process group and Spark JVM at once, and
+started again; after a last run every record Kafka holds is in the table or the quarantine
+exactly once, and the quarantine holds exactly the broken ones.
+
+Its own file, beside the page-view one, which others extend (several topics, partitioned
+tables); it reuses that file's kill machinery and seed (`EXACTLY_KILL_SEED`).
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ledger.store import LedgerStore
+from resources.kafka import KafkaClient
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.test_avro_format import ORDER_V1, confluent, order, schema_file, with_format
+from tests.test_cli import EXACTLY, REPO
+from tests.test_kill_restart import (
+    FINAL_RUN_TIMEOUT,
+    FINISHED,
+    KILL_AFTER_FIRST_BATCH,
+    KILL_AFTER_START,
+    KILLS,
+    MAX_RECORDS_PER_PARTITION,
+    MAX_RUNS,
+    PRODUCE_EVERY,
+    RECORDS_PER_ROUND,
+    kill_seed,
+    run_and_kill,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.soak]
+
+BROKEN_EVERY = 25
+
+
+def value(i: int) -> bytes:
+    """Order `i` on the Confluent wire as schema id 1; every BROKEN_EVERY-th broken."""
+    good = confluent(1, ORDER_V1, order(i))
+    if i % BROKEN_EVERY != BROKEN_EVERY - 1:
+        return good
+    kind = (i // BROKEN_EVERY) % 3
+    if kind == 0:
+        return good[:8]  # the datum cut short
+    if kind == 1:
+        return b"\x07" + good[1:]  # a wrong magic byte
+    return confluent(42, ORDER_V1, order(i))  # an unknown schema id
+
+
+class AvroProducer(threading.Thread):
+    """Produces orders until stopped, with a client of its own."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(name="kill-restart-avro-producer", daemon=True)
+        self.bootstrap, self.topic = bootstrap, topic
+        self.produced = 0
+        self.error: BaseException | None = None
+        self.writing = threading.Event()
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with KafkaClient(self.bootstrap, timeout=60) as client:
+                while not self._stopping.is_set():
+                    start = self.produced
+                    values = [value(i) for i in range(start, start + RECORDS_PER_ROUND)]
+                    self.produced += client.produce(self.topic, values)
+                    self.writing.set()
+                    self._stopping.wait(PRODUCE_EVERY)
+        except BaseException as error:  # re-raised by the test through `finish`
+            self.error = error
+
+    def finish(self) -> int:
+        self._stopping.set()
+        self.join(timeout=120)
+        if self.error is not None:
+            raise self.error
+        return self.produced
+
+
+def test_every_avro_record_once_after_random_kills_while_producing(
+    kafka_broker: str, kafka_client: KafkaClient, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = with_format(
+        pipeline_factory(3, max_records=MAX_RECORDS_PER_PARTITION),
+        tmp_path,
+        {
+            "kind": "avro",
+            "wire": "confluent",
+            "schema_ids": {1: schema_file(tmp_path, "v1", ORDER_V1)},
+        },
+    )
+    seed = kill_seed()
+    rng = random.Random(seed)
+    kills: list[str] = []
+    producer = AvroProducer(kafka_broker, config.kafka.topic)
+    producer.start()
+    try:
+        assert producer.writing.wait(timeout=120), "the producer wrote nothing"
+        for n in range(MAX_RUNS):
+            late = sum(1 for k in kills if " killed " in k) % 2 == 0
+            delay = rng.uniform(*(KILL_AFTER_FIRST_BATCH if late else KILL_AFTER_START))
+            last = run_and_kill(config, delay, tmp_path / f"run-{n}.log", after_first_batch=late)
+            kills.append(
+                f"run {n} ended on its own"
+                if last is None
+                else f"run {n} killed {delay:.1f} s: {last}"
+            )
+            if sum(1 for k in kills if " killed " in k) == KILLS:
+                break
+    finally:
+        produced = producer.finish()
+    history = f"seed {seed} (EXACTLY_KILL_SEED={seed} replays it); " + "; ".join(kills)
+    assert sum(1 for k in kills if " killed " in k) == KILLS, history
+
+    final = subprocess.run(
+        [*EXACTLY, "run", "-c", str(config_path(config)), "--until-caught-up"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=FINAL_RUN_TIMEOUT,
+    )
+    assert final.returncode == 0, f"{history}\n{final.stdout}{final.stderr}"
+    try:
+        table_rows, quarantined = assert_exactly_once(config, kafka_client)
+    except AssertionError as failure:
+        raise AssertionError(f"{history}: {failure}") from failure
+    assert table_rows + quarantined == produced, history
+    assert quarantined == produced // BROKEN_EVERY, history
+    store = LedgerStore(config.ledger.url)
+    try:
+        assert all(b.state in FINISHED for b in store.batches(app_id=config.app_id)), history
+    finally:
+        store.dispose()
