@@ -348,12 +348,19 @@ class Positions(dict[int, int]):
         self.decisions: tuple[Any, ...] = tuple(decisions)
 
 
-def accept_topic_command(topic_id: str) -> str:
-    """The operator's way forward when the topic changed: the exact command to run."""
-    return f"exactly skip new-topic -c {CONFIG_PLACEHOLDER} --topic-id {topic_id} --reason '...'"
+def accept_topic_command(topic_id: str, topic: str | None = None) -> str:
+    """The operator's way forward when the topic changed: the exact command to run. A
+    pipeline on several topics names the one (`topic`); one on a single topic need not."""
+    which = f"--topic {topic} " if topic else ""
+    return (
+        f"exactly skip new-topic -c {CONFIG_PLACEHOLDER} {which}--topic-id {topic_id} "
+        "--reason '...'"
+    )
 
 
-def check_topic_identity(topic: str, positions: Positions, current_id: str) -> bool:
+def check_topic_identity(
+    topic: str, positions: Positions, current_id: str, *, name_topic: bool = False
+) -> bool:
     """Stored positions may only be continued on the topic incarnation they were read from.
 
     Returns True when the positions carry no topic id yet (written before exactly stored
@@ -372,7 +379,8 @@ def check_topic_identity(topic: str, positions: Positions, current_id: str) -> b
         f"positions were read from topic {read_from} with id {positions.topic_id} (the topic "
         "was deleted and re-created, or the config points at another topic); nothing was "
         "planned. To read the new topic from its starting offsets and keep the old positions "
-        f"as history, record the decision: {accept_topic_command(current_id)}"
+        "as history, record the decision: "
+        f"{accept_topic_command(current_id, topic if name_topic else None)}"
     )
 
 
