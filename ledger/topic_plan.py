@@ -23,11 +23,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ledger.decisions import Decision, apply_decisions
 from ledger.errors import TopicChangedError
 from ledger.protocol import (
     Available,
     OffsetRange,
     Positions,
+    check_contiguous,
     check_topic_identity,
     plan_ranges,
     worth_planning,
@@ -66,6 +68,42 @@ def positions_by_topic(
         topic: Positions(by_partition, topic=topic, topic_id=topic_ids.get(topic))
         for topic, by_partition in offsets.items()
     }
+
+
+def apply_topic_decisions(
+    held: Mapping[str, Positions], last_batch_id: int | None, decisions: Iterable[Decision]
+) -> dict[str, Positions]:
+    """Each topic's positions once the decisions taken about it since the last batch apply
+    (ledger/decisions.py apply_decisions, topic by topic: a decision names its topic, and
+    moves only that topic's positions). A topic only a decision knows (accepted before it
+    was ever read) gets the positions the decision leaves."""
+    decisions = list(decisions)
+    topics = sorted(set(held) | {d.topic for d in decisions if d.topic})
+    return {
+        topic: apply_decisions(
+            held.get(topic) or Positions(topic=topic),
+            last_batch_id,
+            [d for d in decisions if d.topic == topic],
+        )
+        for topic in topics
+    }
+
+
+def decisions_of(positions: Mapping[str, Positions]) -> list[Decision]:
+    """Every decision the positions were moved by, oldest first: the batch planned on them
+    records them and its commit carries them (invariant 15)."""
+    found = {d.id: d for p in positions.values() for d in p.decisions}
+    return sorted(found.values(), key=lambda d: (d.after_batch_id, d.decided_at))
+
+
+def check_contiguous_by_topic(
+    positions: Mapping[str, Positions], ranges: Sequence[OffsetRange], batch: str
+) -> None:
+    """protocol.check_contiguous, topic by topic: partition 0 of one topic and partition 0
+    of another are two positions (invariant 1)."""
+    for topic in sorted({r.topic for r in ranges}):
+        held = positions.get(topic) or Positions(topic=topic)
+        check_contiguous(held, [r for r in ranges if r.topic == topic], batch)
 
 
 def plan_topics(
