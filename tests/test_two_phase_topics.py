@@ -1,0 +1,165 @@
+"""ledger/two_phase.py on several topics (ledger/topics_coordinator.py), on in-memory edges:
+one batch is one checkpoint over every topic; a topic that newly matches the pattern joins
+from the starting offsets; a re-created or vanished topic stops planning naming it; and a
+batch is staged, re-staged and recovered over exactly the ranges and ids it was planned on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.errors import TopicChangedError
+from ledger.protocol import Available, BatchState, OffsetRange
+from ledger.store import LedgerStore
+from ledger.two_phase import TwoPhaseCommit
+from resources.topic_selection import TopicSelection
+from tests.fixtures.fake_topics import FakeTopicsSource, TopicsStager
+from tests.fixtures.fakes import FakePublisher
+
+APP = "orders"
+
+
+@pytest.fixture
+def source() -> FakeTopicsSource:
+    source = FakeTopicsSource(TopicSelection(pattern="orders-.*"))
+    source.create("orders-eu", {0: Available(0, 3), 1: Available(0, 2)})
+    source.create("orders-us", {0: Available(0, 4)})
+    source.create("refunds", {0: Available(0, 9)})
+    return source
+
+
+@pytest.fixture
+def stager() -> TopicsStager:
+    return TopicsStager()
+
+
+@pytest.fixture
+def publisher(stager: TopicsStager) -> FakePublisher:
+    return FakePublisher(disk=stager.disk)
+
+
+@pytest.fixture
+def tpc(
+    store: LedgerStore, source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher
+) -> TwoPhaseCommit:
+    return TwoPhaseCommit(
+        store,
+        pipeline=APP,
+        app_id=APP,
+        source=source,
+        stager=stager,
+        publisher=publisher,
+        max_records_per_partition=100,
+    )
+
+
+def test_one_batch_reads_every_matched_topic_with_its_id(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, publisher: FakePublisher
+) -> None:
+    report = tpc.run_batch()
+    assert report is not None
+    batch = report.batch
+    assert batch.state is BatchState.ACKED
+    assert batch.ranges == (
+        OffsetRange("orders-eu", 0, 0, 3),
+        OffsetRange("orders-eu", 1, 0, 2),
+        OffsetRange("orders-us", 0, 0, 4),
+    )
+    assert batch.topic_ids == {
+        "orders-eu": source.topic_id_of("orders-eu"),
+        "orders-us": source.topic_id_of("orders-us"),
+    }
+    assert publisher.commits[0]["topic_ids"] == batch.topic_ids
+    assert source.acks == [list(batch.ranges)]
+    assert tpc.run_batch() is None  # caught up on every topic
+
+
+def test_a_topic_created_later_that_matches_joins_from_the_starting_offsets(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource
+) -> None:
+    tpc.run_batch()
+    source.create("orders-apac", {0: Available(0, 5)})
+    source.topics_now["orders-eu"].offsets[0] = Available(0, 4)
+    report = tpc.run_batch()
+    assert report is not None
+    assert report.batch.ranges == (
+        OffsetRange("orders-apac", 0, 0, 5),
+        OffsetRange("orders-eu", 0, 3, 4),
+        OffsetRange("orders-eu", 1, 2, 2),
+        OffsetRange("orders-us", 0, 4, 4),
+    )
+    assert set(report.batch.topic_ids) == {"orders-apac", "orders-eu", "orders-us"}
+
+
+def test_a_recreated_topic_stops_planning_naming_it_and_its_skip_command(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    tpc.run_batch()
+    old = source.topic_id_of("orders-us")
+    new = source.create("orders-us", {0: Available(0, 1)}).topic_id
+    with pytest.raises(TopicChangedError) as info:
+        tpc.begin()
+    message = str(info.value)
+    assert message.startswith("topic orders-us: ")
+    assert old in message and new in message
+    assert f"exactly skip new-topic -c <config> --topic orders-us --topic-id {new}" in message
+    assert store.last_batch_id(APP) == 1
+    with pytest.raises(TopicChangedError, match="topic orders-us"):
+        tpc.check_topic()
+
+
+def test_a_deleted_topic_stops_planning_naming_it(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource
+) -> None:
+    tpc.run_batch()
+    del source.topics_now["orders-eu"]
+    with pytest.raises(TopicChangedError, match=r"^topic orders-eu: the ledger holds positions"):
+        tpc.begin()
+
+
+def test_a_planned_batch_is_staged_over_its_own_topics_even_if_more_match_now(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, publisher: FakePublisher
+) -> None:
+    """A crash after the plan: the batch is re-driven over the ranges it was planned on;
+    a topic that matches since then waits for the next batch."""
+    planned = tpc.begin()
+    assert planned is not None
+    source.create("orders-apac", {0: Available(0, 5)})
+    staged, output = tpc.invoke(planned)
+    assert staged.state is BatchState.STAGED
+    tpc.commit(tpc.pre_commit(staged, output))
+    assert {r["topic"] for r in publisher.commits[0]["ranges"]} == {"orders-eu", "orders-us"}
+    assert publisher.commits[0]["topic_ids"] == planned.topic_ids
+
+
+def test_a_topic_recreated_between_plan_and_stage_is_not_voted(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, stager: TopicsStager
+) -> None:
+    planned = tpc.begin()
+    assert planned is not None
+    source.create("orders-us", {0: Available(0, 4)})  # same offsets, new incarnation
+    with pytest.raises(TopicChangedError, match="orders-us"):
+        tpc.invoke(planned)
+    assert stager.staged == []
+
+
+def test_a_voted_batch_on_two_topics_is_recovered_exactly_once(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, publisher: FakePublisher, store: LedgerStore
+) -> None:
+    """The crash point between the vote and the commit (after_prepare): recovery publishes
+    the vote once, over both topics' ranges, and the next batch continues after them."""
+    planned = tpc.begin()
+    assert planned is not None
+    staged, output = tpc.invoke(planned)
+    voted = tpc.pre_commit(staged, output)
+    assert voted.state is BatchState.PREPARED
+    source.create("orders-apac", {0: Available(0, 5)})
+    recovered = tpc.recover_and_commit()
+    assert [b.batch_id for b in recovered] == [1]
+    assert publisher.published_ids() == [1]
+    assert {r["topic"] for r in publisher.commits[0]["ranges"]} == {"orders-eu", "orders-us"}
+    assert tpc.recover_and_commit() == []
+    assert publisher.published_ids() == [1]
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges if r.span] == ["orders-apac-0[0,5)"]
