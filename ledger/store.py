@@ -385,6 +385,7 @@ class LedgerStore:
         app_id: str,
         decide: Callable[[Positions, int], Decision],
         floor_batch_id: int | None = None,
+        topic: str | None = None,
     ) -> Decision:
         """Record an operator decision, in one transaction under the planning lock.
 
@@ -392,7 +393,8 @@ class LedgerStore:
         in this transaction, so no plan can move them in between; `after_batch_id` is the
         highest batch id in use, raised to `floor_batch_id` (the table's version, when the
         ledger lost the batches the table holds). Refused while a batch is in flight: its
-        range would be read under the old positions (invariant 15).
+        range would be read under the old positions (invariant 15). `topic`: the pipeline
+        reads several topics, and `decide` gets that topic's positions only.
         """
         with self._tx() as conn:
             self._lock_pipeline(conn, pipeline)
@@ -410,7 +412,12 @@ class LedgerStore:
                     "recover it (exactly recover) before recording a decision"
                 )
             last = max(self._last_batch_id(conn, app_id) or 0, floor_batch_id or 0)
-            decision = decide(self._positions(conn, app_id), last)
+            if topic is None:
+                positions = self._positions(conn, app_id)
+            else:
+                by_topic = self._positions_by_topic(conn, app_id)
+                positions = by_topic.get(topic) or Positions(topic=topic)
+            decision = decide(positions, last)
             self._insert_decision(conn, decision)
         return decision
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.errors import TopicChangedError
+from ledger.decisions import DecisionKind, Request, record_decision
+from ledger.errors import DecisionError, TopicChangedError
 from ledger.protocol import Available, BatchState, OffsetRange
 from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
@@ -163,3 +164,46 @@ def test_a_voted_batch_on_two_topics_is_recovered_exactly_once(
     report = tpc.run_batch()
     assert report is not None
     assert [str(r) for r in report.batch.ranges if r.span] == ["orders-apac-0[0,5)"]
+
+
+def test_accepting_a_recreated_topic_restarts_only_that_topic(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    """The command the stop names (`exactly skip new-topic --topic T --topic-id ID`): the
+    re-created topic is read again from its starting offsets, the others go on."""
+    tpc.run_batch()
+    new = source.create("orders-us", {0: Available(0, 2)}).topic_id
+    source.topics_now["orders-eu"].offsets[1] = Available(0, 3)
+    decision = record_decision(
+        tpc,
+        Request(DecisionKind.NEW_TOPIC, "re-created", "ops", topic="orders-us", topic_id=new),
+        store.now(),
+    )
+    assert (decision.topic, decision.topic_id) == ("orders-us", new)
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges if r.span] == [
+        "orders-eu-1[2,3)",
+        "orders-us-0[0,2)",
+    ]
+    assert report.batch.topic_ids["orders-us"] == new
+    assert [d.id for d in report.batch.decisions] == [decision.id]
+
+
+def test_a_decision_on_several_topics_must_name_its_topic(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    tpc.run_batch()
+    with pytest.raises(
+        DecisionError,
+        match=r"^--topic: pipeline orders reads several topics \(orders-eu, orders-us\)",
+    ):
+        record_decision(
+            tpc, Request(DecisionKind.NEW_TOPIC, "why", "ops", topic_id="x"), store.now()
+        )
+    with pytest.raises(DecisionError, match=r"^--topic: pipeline orders does not read topic nope"):
+        record_decision(
+            tpc,
+            Request(DecisionKind.NEW_TOPIC, "why", "ops", topic="nope", topic_id="x"),
+            store.now(),
+        )
