@@ -10,10 +10,15 @@ its id then fails loudly ("does not exist"), and planning stops naming it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
+from jobs.offset_source import KafkaOffsetSource
 from ledger.protocol import Available, OffsetRange
 from resources.kafka import KafkaClient
 from resources.topic_selection import TopicSelection
+
+if TYPE_CHECKING:
+    from resources.config import KafkaSettings
 
 
 class KafkaTopicsSource:
@@ -56,3 +61,13 @@ class KafkaTopicsSource:
             for p, a in sorted(self.available_of(topic).items()):
                 lag[f"{topic}-{p}"] = a.last_stable - group.get(p, a.earliest)
         return lag
+
+
+def offset_source_for(
+    client: KafkaClient, kafka: KafkaSettings, group_id: str
+) -> KafkaOffsetSource | KafkaTopicsSource:
+    """The source a pipeline's config asks for: `kafka.topic` keeps the one-topic source,
+    exactly as before; `kafka.topics` or `kafka.pattern` reads several topics."""
+    if kafka.topic is not None:
+        return KafkaOffsetSource(client, kafka.topic, group_id)
+    return KafkaTopicsSource(client, kafka.selection(), group_id)
