@@ -859,10 +859,7 @@ class TwoPhaseCommit:
                 f"the Delta table holds batch {self.app_id}/{version}, but its commit info is no "
                 "longer in the Delta log (log retention?): offsets cannot be rebuilt; if the "
                 "table's rows are complete, state where each partition continues (one past its "
-                "highest offset in the table): "
-                + resume_command(
-                    self.publisher.rows_reach(self.source.topic), sorted(self.source.available())
-                )
+                "highest offset in the table): " + self._resume_hint()
             )
         rebuilt = 0
         for entry in entries:
@@ -888,6 +885,18 @@ class TwoPhaseCommit:
             )
         self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
         return rebuilt
+
+    def _resume_hint(self) -> str:
+        """The resume-at command with the table's reach filled in; resume-at is built for
+        one topic, so a pipeline on several topics is told that instead."""
+        if topics_coordinator.reads_several_topics(self.source):
+            return (
+                "exactly skip resume-at is built for one topic only, and this pipeline reads "
+                "several: restore the ledger from a backup"
+            )
+        return resume_command(
+            self.publisher.rows_reach(self.source.topic), sorted(self.source.available())
+        )
 
     def _insert_unfinished(
         self, entry: Mapping[str, Any], ranges: list[OffsetRange], decisions: list[Decision]

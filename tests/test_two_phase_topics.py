@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from ledger.backfill import BackfillMode, plan_backfill
 from ledger.decisions import DecisionKind, Request, record_decision
-from ledger.errors import DecisionError, TopicChangedError
+from ledger.errors import ConfigError, DecisionError, TopicChangedError
 from ledger.protocol import Available, BatchState, OffsetRange
 from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
@@ -207,3 +208,22 @@ def test_a_decision_on_several_topics_must_name_its_topic(
             Request(DecisionKind.NEW_TOPIC, "why", "ops", topic="nope", topic_id="x"),
             store.now(),
         )
+
+
+def test_a_backfill_on_several_topics_is_refused_in_one_line(
+    tpc: TwoPhaseCommit, publisher: FakePublisher
+) -> None:
+    """Backfills are built for one topic so far: refused before anything is read or
+    planned, rather than failing half way on a one-topic assumption."""
+    tpc.run_batch()
+    with pytest.raises(ConfigError) as info:
+        plan_backfill(
+            tpc,
+            live_app_id=APP,
+            mode=BackfillMode.FILL,
+            ranges=[OffsetRange("orders-eu", 0, 0, 1)],
+            transform="jobs.examples.pageviews:transform",
+        )
+    assert str(info.value).startswith("pipeline orders reads several topics")
+    assert "\n" not in str(info.value)
+    assert publisher.published_ids() == [1]
