@@ -47,6 +47,7 @@ from ledger.schema import (
 from ledger.topic_plan import (
     apply_topic_decisions,
     check_contiguous_by_topic,
+    check_one_topic,
     decisions_of,
     positions_by_topic,
 )
@@ -260,15 +261,11 @@ class LedgerStore:
             return self._positions(conn, app_id)
 
     def _positions(self, conn: Connection, app_id: str) -> Positions:
-        last = conn.execute(
-            sa.select(sa.func.max(batches_table.c.batch_id)).where(
-                batches_table.c.app_id == app_id,
-                batches_table.c.state.in_([str(s) for s in HOLDS_RANGE]),
-            )
-        ).scalar_one_or_none()
+        last = self._last_holding(conn, app_id)
         held = Positions()
         if last is not None:
             ranges = self._ranges(conn, app_id, [last])[last]
+            check_one_topic(app_id, ranges)
             held = Positions(
                 {r.partition: r.end for r in ranges},
                 topic=ranges[0].topic if ranges else None,

@@ -150,5 +150,19 @@ def check_nothing_left_behind(topics: Sequence[str], positions: Mapping[str, Pos
         )
 
 
+def check_one_topic(app_id: str, ranges: Iterable[OffsetRange]) -> None:
+    """One-topic positions (partition -> offset) may only be read from a batch on one
+    topic: merging several topics' partitions would take one topic's end for another's
+    (records read twice or skipped), and the batch's ids for 'none recorded' (adopted
+    silently). A config back on `kafka.topic` after a batch on several topics stops here."""
+    topics = sorted({r.topic for r in ranges})
+    if len(topics) > 1:
+        raise TopicChangedError(
+            f"the ledger's last batch of {app_id} read topics {', '.join(topics)}, but the "
+            "config reads one topic (kafka.topic); nothing was planned. Read them on with "
+            f"kafka.topics: [{', '.join(topics)}]"
+        )
+
+
 def _where(positions: Positions) -> str:
     return ", ".join(f"partition {p} at {o}" for p, o in sorted(positions.items()))

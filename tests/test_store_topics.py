@@ -14,7 +14,7 @@ import pytest
 
 from ledger.batch import BatchKind
 from ledger.decisions import EXACTLY, Decision, DecisionKind, new_decision_id
-from ledger.errors import InconsistencyError
+from ledger.errors import InconsistencyError, TopicChangedError
 from ledger.protocol import BatchState, OffsetRange, Positions
 from ledger.store import LedgerStore
 
@@ -145,3 +145,21 @@ def test_a_decision_on_one_topic_moves_only_that_topics_positions(store: LedgerS
     assert (dict(positions["b"]), positions["b"].topic_id) == ({}, "B2")
     assert second is not None
     assert [d.topic for d in second.decisions] == ["b"]
+
+
+def test_one_topic_positions_are_refused_after_a_batch_on_several_topics(
+    store: LedgerStore,
+) -> None:
+    """`kafka.topics: [a, b]` back to `kafka.topic: a`: one-topic positions map partition ->
+    offset, so a's and b's partition 0 would be merged (b's end read as a's: records of a
+    read twice or skipped) and the batch's ids read as 'none recorded' (adopted silently).
+    Refused, naming the topics, instead."""
+    first = plan(
+        store, [OffsetRange("a", 0, 0, 50), OffsetRange("b", 0, 0, 5)], {"a": "A", "b": "B"}
+    )
+    finish(store, first)
+    with pytest.raises(TopicChangedError) as info:
+        store.positions(APP)
+    message = str(info.value)
+    assert message.startswith("the ledger's last batch of pageviews read topics a, b")
+    assert "kafka.topics" in message
