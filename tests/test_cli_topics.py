@@ -51,3 +51,17 @@ def test_the_topic_asset_names_every_topic_the_pipeline_reads(tmp_path: Path) ->
     assert "Kafka topics matching 'o-.*' on" in (topic_spec(pattern).description or "")
     one = load_config(write_config(tmp_path, {"topic": "a"}))
     assert topic_spec(one).description == "Kafka topic a on 127.0.0.1:1 (read, never written)"
+
+
+def test_the_dagster_code_location_loads_a_pipeline_on_a_pattern(tmp_path: Path) -> None:
+    """The definitions are built at load from the config alone (no broker): nothing there
+    may assume one topic."""
+    import dagster as dg
+
+    from orchestration.pipeline_definitions import pipeline_definitions
+
+    path = write_config(tmp_path, {"pattern": "orders-.*"})
+    defs = pipeline_definitions(path).definitions
+    graph = defs.resolve_asset_graph()
+    topic = graph.get(dg.AssetKey("orders_topic"))
+    assert "topics matching 'orders-.*'" in (topic.description or "")
