@@ -148,6 +148,8 @@ def plan_ranges(
     available: Mapping[int, Available],
     max_records_per_partition: int,
     starting_offsets: str = "earliest",
+    *,
+    name_topic: bool = False,
 ) -> list[OffsetRange]:
     """Fix the next batch's range for every partition at one instant.
 
@@ -176,24 +178,28 @@ def plan_ranges(
         avail = available[partition]
         first = avail.earliest if starting_offsets == "earliest" else avail.last_stable
         start = positions.get(partition, first)
-        check_readable(topic, partition, start, avail)
+        check_readable(topic, partition, start, avail, name_topic=name_topic)
         end = min(avail.last_stable, start + max_records_per_partition)
         ranges.append(OffsetRange(topic, partition, start, end))
     return ranges
 
 
-def check_readable(topic: str, partition: int, start: int, avail: Available) -> None:
+def check_readable(
+    topic: str, partition: int, start: int, avail: Available, *, name_topic: bool = False
+) -> None:
     """The stored position must still be in Kafka and not beyond what Kafka has.
 
     Protects invariant 8 (no silent loss) and catches a topic that was truncated or
-    re-created under the same name, where stored and available offsets disagree.
+    re-created under the same name, where stored and available offsets disagree. With
+    `name_topic` (a pipeline on several topics) the skip command names the topic.
     """
+    which = f"--topic {topic} " if name_topic else ""
     if start < avail.earliest:
         raise DataLossError(
             f"{topic}-{partition}: offsets [{start}, {avail.earliest}) are no longer in Kafka "
             f"(earliest available is {avail.earliest}; retention or deletion removed them "
             "before they were committed). Skipping them needs an explicit operator decision: "
-            f"exactly skip lost-offsets -c {CONFIG_PLACEHOLDER} --partition {partition} "
+            f"exactly skip lost-offsets -c {CONFIG_PLACEHOLDER} {which}--partition {partition} "
             "--reason '...'"
         )
     if start > avail.last_stable:

@@ -129,7 +129,12 @@ def plan_topics(
         held = positions.get(topic) or Positions(topic=topic)
         check_topic_identity(topic, held, read.topic_id, name_topic=True)
         planned = plan_ranges(
-            topic, held, read.available, max_records_per_partition, starting_offsets
+            topic,
+            held,
+            read.available,
+            max_records_per_partition,
+            starting_offsets,
+            name_topic=True,
         )
         worth = worth or worth_planning(planned, held, starting_offsets)
         ranges.extend(planned)

@@ -10,7 +10,7 @@ import pytest
 
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.decisions import DecisionKind, Request, record_decision
-from ledger.errors import ConfigError, DecisionError, TopicChangedError
+from ledger.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
 from ledger.protocol import Available, BatchState, OffsetRange
 from ledger.store import LedgerStore
 from ledger.two_phase import TwoPhaseCommit
@@ -227,3 +227,29 @@ def test_a_backfill_on_several_topics_is_refused_in_one_line(
     assert str(info.value).startswith("pipeline orders reads several topics")
     assert "\n" not in str(info.value)
     assert publisher.published_ids() == [1]
+
+
+def test_offsets_lost_on_one_topic_name_the_skip_command_with_the_topic(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    """Retention deleted offsets of one topic before they were read: planning stops with
+    the lost-offsets command naming that topic, and recording it moves that topic only."""
+    tpc.run_batch()
+    source.topics_now["orders-us"].offsets[0] = Available(6, 9)  # [4, 6) deleted unread
+    source.topics_now["orders-eu"].offsets[0] = Available(0, 5)
+    with pytest.raises(DataLossError) as info:
+        tpc.begin()
+    assert "exactly skip lost-offsets -c <config> --topic orders-us --partition 0" in str(
+        info.value
+    )
+    record_decision(
+        tpc,
+        Request(DecisionKind.LOST_OFFSETS, "retention", "ops", partition=0, topic="orders-us"),
+        store.now(),
+    )
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges if r.span] == [
+        "orders-eu-0[3,5)",
+        "orders-us-0[6,9)",
+    ]
