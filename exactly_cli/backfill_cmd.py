@@ -37,6 +37,11 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from jobs.pipeline import Pipeline
 
     config = load_config(args.config)
+    if config.kafka.topic is None:
+        raise ConfigError(
+            f"pipeline {config.pipeline} reads several topics (kafka.topics or kafka.pattern): "
+            "backfills are built for a pipeline on one topic (kafka.topic) only so far"
+        )
     topic = args.topic or config.kafka.topic
     if topic != config.kafka.topic:
         raise ConfigError(

@@ -52,6 +52,11 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     topic_id = None
     if isinstance(spec, UpsertOutput) and not args.empty:
         # a full upsert rebuild must know the topic's incarnation now (derived/rebuild.py)
+        if config.kafka.topic is None:
+            raise ConfigError(
+                f"derived output {args.name!r}: a full upsert rebuild checks one topic's "
+                "incarnation; it is not built for a pipeline on several topics yet"
+            )
         kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
         topic_id = kafka.topic_id(config.kafka.topic)
     done = rebuild_output(

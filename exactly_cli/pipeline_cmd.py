@@ -270,7 +270,7 @@ def cmd_ledger(args: argparse.Namespace) -> int:
         json.dump([b.as_dict() for b in found], sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    for line in ledger_lines(found):
+    for line in ledger_lines(found, with_topics=config.kafka.topic is None):
         say(line)
     if decisions:
         say("")
@@ -285,14 +285,18 @@ def batch_kind(batch: Batch) -> str:
     return f"{kind}+rebuilt" if batch.params.get("rebuilt_from_delta_log") else kind
 
 
-def ledger_lines(batches: list[Batch]) -> list[str]:
-    """`exactly ledger`'s table: a header, then one line per batch."""
+def ledger_lines(batches: list[Batch], *, with_topics: bool = False) -> list[str]:
+    """`exactly ledger`'s table: a header, then one line per batch. `with_topics`: the
+    pipeline reads several topics, and each range is named `topic-partition:[start,end)`."""
     lines = [
         f"{'batch':>6} {'app_id':<20} {'kind':<15} {'state':<10} {'att':>3} {'records':>9} "
         f"{'files s/c/a/m':>13}  ranges"
     ]
     for b in batches:
-        ranges = " ".join(f"{r.partition}:[{r.start},{r.end})" for r in b.ranges)
+        ranges = " ".join(
+            f"{f'{r.topic}-' if with_topics else ''}{r.partition}:[{r.start},{r.end})"
+            for r in b.ranges
+        )
         records = b.metrics.get("records_read", "")
         lines.append(
             f"{b.batch_id:>6} {b.app_id:<20} {batch_kind(b):<15} {b.state:<10} {b.attempt:>3} "

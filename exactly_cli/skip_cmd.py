@@ -46,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     common.add_argument("-c", "--config", required=True, help="pipeline config file (YAML)")
     common.add_argument("--reason", required=True, help="why; recorded with the decision")
     common.add_argument("--by", default=_default_user(), help="who decides (default: the OS user)")
+    common.add_argument(
+        "--topic", help="the topic the decision is about (required when the pipeline reads several)"
+    )
 
     skip = sub.add_parser(
         "skip",
@@ -129,6 +132,7 @@ def cmd_skip(args: argparse.Namespace) -> int:
         topic_id=getattr(args, "topic_id", None),
         positions=positions,
         force=getattr(args, "force", False),
+        topic=args.topic,
     )
     with Pipeline(config, log=print) as pipeline:
         if kind is DecisionKind.NEW_TOPIC:

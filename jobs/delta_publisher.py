@@ -60,6 +60,8 @@ def commit_metadata(batch: Batch) -> dict[str, Any]:
         "ranges": [r.as_dict() for r in batch.ranges],
         "params": batch.params,
         "topic_id": batch.topic_id,
+        # every topic's id, by name (a batch on several topics; invariant 10)
+        "topic_ids": batch.topic_ids,
         "decisions": [d.as_dict() for d in batch.decisions],
     }
 

@@ -16,8 +16,8 @@ from types import TracebackType
 from typing import Any
 
 from jobs.delta_publisher import DeltaPublisher
-from jobs.offset_source import KafkaOffsetSource
 from jobs.spark_stager import SharedSpark, SparkStager
+from jobs.topics_source import offset_source_for
 from ledger.backfill import BackfillMode, backfill_app_id, plan_backfill
 from ledger.batch import Batch, BatchKind
 from ledger.store import LedgerStore
@@ -50,7 +50,7 @@ class Pipeline:
         storage.check_buckets([config.delta.table_uri, config.delta.quarantine_uri])
         self.store = LedgerStore(config.ledger.url)
         self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
-        self.source = KafkaOffsetSource(self.kafka, config.kafka.topic, config.group_id)
+        self.source = offset_source_for(self.kafka, config.kafka, config.group_id)
         self.publisher = DeltaPublisher.for_config(config)
         # a PostgreSQL output's server that refuses us or does not answer fails here too
         for output in self.publisher.postgres.values():

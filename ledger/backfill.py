@@ -31,8 +31,9 @@ from dataclasses import dataclass
 
 from derived.spec import AnyOutput, replace_refusal
 from ledger.batch import BACKFILL_SUFFIX, Batch, BatchKind
-from ledger.errors import ExactlyError
+from ledger.errors import ConfigError, ExactlyError
 from ledger.protocol import HOLDS_RANGE, BatchState, OffsetRange, check_topic_identity
+from ledger.topics_coordinator import reads_several_topics
 from ledger.two_phase import TwoPhaseCommit
 
 
@@ -276,6 +277,11 @@ def plan_backfill(
     either committed before and is seen, or waits until this plan is recorded and then sees
     it. Checking first and planning after would let both take the same offsets.
     """
+    if reads_several_topics(tpc.source):
+        raise ConfigError(
+            f"pipeline {tpc.pipeline} reads several topics (kafka.topics or kafka.pattern): "
+            "backfills are built for a pipeline on one topic (kafka.topic) only so far"
+        )
     params = params_for(mode, ranges, transform)
     tpc.recover_and_commit()
     # the live positions that decide what a backfill may take belong to one incarnation

@@ -100,6 +100,10 @@ class Batch:
     #: Kafka's id of the topic incarnation the ranges were planned on (invariant 10); None
     #: for batches recorded before exactly stored topic ids
     topic_id: str | None = None
+    #: the id of every topic the batch reads, by name (a batch of a pipeline on several
+    #: topics has one per topic, and then `topic_id` is None); empty for batches recorded
+    #: before exactly stored topic ids
+    topic_ids: dict[str, str] = field(default_factory=dict)
     #: operator decisions the batch was planned on; its commit carries them (invariant 15)
     decisions: tuple[Decision, ...] = ()
 
@@ -137,5 +141,6 @@ class Batch:
             "metrics": self.metrics,
             "params": self.params,
             "topic_id": self.topic_id,
+            "topic_ids": self.topic_ids,
             "decisions": [d.as_dict() for d in self.decisions],
         }

@@ -393,6 +393,8 @@ class Request:
     topic_id: str | None = None
     positions: Mapping[int, int] = field(default_factory=dict)
     force: bool = False
+    #: the topic the decision is about; required when the pipeline reads several topics
+    topic: str | None = None
     #: the upsert outputs whose table exists: a new-topic decision is refused while any does
     upsert_outputs: tuple[str, ...] = ()
 
@@ -409,8 +411,7 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
         raise DecisionError("--reason must say why: it is recorded with the decision")
     if request.kind is not DecisionKind.RESUME_AT:
         tpc.recover_and_commit()
-    topic = tpc.source.topic
-    current_id, available = tpc.read_topic()
+    topic, current_id, available, several = _decision_topic(tpc, request)
     reach: Mapping[int, int] = {}
     floor = None
     read_before = tpc.store.topic_ids_read(tpc.app_id)
@@ -464,5 +465,43 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
         )
 
     return tpc.store.record_decision(
-        pipeline=tpc.pipeline, app_id=tpc.app_id, decide=decide, floor_batch_id=floor
+        pipeline=tpc.pipeline,
+        app_id=tpc.app_id,
+        decide=decide,
+        floor_batch_id=floor,
+        topic=topic if several else None,
     )
+
+
+def _decision_topic(
+    tpc: TwoPhaseCommit, request: Request
+) -> tuple[str, str, Mapping[int, Available], bool]:
+    """The topic a decision is about, its id and offsets now, and whether the pipeline reads
+    several topics (then the decision names one, and moves only that topic's positions)."""
+    from ledger.topics_coordinator import read_topics, reads_several_topics
+
+    source = tpc.source
+    if not reads_several_topics(source):
+        topic = source.topic  # type: ignore[union-attr]
+        if request.topic not in (None, topic):
+            raise DecisionError(f"--topic: pipeline {tpc.pipeline} reads topic {topic} only")
+        current_id, available = tpc.read_topic()
+        return topic, current_id, available, False
+    topics = source.topics()  # type: ignore[union-attr]
+    if request.kind is DecisionKind.RESUME_AT:
+        raise DecisionError(
+            f"resume-at: pipeline {tpc.pipeline} reads several topics, and resume-at is "
+            "built for one topic only"
+        )
+    if request.topic is None:
+        raise DecisionError(
+            f"--topic: pipeline {tpc.pipeline} reads several topics ({', '.join(topics)}): "
+            "name the one the decision is about"
+        )
+    if request.topic not in topics:
+        raise DecisionError(
+            f"--topic: pipeline {tpc.pipeline} does not read topic {request.topic} now (it "
+            f"reads {', '.join(topics) or 'none'})"
+        )
+    read = read_topics(source, [request.topic])[request.topic]  # type: ignore[arg-type]
+    return request.topic, read.topic_id, read.available, True

@@ -148,6 +148,8 @@ def plan_ranges(
     available: Mapping[int, Available],
     max_records_per_partition: int,
     starting_offsets: str = "earliest",
+    *,
+    name_topic: bool = False,
 ) -> list[OffsetRange]:
     """Fix the next batch's range for every partition at one instant.
 
@@ -176,24 +178,28 @@ def plan_ranges(
         avail = available[partition]
         first = avail.earliest if starting_offsets == "earliest" else avail.last_stable
         start = positions.get(partition, first)
-        check_readable(topic, partition, start, avail)
+        check_readable(topic, partition, start, avail, name_topic=name_topic)
         end = min(avail.last_stable, start + max_records_per_partition)
         ranges.append(OffsetRange(topic, partition, start, end))
     return ranges
 
 
-def check_readable(topic: str, partition: int, start: int, avail: Available) -> None:
+def check_readable(
+    topic: str, partition: int, start: int, avail: Available, *, name_topic: bool = False
+) -> None:
     """The stored position must still be in Kafka and not beyond what Kafka has.
 
     Protects invariant 8 (no silent loss) and catches a topic that was truncated or
-    re-created under the same name, where stored and available offsets disagree.
+    re-created under the same name, where stored and available offsets disagree. With
+    `name_topic` (a pipeline on several topics) the skip command names the topic.
     """
+    which = f"--topic {topic} " if name_topic else ""
     if start < avail.earliest:
         raise DataLossError(
             f"{topic}-{partition}: offsets [{start}, {avail.earliest}) are no longer in Kafka "
             f"(earliest available is {avail.earliest}; retention or deletion removed them "
             "before they were committed). Skipping them needs an explicit operator decision: "
-            f"exactly skip lost-offsets -c {CONFIG_PLACEHOLDER} --partition {partition} "
+            f"exactly skip lost-offsets -c {CONFIG_PLACEHOLDER} {which}--partition {partition} "
             "--reason '...'"
         )
     if start > avail.last_stable:
@@ -348,12 +354,19 @@ class Positions(dict[int, int]):
         self.decisions: tuple[Any, ...] = tuple(decisions)
 
 
-def accept_topic_command(topic_id: str) -> str:
-    """The operator's way forward when the topic changed: the exact command to run."""
-    return f"exactly skip new-topic -c {CONFIG_PLACEHOLDER} --topic-id {topic_id} --reason '...'"
+def accept_topic_command(topic_id: str, topic: str | None = None) -> str:
+    """The operator's way forward when the topic changed: the exact command to run. A
+    pipeline on several topics names the one (`topic`); one on a single topic need not."""
+    which = f"--topic {topic} " if topic else ""
+    return (
+        f"exactly skip new-topic -c {CONFIG_PLACEHOLDER} {which}--topic-id {topic_id} "
+        "--reason '...'"
+    )
 
 
-def check_topic_identity(topic: str, positions: Positions, current_id: str) -> bool:
+def check_topic_identity(
+    topic: str, positions: Positions, current_id: str, *, name_topic: bool = False
+) -> bool:
     """Stored positions may only be continued on the topic incarnation they were read from.
 
     Returns True when the positions carry no topic id yet (written before exactly stored
@@ -372,7 +385,8 @@ def check_topic_identity(topic: str, positions: Positions, current_id: str) -> b
         f"positions were read from topic {read_from} with id {positions.topic_id} (the topic "
         "was deleted and re-created, or the config points at another topic); nothing was "
         "planned. To read the new topic from its starting offsets and keep the old positions "
-        f"as history, record the decision: {accept_topic_command(current_id)}"
+        "as history, record the decision: "
+        f"{accept_topic_command(current_id, topic if name_topic else None)}"
     )
 
 

@@ -44,6 +44,13 @@ from ledger.schema import (
     meta_table,
     ranges_table,
 )
+from ledger.topic_plan import (
+    apply_topic_decisions,
+    check_contiguous_by_topic,
+    check_one_topic,
+    decisions_of,
+    positions_by_topic,
+)
 
 
 def _aware(ts: datetime | None) -> datetime | None:
@@ -103,25 +110,41 @@ class LedgerStore:
         return out
 
     def _topic_ids(self, conn: Connection, app_id: str, batch_ids: list[int]) -> dict[int, str]:
-        """The topic id each batch's ranges were planned on (one per batch: a batch reads
-        one topic); batches recorded before topic ids are absent."""
+        """The topic id each one-topic batch's ranges were planned on; batches recorded
+        before topic ids, and batches on several topics (see _ids_by_topic), are absent."""
+        return {
+            batch_id: next(iter(ids.values()))
+            for batch_id, ids in self._ids_by_topic(conn, app_id, batch_ids).items()
+            if len(ids) == 1
+        }
+
+    def _ids_by_topic(
+        self, conn: Connection, app_id: str, batch_ids: list[int]
+    ) -> dict[int, dict[str, str]]:
+        """Per batch, the id each of its topics was planned on (every range row holds its
+        topic's id); batches recorded before topic ids are absent."""
         if not batch_ids:
             return {}
         rows = conn.execute(
-            sa.select(ranges_table.c.batch_id, ranges_table.c.topic_id).where(
+            sa.select(ranges_table.c.batch_id, ranges_table.c.topic, ranges_table.c.topic_id)
+            .where(
                 ranges_table.c.app_id == app_id,
                 ranges_table.c.batch_id.in_(batch_ids),
                 ranges_table.c.topic_id.is_not(None),
             )
+            .distinct()
         )
-        return {r.batch_id: r.topic_id for r in rows}
+        out: dict[int, dict[str, str]] = {}
+        for r in rows:
+            out.setdefault(r.batch_id, {})[r.topic] = r.topic_id
+        return out
 
     def _to_batches(self, conn: Connection, rows: list[Any]) -> list[Batch]:
         by_app: dict[str, list[int]] = {}
         for r in rows:
             by_app.setdefault(r.app_id, []).append(r.batch_id)
         ranges = {app: self._ranges(conn, app, ids) for app, ids in by_app.items()}
-        topic_ids = {app: self._topic_ids(conn, app, ids) for app, ids in by_app.items()}
+        topic_ids = {app: self._ids_by_topic(conn, app, ids) for app, ids in by_app.items()}
         return [
             Batch(
                 app_id=r.app_id,
@@ -143,7 +166,8 @@ class LedgerStore:
                 schemas=r.schemas or {},
                 metrics=r.metrics or {},
                 params=r.params or {},
-                topic_id=topic_ids[r.app_id].get(r.batch_id),
+                topic_id=_sole(topic_ids[r.app_id].get(r.batch_id, {})),
+                topic_ids=topic_ids[r.app_id].get(r.batch_id, {}),
                 decisions=tuple(Decision.from_dict(d) for d in r.decisions or ()),
             )
             for r in rows
@@ -237,21 +261,40 @@ class LedgerStore:
             return self._positions(conn, app_id)
 
     def _positions(self, conn: Connection, app_id: str) -> Positions:
-        last = conn.execute(
-            sa.select(sa.func.max(batches_table.c.batch_id)).where(
-                batches_table.c.app_id == app_id,
-                batches_table.c.state.in_([str(s) for s in HOLDS_RANGE]),
-            )
-        ).scalar_one_or_none()
+        last = self._last_holding(conn, app_id)
         held = Positions()
         if last is not None:
             ranges = self._ranges(conn, app_id, [last])[last]
+            check_one_topic(app_id, ranges)
             held = Positions(
                 {r.partition: r.end for r in ranges},
                 topic=ranges[0].topic if ranges else None,
                 topic_id=self._topic_ids(conn, app_id, [last]).get(last),
             )
         return apply_decisions(held, last, self._decisions(conn, app_id=app_id))
+
+    def positions_by_topic(self, app_id: str) -> dict[str, Positions]:
+        """The next offset per partition of each topic, with each topic's id and the
+        decisions that moved it: positions() for a pipeline on several topics."""
+        with self._read() as conn:
+            return self._positions_by_topic(conn, app_id)
+
+    def _positions_by_topic(self, conn: Connection, app_id: str) -> dict[str, Positions]:
+        last = self._last_holding(conn, app_id)
+        held: dict[str, Positions] = {}
+        if last is not None:
+            ids = self._ids_by_topic(conn, app_id, [last]).get(last, {})
+            held = positions_by_topic(self._ranges(conn, app_id, [last])[last], ids)
+        return apply_topic_decisions(held, last, self._decisions(conn, app_id=app_id))
+
+    def _last_holding(self, conn: Connection, app_id: str) -> int | None:
+        """The newest batch of `app_id` whose ranges count as read (HOLDS_RANGE)."""
+        return conn.execute(
+            sa.select(sa.func.max(batches_table.c.batch_id)).where(
+                batches_table.c.app_id == app_id,
+                batches_table.c.state.in_([str(s) for s in HOLDS_RANGE]),
+            )
+        ).scalar_one_or_none()
 
     def topic_ids_read(self, app_id: str) -> set[str]:
         """Every topic id a batch of `app_id` that was not abandoned was planned on."""
@@ -339,6 +382,7 @@ class LedgerStore:
         app_id: str,
         decide: Callable[[Positions, int], Decision],
         floor_batch_id: int | None = None,
+        topic: str | None = None,
     ) -> Decision:
         """Record an operator decision, in one transaction under the planning lock.
 
@@ -346,7 +390,8 @@ class LedgerStore:
         in this transaction, so no plan can move them in between; `after_batch_id` is the
         highest batch id in use, raised to `floor_batch_id` (the table's version, when the
         ledger lost the batches the table holds). Refused while a batch is in flight: its
-        range would be read under the old positions (invariant 15).
+        range would be read under the old positions (invariant 15). `topic`: the pipeline
+        reads several topics, and `decide` gets that topic's positions only.
         """
         with self._tx() as conn:
             self._lock_pipeline(conn, pipeline)
@@ -364,7 +409,12 @@ class LedgerStore:
                     "recover it (exactly recover) before recording a decision"
                 )
             last = max(self._last_batch_id(conn, app_id) or 0, floor_batch_id or 0)
-            decision = decide(self._positions(conn, app_id), last)
+            if topic is None:
+                positions = self._positions(conn, app_id)
+            else:
+                by_topic = self._positions_by_topic(conn, app_id)
+                positions = by_topic.get(topic) or Positions(topic=topic)
+            decision = decide(positions, last)
             self._insert_decision(conn, decision)
         return decision
 
@@ -397,6 +447,7 @@ class LedgerStore:
         contiguous: bool = True,
         check: Callable[[Sequence[Batch]], None] | None = None,
         topic_id: str | None = None,
+        topic_ids: Mapping[str, str] | None = None,
     ) -> Batch | None:
         """Record a new PLANNED batch with the next batch id, in one transaction.
 
@@ -421,38 +472,33 @@ class LedgerStore:
         different one (ledger/protocol.py check_topic_identity); live positions that carry
         none adopt `topic_id` here, recorded as a decision. The batch records the decisions
         its positions were moved by, for its commit to carry (invariant 15).
+
+        `topic_ids` instead of `topic_id`: the batch reads several topics (the id of each,
+        by name). `ranges_for` then receives the positions per topic (positions_by_topic),
+        contiguity and the adoption of an id are per topic, and every range is stored with
+        its own topic's id (ledger/topic_plan.py).
         """
+        if topic_ids is not None:
+            return self._plan_topics(
+                pipeline=pipeline,
+                app_id=app_id,
+                kind=kind,
+                ranges_for=ranges_for,
+                owner=owner,
+                batch_id=batch_id,
+                topic_ids=topic_ids,
+            )
         owner = owner or this_owner()
         now = db_now()
         try:
             with self._tx() as conn:
                 self._lock_pipeline(conn, pipeline)
-                in_flight = conn.execute(
-                    sa.select(
-                        batches_table.c.batch_id, batches_table.c.state, batches_table.c.owner
-                    )
-                    .where(
-                        batches_table.c.app_id == app_id,
-                        batches_table.c.state.in_([str(s) for s in BLOCKS_PLANNING]),
-                    )
-                    .limit(1)
-                ).first()
-                if in_flight is not None:
-                    raise BusyError(
-                        f"{app_id}: batch {in_flight.batch_id} is still {in_flight.state} "
-                        f"(owner {in_flight.owner}); recover it before planning another"
-                    )
+                self._refuse_in_flight(conn, app_id)
                 if check is not None:
                     check(self._pipeline_batches(conn, pipeline))
                 positions = self._positions(conn, app_id)
                 last_id = self._last_batch_id(conn, app_id)
-                if batch_id is None:
-                    batch_id = (last_id or 0) + 1
-                elif batch_id <= (last_id or 0):
-                    raise InconsistencyError(
-                        f"{app_id}: cannot plan batch {batch_id}: the ledger is already at "
-                        f"batch {last_id} and batch ids only grow"
-                    )
+                batch_id = self._next_id(app_id, batch_id, last_id)
                 proposed = ranges_for(positions)
                 if proposed is None:
                     return None
@@ -489,6 +535,91 @@ class LedgerStore:
         batch = self.get(app_id, batch_id)
         assert batch is not None
         return batch
+
+    def _plan_topics(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: BatchKind,
+        ranges_for: Callable[[dict[str, Positions]], Sequence[OffsetRange] | None],
+        owner: Owner | None,
+        batch_id: int | None,
+        topic_ids: Mapping[str, str],
+    ) -> Batch | None:
+        """plan() for a live batch on several topics, continued from the positions."""
+        owner = owner or this_owner()
+        now = db_now()
+        try:
+            with self._tx() as conn:
+                self._lock_pipeline(conn, pipeline)
+                self._refuse_in_flight(conn, app_id)
+                positions = self._positions_by_topic(conn, app_id)
+                last_id = self._last_batch_id(conn, app_id)
+                batch_id = self._next_id(app_id, batch_id, last_id)
+                proposed = ranges_for(positions)
+                if proposed is None:
+                    return None
+                new_ranges = list(proposed)
+                check_contiguous_by_topic(positions, new_ranges, f"{app_id}/{batch_id}")
+                decisions = decisions_of(positions)
+                for topic, held in positions.items():
+                    if held.topic_id is None and held and topic in topic_ids:
+                        decided_at = _aware(conn.execute(sa.select(db_now())).scalar_one())
+                        adopted = self._adoption(
+                            pipeline, app_id, held, topic_ids[topic], last_id, decided_at
+                        )
+                        self._insert_decision(conn, adopted)
+                        decisions.append(adopted)
+                self._insert_batch(
+                    conn,
+                    app_id=app_id,
+                    batch_id=batch_id,
+                    pipeline=pipeline,
+                    kind=kind,
+                    state=BatchState.PLANNED,
+                    owner=owner,
+                    created_at=now,
+                    params=None,
+                    decisions=decisions,
+                )
+                self._insert_ranges(conn, app_id, batch_id, new_ranges, topic_ids)
+        except IntegrityError as exc:
+            raise BusyError(
+                f"{app_id}: another process planned the next batch at the same moment; "
+                "run again to continue after it"
+            ) from exc
+        batch = self.get(app_id, batch_id)
+        assert batch is not None
+        return batch
+
+    def _refuse_in_flight(self, conn: Connection, app_id: str) -> None:
+        """One batch at a time (BLOCKS_PLANNING): BusyError while one is not published."""
+        in_flight = conn.execute(
+            sa.select(batches_table.c.batch_id, batches_table.c.state, batches_table.c.owner)
+            .where(
+                batches_table.c.app_id == app_id,
+                batches_table.c.state.in_([str(s) for s in BLOCKS_PLANNING]),
+            )
+            .limit(1)
+        ).first()
+        if in_flight is not None:
+            raise BusyError(
+                f"{app_id}: batch {in_flight.batch_id} is still {in_flight.state} "
+                f"(owner {in_flight.owner}); recover it before planning another"
+            )
+
+    @staticmethod
+    def _next_id(app_id: str, batch_id: int | None, last_id: int | None) -> int:
+        """`batch_id`, or the next id; ids only grow."""
+        if batch_id is None:
+            return (last_id or 0) + 1
+        if batch_id <= (last_id or 0):
+            raise InconsistencyError(
+                f"{app_id}: cannot plan batch {batch_id}: the ledger is already at "
+                f"batch {last_id} and batch ids only grow"
+            )
+        return batch_id
 
     def _pipeline_batches(self, conn: Connection, pipeline: str) -> list[Batch]:
         """Every batch of every application id of `pipeline`, newest first."""
@@ -594,8 +725,10 @@ class LedgerStore:
         app_id: str,
         batch_id: int,
         rngs: Iterable[OffsetRange],
-        topic_id: str | None = None,
+        topic_id: str | Mapping[str, str] | None = None,
     ) -> None:
+        """`topic_id`: one id for every range, or the id of each range's topic by name."""
+        ids = topic_id if isinstance(topic_id, Mapping) else None
         rows = [
             {
                 "app_id": app_id,
@@ -604,7 +737,7 @@ class LedgerStore:
                 "partition": r.partition,
                 "start_offset": r.start,
                 "end_offset": r.end,
-                "topic_id": topic_id,
+                "topic_id": ids.get(r.topic) if ids is not None else topic_id,
             }
             for r in rngs
         ]
@@ -937,3 +1070,8 @@ class LedgerStore:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _sole(ids: Mapping[str, str]) -> str | None:
+    """The topic id of a batch on one topic; None for several topics, or none recorded."""
+    return next(iter(ids.values())) if len(ids) == 1 else None

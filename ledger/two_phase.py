@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ledger import topics_coordinator
 from ledger.batch import RESTAGE, Batch, BatchKind, StagedFile, this_owner
 from ledger.crash import crashpoint
 from ledger.decisions import Decision, DecisionKind, resume_command
@@ -172,7 +173,7 @@ class TwoPhaseCommit:
         *,
         pipeline: str,
         app_id: str,
-        source: OffsetSource,
+        source: OffsetSource | topics_coordinator.TopicsSource,
         stager: Stager,
         publisher: Publisher,
         max_records_per_partition: int,
@@ -212,6 +213,11 @@ class TwoPhaseCommit:
         `batch_id`, the batch gets that id (it must be above every existing one), so an
         orchestrator can name the batch before it exists.
         """
+        if topics_coordinator.reads_several_topics(self.source):
+            batch = topics_coordinator.begin(self, allow_empty=allow_empty, batch_id=batch_id)
+            if batch is not None:
+                crashpoint("after_plan")
+            return batch
         topic_id, available = self.read_topic()
 
         def ranges_for(positions: Positions) -> list[OffsetRange] | None:
@@ -240,6 +246,8 @@ class TwoPhaseCommit:
         in_flight = self.store.batches(app_id=self.app_id, states=BLOCKS_PLANNING, limit=1)
         if in_flight:
             return NextBatch(None, in_flight=in_flight[0])
+        if topics_coordinator.reads_several_topics(self.source):
+            return topics_coordinator.next_batch(self)
         topic_id, available = self.read_topic()
         ranges = self._next_ranges(self.store.positions(self.app_id), available, topic_id)
         if ranges is None:
@@ -250,6 +258,8 @@ class TwoPhaseCommit:
         """Raise TopicChangedError if the stored positions were read from another topic
         incarnation than the one Kafka has now (invariant 10). Nothing can be planned until
         an operator records a decision, so a watcher calls this to make the stop heard."""
+        if topics_coordinator.reads_several_topics(self.source):
+            return topics_coordinator.check_topics(self)
         check_topic_identity(
             self.source.topic, self.store.positions(self.app_id), self.source.topic_id()
         )
@@ -331,16 +341,25 @@ class TwoPhaseCommit:
         an output the stage refuses (invariants 13, 14) is never voted. The topic must be
         the incarnation the batch was planned on, before the read and still after it, or
         nothing is voted (invariant 10)."""
-        topic_id, available = self.read_topic()
-        check_batch_topic(batch.label, self.source.topic, batch.topic_id, topic_id)
-        check_ranges_readable(batch.ranges, available)
+        several = topics_coordinator.reads_several_topics(self.source)
+        if several:
+            topics_coordinator.check_before_stage(self, batch)
+        else:
+            topic_id, available = self.read_topic()
+            check_batch_topic(batch.label, self.source.topic, batch.topic_id, topic_id)
+            check_ranges_readable(batch.ranges, available)
         crashpoint("before_stage")
         try:
             with self._heartbeat(batch):
                 output = self.stager.stage(batch)
         except RefusedBatchError as exc:
             raise self._refuse(batch, exc) from exc
-        check_batch_topic(batch.label, self.source.topic, batch.topic_id, self.source.topic_id())
+        if several:
+            topics_coordinator.check_after_stage(self, batch)
+        else:
+            check_batch_topic(
+                batch.label, self.source.topic, batch.topic_id, self.source.topic_id()
+            )
         return output
 
     def pre_commit(self, batch: Batch, output: StageOutput) -> Batch:
@@ -840,10 +859,7 @@ class TwoPhaseCommit:
                 f"the Delta table holds batch {self.app_id}/{version}, but its commit info is no "
                 "longer in the Delta log (log retention?): offsets cannot be rebuilt; if the "
                 "table's rows are complete, state where each partition continues (one past its "
-                "highest offset in the table): "
-                + resume_command(
-                    self.publisher.rows_reach(self.source.topic), sorted(self.source.available())
-                )
+                "highest offset in the table): " + self._resume_hint()
             )
         rebuilt = 0
         for entry in entries:
@@ -864,11 +880,23 @@ class TwoPhaseCommit:
                 ranges=ranges,
                 table_version=entry.get("table_version"),
                 params=entry.get("params"),
-                topic_id=entry.get("topic_id"),
+                topic_id=entry.get("topic_ids") or entry.get("topic_id"),
                 decisions=decisions,
             )
         self.log(f"rebuilt {rebuilt} committed batches of {self.app_id} from the Delta log")
         return rebuilt
+
+    def _resume_hint(self) -> str:
+        """The resume-at command with the table's reach filled in; resume-at is built for
+        one topic, so a pipeline on several topics is told that instead."""
+        if topics_coordinator.reads_several_topics(self.source):
+            return (
+                "exactly skip resume-at is built for one topic only, and this pipeline reads "
+                "several: restore the ledger from a backup"
+            )
+        return resume_command(
+            self.publisher.rows_reach(self.source.topic), sorted(self.source.available())
+        )
 
     def _insert_unfinished(
         self, entry: Mapping[str, Any], ranges: list[OffsetRange], decisions: list[Decision]
@@ -890,7 +918,7 @@ class TwoPhaseCommit:
                 "the other outputs not; it is staged again over its ranges to finish it"
             ),
             metrics={RESTAGE: {"count": 0, "missing": [], "outputs_holding": holding}},
-            topic_id=entry.get("topic_id"),
+            topic_id=entry.get("topic_ids") or entry.get("topic_id"),
             decisions=decisions,
         )
 

@@ -38,7 +38,10 @@ def topic_spec(config: PipelineConfig) -> dg.AssetSpec:
     kafka = config.kafka
     return dg.AssetSpec(
         key=topic_key(config.pipeline),
-        description=f"Kafka topic {kafka.topic} on {kafka.bootstrap_servers} (read, never written)",
+        description=(
+            f"Kafka {kafka.selection().describe()} on {kafka.bootstrap_servers} "
+            "(read, never written)"
+        ),
         group_name="exactly",
         kinds={"kafka"},
     )

@@ -40,7 +40,8 @@ def next_batch_request(
             "running); it finishes, is re-driven or is abandoned before the next one is planned"
         )
     if due.batch_id is None:
-        return dg.SkipReason(f"{pipeline.config.kafka.topic}: caught up, nothing new to read")
+        read = pipeline.config.kafka.topic or pipeline.config.kafka.selection().describe()
+        return dg.SkipReason(f"{read}: caught up, nothing new to read")
     key = str(due.batch_id)
     instance.add_dynamic_partitions(partitions, [key])
     return dg.RunRequest(

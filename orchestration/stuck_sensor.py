@@ -341,7 +341,8 @@ def _ack_alert(config: PipelineConfig, refused: list[Batch], in_a_row: int) -> A
         pipeline=config.pipeline,
         title=f"{config.pipeline}: consumer group {group} refused {in_a_row} acks in a row",
         text=(
-            f"the last {in_a_row} acks of consumer group {group} on topic {config.kafka.topic} "
+            f"the last {in_a_row} acks of consumer group {group} on "
+            f"{config.kafka.selection().describe()} "
             f"were refused (last: {last}). Batches {', '.join(map(str, ids))} are committed "
             "and complete, and the next batches still run: exactly never reads the group. "
             "Only lag tools, which do, show it behind. A group with active members (a "
@@ -364,7 +365,7 @@ def _blocked_alert(config: PipelineConfig, reason: str) -> Alert:
         pipeline=config.pipeline,
         title=f"{config.pipeline}: nothing can be planned until an operator decides",
         text=f"{reason}. Every schedule tick fails with this until then; no record is read.",
-        details={"topic": config.kafka.topic},
+        details={"topic": config.kafka.topic or config.kafka.selection().describe()},
     )
 
 
@@ -373,9 +374,12 @@ def _blocked_resolved_alert(config: PipelineConfig) -> Alert:
         kind="resolved",
         pipeline=config.pipeline,
         title=f"{config.pipeline}: batches can be planned again",
-        text=f"topic {config.kafka.topic} is the incarnation the positions belong to again "
+        text=f"{config.kafka.selection().describe()}: the positions belong to the topics' "
+        "incarnations again (a decision was recorded): the schedule plans the next batch."
+        if config.kafka.topic is None
+        else f"topic {config.kafka.topic} is the incarnation the positions belong to again "
         "(a decision was recorded): the schedule plans the next batch.",
-        details={"topic": config.kafka.topic},
+        details={"topic": config.kafka.topic or config.kafka.selection().describe()},
     )
 
 

@@ -254,20 +254,26 @@ def other_incarnations(batch: Batch, published: Iterable[Batch]) -> frozenset[in
     `batch`'s own id is never left out, even where a batch of the other application id, of
     another incarnation, has the same id.
     """
-    if batch.topic_id is None:
-        return frozenset()
-    mine = [r for r in batch.ranges if r.span]
+    mine = [r for r in batch.ranges if r.span and _id_of(batch, r.topic) is not None]
     return frozenset(
         other.batch_id
         for other in published
-        if other.topic_id not in (None, batch.topic_id)
-        and other.batch_id != batch.batch_id
+        if other.batch_id != batch.batch_id
         and any(
-            (r.topic, r.partition) == (m.topic, m.partition) and r.start < m.end and m.start < r.end
+            (r.topic, r.partition) == (m.topic, m.partition)
+            and r.start < m.end
+            and m.start < r.end
+            and _id_of(other, r.topic) not in (None, _id_of(batch, m.topic))
             for r in other.ranges
             for m in mine
         )
     )
+
+
+def _id_of(batch: Batch, topic: str) -> str | None:
+    """The id `topic` had when `batch` was planned: per topic for a batch on several topics
+    (a re-created one among them is told apart by its own id), else the batch's one id."""
+    return batch.topic_ids.get(topic, batch.topic_id)
 
 
 def _other_incarnations(pipeline: Pipeline, batch: Batch) -> frozenset[int]:

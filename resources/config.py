@@ -29,6 +29,12 @@ from ledger.errors import ConfigError
 from resources import storage
 from resources.formats import FormatSettings
 from resources.strict import _NAME, EnvValue, OptionValue, _Strict
+from resources.topic_selection import (
+    TopicSelection,
+    check_one_selection,
+    check_pattern,
+    check_topic_list,
+)
 from resources.transforms import absolute_spec, is_file_spec, load_transform
 
 
@@ -176,7 +182,10 @@ class KafkaSecurity(_Strict):
 
 class KafkaSettings(_Strict):
     bootstrap_servers: str = Field(min_length=1)
-    topic: str = Field(min_length=1)
+    #: exactly one of `topic`, `topics`, `pattern` (resources/topic_selection.py)
+    topic: str | None = Field(default=None, min_length=1)
+    topics: list[str] | None = Field(default=None, min_length=1)
+    pattern: str | None = Field(default=None, min_length=1)
     group_id: str | None = None
     #: where a partition without a committed position starts: its earliest offset, or its
     #: last stable offset (older records can then be ingested by a fill backfill)
@@ -211,6 +220,27 @@ class KafkaSettings(_Strict):
         """Spark's Kafka source's settings: the security section's, then the raw ones."""
         raw = resolve_options(self.spark_options, "kafka.spark_options")
         return {**self.security.java(), **raw}
+
+    @model_validator(mode="after")
+    def _one_way_to_name_topics(self) -> KafkaSettings:
+        check_one_selection(self.topic, self.topics, self.pattern)
+        return self
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, value: list[str] | None) -> list[str] | None:
+        return None if value is None else check_topic_list(value)
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, value: str | None) -> str | None:
+        return None if value is None else check_pattern(value)
+
+    def selection(self) -> TopicSelection:
+        """The topics this pipeline reads, as the planners take them."""
+        if self.pattern is not None:
+            return TopicSelection(pattern=self.pattern)
+        return TopicSelection(names=tuple(self.topics or [self.topic or ""]))
 
     @field_validator("bootstrap_servers")
     @classmethod

@@ -326,6 +326,11 @@ class KafkaClient:
 
     # -- topics ------------------------------------------------------------------------------
 
+    def topic_names(self) -> list[str]:
+        """Every topic the cluster lists now (a pattern is resolved against it, at each plan:
+        resources/topic_selection.py); internal ones included, the selection leaves them."""
+        return sorted(self.check_reachable(timeout=self.timeout).topics)
+
     def create_topic(
         self,
         name: str,

@@ -1,0 +1,225 @@
+"""A pipeline on several topics against the real broker, Spark and Delta: `kafka.topics`
+and `kafka.pattern` (ledger/topics_coordinator.py, jobs/topics_source.py).
+
+Every record of every topic lands once, in the table or the quarantine, with its topic in
+its coordinates; a topic created later that matches the pattern is read from the starting
+offsets and shows in `exactly ledger`; a re-created topic stops `exactly run` with the
+`exactly skip` command that names it, and that command lets the pipeline go on; a crash
+after the vote on a two-topic batch is recovered exactly once.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.examples.sample_data import pageviews
+from jobs.pipeline import build
+from ledger.store import LedgerStore
+from resources.config import PipelineConfig, load_config
+from tests.fixtures.pipeline import crash_run, produced_coordinates
+from tests.fixtures.topic_admin import recreate_topic
+
+EXACTLY = [sys.executable, "-m", "exactly_cli"]
+
+
+def several_topics_config(
+    tmp_path: Path, kafka_broker: str, kafka: dict[str, Any], *, max_records: int = 100_000
+) -> PipelineConfig:
+    """A pipeline config file on `kafka` (its `topics` or `pattern`), loaded; the file is
+    `tmp_path/orders.yaml` for the CLI."""
+    doc = {
+        "pipeline": "orders",
+        "kafka": {"bootstrap_servers": kafka_broker, **kafka},
+        "delta": {"table_uri": f"{tmp_path}/table", "quarantine_uri": f"{tmp_path}/quarantine"},
+        "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+        "spark": {"master": "local[2]"},
+        "batch": {"max_records_per_partition": max_records, "lease_seconds": 30},
+        "transform": "jobs.examples.pageviews:transform",
+    }
+    path = tmp_path / "orders.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_config(path)
+
+
+def stored(uri: str) -> Counter[tuple[str, int, int]]:
+    """(topic, partition, offset) of every row of a Delta table, counted."""
+    if not DeltaTable.is_deltatable(uri):
+        return Counter()
+    t = DeltaTable(uri).to_pyarrow_table(
+        columns=["_kafka_topic", "_kafka_partition", "_kafka_offset"]
+    )
+    return Counter(
+        zip(
+            t.column("_kafka_topic").to_pylist(),
+            t.column("_kafka_partition").to_pylist(),
+            t.column("_kafka_offset").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def assert_exactly_once_on(config: PipelineConfig, client: Any, topics: list[str]) -> int:
+    """Invariant 1 over table + quarantine, by (topic, partition, offset), on every topic."""
+    table, quarantine = stored(config.delta.table_uri), stored(config.delta.quarantine_uri)
+    both = table + quarantine
+    dupes = {c: n for c, n in both.items() if n > 1}
+    assert not dupes, f"duplicated coordinates: {sorted(dupes)[:10]}"
+    assert not set(table) & set(quarantine)
+    produced = {(t, p, o) for t in topics for p, o in produced_coordinates(client, t)}
+    assert set(both) == produced, (
+        f"missing {sorted(produced - set(both))[:10]} extra {sorted(set(both) - produced)[:10]}"
+    )
+    return len(produced)
+
+
+def run_until_caught_up(tpc: Any) -> list[Any]:
+    tpc.recover_and_commit()
+    reports = []
+    while (report := tpc.run_batch()) is not None:
+        reports.append(report)
+    return reports
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EXACTLY, *args], capture_output=True, text=True, timeout=600, check=False
+    )
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"orders-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_list_of_two_topics_lands_every_record_once_with_its_topic(
+    spark: Any, kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str
+) -> None:
+    a, b = f"{prefix}-a", f"{prefix}-b"
+    kafka_client.create_topic(a, 2)
+    kafka_client.create_topic(b, 1)
+    kafka_client.produce(a, pageviews(120, malformed_every=25))
+    kafka_client.produce(b, pageviews(40, start=1000, malformed_every=9))
+    config = several_topics_config(tmp_path, kafka_broker, {"topics": [a, b]}, max_records=50)
+    reports = run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert len(reports) >= 2  # 120 records over 2 partitions at 50 per partition
+    first = reports[0].batch
+    assert {r.topic for r in first.ranges} == {a, b}
+    assert set(first.topic_ids) == {a, b}
+    assert assert_exactly_once_on(config, kafka_client, [a, b]) == 160
+    assert {t for t, _, _ in stored(config.delta.quarantine_uri)} == {a, b}
+
+
+def test_a_topic_that_matches_the_pattern_later_is_read_and_shown_by_exactly_ledger(
+    spark: Any, kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str
+) -> None:
+    x, y, z = f"{prefix}-x", f"{prefix}-y", f"{prefix}-z"
+    kafka_client.create_topic(x, 2)
+    kafka_client.create_topic(y, 1)
+    kafka_client.create_topic(f"not-{prefix}-w", 1)  # a search would match it; a full match not
+    kafka_client.produce(x, pageviews(30))
+    kafka_client.produce(y, pageviews(10, start=100))
+    kafka_client.produce(f"not-{prefix}-w", pageviews(5))
+    config = several_topics_config(tmp_path, kafka_broker, {"pattern": f"{prefix}-.*"})
+    tpc = build(config, spark_factory=lambda: spark)
+    (first,) = run_until_caught_up(tpc)
+    assert {r.topic for r in first.batch.ranges} == {x, y}
+
+    kafka_client.create_topic(z, 2)
+    kafka_client.produce(z, pageviews(12, start=500))
+    kafka_client.produce(x, pageviews(3, start=200))
+    (second,) = run_until_caught_up(tpc)
+    z_ranges = sorted((r.partition, r.start) for r in second.batch.ranges if r.topic == z)
+    assert z_ranges == [(0, 0), (1, 0)]  # from the starting offsets (earliest)
+    assert set(second.batch.topic_ids) == {x, y, z}
+    assert assert_exactly_once_on(config, kafka_client, [x, y, z]) == 55
+
+    shown = cli("ledger", "-c", str(tmp_path / "orders.yaml"))
+    assert shown.returncode == 0, shown.stderr
+    line = next(ln for ln in shown.stdout.splitlines() if ln.split()[:1] == ["2"])
+    assert f"{z}-0:[0," in line and f"{x}-0:" in line
+
+
+def test_a_recreated_topic_stops_exactly_run_with_the_skip_command_naming_it(
+    spark: Any, kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str
+) -> None:
+    a, b = f"{prefix}-a", f"{prefix}-b"
+    kafka_client.create_topic(a, 1)
+    kafka_client.create_topic(b, 1)
+    kafka_client.produce(a, pageviews(5))
+    kafka_client.produce(b, pageviews(5, start=100))
+    config = several_topics_config(tmp_path, kafka_broker, {"topics": [a, b]})
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+
+    new_id = recreate_topic(kafka_broker, b, 1)
+    kafka_client.produce(b, pageviews(4, start=300))
+    kafka_client.produce(a, pageviews(2, start=400))
+    path = str(tmp_path / "orders.yaml")
+    stopped = cli("run", "-c", path)
+    assert stopped.returncode == 2, stopped.stdout + stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    error = [ln for ln in stopped.stderr.splitlines() if ln.strip()]
+    assert len(error) == 1, stopped.stderr
+    command = f"exactly skip new-topic -c {path} --topic {b} --topic-id {new_id}"
+    assert error[0].startswith("error: ") or f"topic {b}" in error[0]
+    assert command in error[0]
+    assert LedgerStore(config.ledger.url).last_batch_id(config.app_id) == 1
+
+    accepted = cli(
+        "skip", "new-topic", "-c", path, "--topic", b, "--topic-id", new_id, "--reason", "test"
+    )
+    assert accepted.returncode == 0, accepted.stderr
+    ran = cli("run", "-c", path)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    store = LedgerStore(config.ledger.url)
+    (batch,) = store.batches(app_id=config.app_id, limit=1)
+    assert [str(r) for r in batch.ranges] == [f"{a}-0[5,7)", f"{b}-0[0,4)"]
+    assert batch.topic_ids[b] == new_id
+    assert [d.topic for d in batch.decisions] == [b]
+
+
+@pytest.mark.parametrize("ledger", ["kept", "lost"])
+@pytest.mark.parametrize("point", ["after_prepare", "between_table_commits"])
+def test_a_crash_after_the_vote_on_two_topics_is_recovered_exactly_once(
+    kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str, point: str, ledger: str
+) -> None:
+    """A real `exactly run` on two topics (by pattern) killed past the vote, then a plain
+    `exactly run` with the ledger kept or deleted: every record of every topic once. A
+    topic that matches only after the crash is not part of the voted batch."""
+    a, b, c = f"{prefix}-a", f"{prefix}-b", f"{prefix}-c"
+    kafka_client.create_topic(a, 2)
+    kafka_client.create_topic(b, 1)
+    kafka_client.produce(a, pageviews(40, malformed_every=7))
+    kafka_client.produce(b, pageviews(20, start=100, malformed_every=5))
+    config = several_topics_config(tmp_path, kafka_broker, {"pattern": f"{prefix}-.*"})
+    object.__setattr__(config, "_path", tmp_path / "orders.yaml")
+    crash_run(config, point)
+    store = LedgerStore(config.ledger.url)
+    (voted,) = store.batches(app_id=config.app_id)
+    assert str(voted.state) == "PREPARED"
+    ids = voted.topic_ids
+    assert set(ids) == {a, b}
+    assert stored(config.delta.table_uri) == Counter()
+    store.dispose()
+    if ledger == "lost":
+        (tmp_path / "ledger.db").unlink()
+
+    kafka_client.create_topic(c, 1)  # matches only after the vote
+    kafka_client.produce(c, pageviews(3, start=900))
+    ran = cli("run", "-c", str(tmp_path / "orders.yaml"))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    store = LedgerStore(config.ledger.url)
+    first = store.get(config.app_id, 1)
+    assert first is not None and str(first.state) in ("COMMITTED", "ACKED")
+    if (point, ledger) != ("after_prepare", "lost"):  # else nothing held batch 1: re-planned
+        assert {r.topic for r in first.ranges} == {a, b}
+        assert first.topic_ids == ids
+    assert assert_exactly_once_on(config, kafka_client, [a, b, c]) == 63

@@ -1,0 +1,121 @@
+"""ledger/topic_plan.py: one batch's ranges across every topic a pipeline reads.
+
+One batch is one checkpoint: every matched topic's ranges and ids are fixed in it together,
+a topic new to the pipeline starts at `starting_offsets`, and any topic whose stored
+positions do not belong to what Kafka has now stops the whole plan, naming that topic.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.errors import DataLossError, TopicChangedError
+from ledger.protocol import Available, OffsetRange, Positions
+from ledger.topic_plan import TopicRead, plan_topics, positions_by_topic
+
+A = {0: Available(0, 10), 1: Available(0, 4)}
+B = {0: Available(5, 8)}
+
+
+def reads(**by_topic: TopicRead) -> dict[str, TopicRead]:
+    return dict(by_topic)
+
+
+def test_every_topic_is_planned_in_one_batch_with_its_own_id() -> None:
+    plan = plan_topics(
+        ("a", "b"),
+        {"a": Positions({0: 3, 1: 4}, topic="a", topic_id="id-a")},
+        reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
+        max_records_per_partition=100,
+    )
+    assert plan.ranges == (
+        OffsetRange("a", 0, 3, 10),
+        OffsetRange("a", 1, 4, 4),
+        OffsetRange("b", 0, 5, 8),
+    )
+    assert plan.topic_ids == {"a": "id-a", "b": "id-b"}
+    assert plan.worth_planning
+
+
+def test_a_topic_new_to_the_pipeline_starts_at_the_starting_offsets() -> None:
+    plan = plan_topics(
+        ("a", "b"),
+        {"a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a")},
+        reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
+        max_records_per_partition=100,
+        starting_offsets="latest",
+    )
+    assert OffsetRange("b", 0, 8, 8) in plan.ranges
+    # nothing to read, but b's start must be pinned or it moves with the topic's end
+    assert plan.worth_planning
+
+
+def test_caught_up_on_every_topic_is_not_worth_a_batch() -> None:
+    plan = plan_topics(
+        ("a", "b"),
+        {
+            "a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a"),
+            "b": Positions({0: 8}, topic="b", topic_id="id-b"),
+        },
+        reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
+        max_records_per_partition=100,
+    )
+    assert not plan.worth_planning
+
+
+def test_a_recreated_topic_stops_the_plan_naming_it_and_the_skip_command() -> None:
+    with pytest.raises(TopicChangedError) as info:
+        plan_topics(
+            ("a", "b"),
+            {
+                "a": Positions({0: 3, 1: 4}, topic="a", topic_id="id-a"),
+                "b": Positions({0: 6}, topic="b", topic_id="id-b-old"),
+            },
+            reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
+            max_records_per_partition=100,
+        )
+    message = str(info.value)
+    assert message.startswith("topic b: ")
+    assert "exactly skip new-topic" in message
+    assert "--topic b --topic-id id-b" in message
+
+
+def test_a_topic_with_positions_that_is_no_longer_read_stops_the_plan() -> None:
+    """A pattern's topic that was deleted (or a name dropped from the list): its unread
+    records would be lost without anyone deciding so (invariant 8)."""
+    with pytest.raises(TopicChangedError) as info:
+        plan_topics(
+            ("a",),
+            {
+                "a": Positions({0: 3, 1: 4}, topic="a", topic_id="id-a"),
+                "gone": Positions({0: 6}, topic="gone", topic_id="id-gone"),
+            },
+            reads(a=TopicRead("id-a", A)),
+            max_records_per_partition=100,
+        )
+    assert str(info.value).startswith("topic gone: ")
+    assert "no longer" in str(info.value)
+
+
+def test_lost_offsets_on_one_topic_name_that_topic() -> None:
+    with pytest.raises(DataLossError) as info:
+        plan_topics(
+            ("a", "b"),
+            {"b": Positions({0: 2}, topic="b", topic_id="id-b")},
+            reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
+            max_records_per_partition=100,
+        )
+    assert str(info.value).startswith("b-0: offsets [2, 5)")
+
+
+def test_positions_are_split_by_topic_with_each_topics_id() -> None:
+    ranges = [OffsetRange("a", 0, 0, 3), OffsetRange("a", 1, 0, 4), OffsetRange("b", 0, 5, 8)]
+    split = positions_by_topic(ranges, {"a": "id-a", "b": "id-b"})
+    assert split == {"a": {0: 3, 1: 4}, "b": {0: 8}}
+    assert (split["a"].topic, split["a"].topic_id) == ("a", "id-a")
+    assert (split["b"].topic, split["b"].topic_id) == ("b", "id-b")
+
+
+def test_positions_recorded_before_topic_ids_carry_none() -> None:
+    split = positions_by_topic([OffsetRange("a", 0, 0, 3)], {})
+    assert split["a"].topic_id is None

@@ -1,0 +1,255 @@
+"""ledger/two_phase.py on several topics (ledger/topics_coordinator.py), on in-memory edges:
+one batch is one checkpoint over every topic; a topic that newly matches the pattern joins
+from the starting offsets; a re-created or vanished topic stops planning naming it; and a
+batch is staged, re-staged and recovered over exactly the ranges and ids it was planned on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.backfill import BackfillMode, plan_backfill
+from ledger.decisions import DecisionKind, Request, record_decision
+from ledger.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
+from ledger.protocol import Available, BatchState, OffsetRange
+from ledger.store import LedgerStore
+from ledger.two_phase import TwoPhaseCommit
+from resources.topic_selection import TopicSelection
+from tests.fixtures.fake_topics import FakeTopicsSource, TopicsStager
+from tests.fixtures.fakes import FakePublisher
+
+APP = "orders"
+
+
+@pytest.fixture
+def source() -> FakeTopicsSource:
+    source = FakeTopicsSource(TopicSelection(pattern="orders-.*"))
+    source.create("orders-eu", {0: Available(0, 3), 1: Available(0, 2)})
+    source.create("orders-us", {0: Available(0, 4)})
+    source.create("refunds", {0: Available(0, 9)})
+    return source
+
+
+@pytest.fixture
+def stager() -> TopicsStager:
+    return TopicsStager()
+
+
+@pytest.fixture
+def publisher(stager: TopicsStager) -> FakePublisher:
+    return FakePublisher(disk=stager.disk)
+
+
+@pytest.fixture
+def tpc(
+    store: LedgerStore, source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher
+) -> TwoPhaseCommit:
+    return TwoPhaseCommit(
+        store,
+        pipeline=APP,
+        app_id=APP,
+        source=source,
+        stager=stager,
+        publisher=publisher,
+        max_records_per_partition=100,
+    )
+
+
+def test_one_batch_reads_every_matched_topic_with_its_id(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, publisher: FakePublisher
+) -> None:
+    report = tpc.run_batch()
+    assert report is not None
+    batch = report.batch
+    assert batch.state is BatchState.ACKED
+    assert batch.ranges == (
+        OffsetRange("orders-eu", 0, 0, 3),
+        OffsetRange("orders-eu", 1, 0, 2),
+        OffsetRange("orders-us", 0, 0, 4),
+    )
+    assert batch.topic_ids == {
+        "orders-eu": source.topic_id_of("orders-eu"),
+        "orders-us": source.topic_id_of("orders-us"),
+    }
+    assert publisher.commits[0]["topic_ids"] == batch.topic_ids
+    assert source.acks == [list(batch.ranges)]
+    assert tpc.run_batch() is None  # caught up on every topic
+
+
+def test_a_topic_created_later_that_matches_joins_from_the_starting_offsets(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource
+) -> None:
+    tpc.run_batch()
+    source.create("orders-apac", {0: Available(0, 5)})
+    source.topics_now["orders-eu"].offsets[0] = Available(0, 4)
+    report = tpc.run_batch()
+    assert report is not None
+    assert report.batch.ranges == (
+        OffsetRange("orders-apac", 0, 0, 5),
+        OffsetRange("orders-eu", 0, 3, 4),
+        OffsetRange("orders-eu", 1, 2, 2),
+        OffsetRange("orders-us", 0, 4, 4),
+    )
+    assert set(report.batch.topic_ids) == {"orders-apac", "orders-eu", "orders-us"}
+
+
+def test_a_recreated_topic_stops_planning_naming_it_and_its_skip_command(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    tpc.run_batch()
+    old = source.topic_id_of("orders-us")
+    new = source.create("orders-us", {0: Available(0, 1)}).topic_id
+    with pytest.raises(TopicChangedError) as info:
+        tpc.begin()
+    message = str(info.value)
+    assert message.startswith("topic orders-us: ")
+    assert old in message and new in message
+    assert f"exactly skip new-topic -c <config> --topic orders-us --topic-id {new}" in message
+    assert store.last_batch_id(APP) == 1
+    with pytest.raises(TopicChangedError, match="topic orders-us"):
+        tpc.check_topic()
+
+
+def test_a_deleted_topic_stops_planning_naming_it(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource
+) -> None:
+    tpc.run_batch()
+    del source.topics_now["orders-eu"]
+    with pytest.raises(TopicChangedError, match=r"^topic orders-eu: the ledger holds positions"):
+        tpc.begin()
+
+
+def test_a_planned_batch_is_staged_over_its_own_topics_even_if_more_match_now(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, publisher: FakePublisher
+) -> None:
+    """A crash after the plan: the batch is re-driven over the ranges it was planned on;
+    a topic that matches since then waits for the next batch."""
+    planned = tpc.begin()
+    assert planned is not None
+    source.create("orders-apac", {0: Available(0, 5)})
+    staged, output = tpc.invoke(planned)
+    assert staged.state is BatchState.STAGED
+    tpc.commit(tpc.pre_commit(staged, output))
+    assert {r["topic"] for r in publisher.commits[0]["ranges"]} == {"orders-eu", "orders-us"}
+    assert publisher.commits[0]["topic_ids"] == planned.topic_ids
+
+
+def test_a_topic_recreated_between_plan_and_stage_is_not_voted(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, stager: TopicsStager
+) -> None:
+    planned = tpc.begin()
+    assert planned is not None
+    source.create("orders-us", {0: Available(0, 4)})  # same offsets, new incarnation
+    with pytest.raises(TopicChangedError, match="orders-us"):
+        tpc.invoke(planned)
+    assert stager.staged == []
+
+
+def test_a_voted_batch_on_two_topics_is_recovered_exactly_once(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, publisher: FakePublisher, store: LedgerStore
+) -> None:
+    """The crash point between the vote and the commit (after_prepare): recovery publishes
+    the vote once, over both topics' ranges, and the next batch continues after them."""
+    planned = tpc.begin()
+    assert planned is not None
+    staged, output = tpc.invoke(planned)
+    voted = tpc.pre_commit(staged, output)
+    assert voted.state is BatchState.PREPARED
+    source.create("orders-apac", {0: Available(0, 5)})
+    recovered = tpc.recover_and_commit()
+    assert [b.batch_id for b in recovered] == [1]
+    assert publisher.published_ids() == [1]
+    assert {r["topic"] for r in publisher.commits[0]["ranges"]} == {"orders-eu", "orders-us"}
+    assert tpc.recover_and_commit() == []
+    assert publisher.published_ids() == [1]
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges if r.span] == ["orders-apac-0[0,5)"]
+
+
+def test_accepting_a_recreated_topic_restarts_only_that_topic(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    """The command the stop names (`exactly skip new-topic --topic T --topic-id ID`): the
+    re-created topic is read again from its starting offsets, the others go on."""
+    tpc.run_batch()
+    new = source.create("orders-us", {0: Available(0, 2)}).topic_id
+    source.topics_now["orders-eu"].offsets[1] = Available(0, 3)
+    decision = record_decision(
+        tpc,
+        Request(DecisionKind.NEW_TOPIC, "re-created", "ops", topic="orders-us", topic_id=new),
+        store.now(),
+    )
+    assert (decision.topic, decision.topic_id) == ("orders-us", new)
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges if r.span] == [
+        "orders-eu-1[2,3)",
+        "orders-us-0[0,2)",
+    ]
+    assert report.batch.topic_ids["orders-us"] == new
+    assert [d.id for d in report.batch.decisions] == [decision.id]
+
+
+def test_a_decision_on_several_topics_must_name_its_topic(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    tpc.run_batch()
+    with pytest.raises(
+        DecisionError,
+        match=r"^--topic: pipeline orders reads several topics \(orders-eu, orders-us\)",
+    ):
+        record_decision(
+            tpc, Request(DecisionKind.NEW_TOPIC, "why", "ops", topic_id="x"), store.now()
+        )
+    with pytest.raises(DecisionError, match=r"^--topic: pipeline orders does not read topic nope"):
+        record_decision(
+            tpc,
+            Request(DecisionKind.NEW_TOPIC, "why", "ops", topic="nope", topic_id="x"),
+            store.now(),
+        )
+
+
+def test_a_backfill_on_several_topics_is_refused_in_one_line(
+    tpc: TwoPhaseCommit, publisher: FakePublisher
+) -> None:
+    """Backfills are built for one topic so far: refused before anything is read or
+    planned, rather than failing half way on a one-topic assumption."""
+    tpc.run_batch()
+    with pytest.raises(ConfigError) as info:
+        plan_backfill(
+            tpc,
+            live_app_id=APP,
+            mode=BackfillMode.FILL,
+            ranges=[OffsetRange("orders-eu", 0, 0, 1)],
+            transform="jobs.examples.pageviews:transform",
+        )
+    assert str(info.value).startswith("pipeline orders reads several topics")
+    assert "\n" not in str(info.value)
+    assert publisher.published_ids() == [1]
+
+
+def test_offsets_lost_on_one_topic_name_the_skip_command_with_the_topic(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    """Retention deleted offsets of one topic before they were read: planning stops with
+    the lost-offsets command naming that topic, and recording it moves that topic only."""
+    tpc.run_batch()
+    source.topics_now["orders-us"].offsets[0] = Available(6, 9)  # [4, 6) deleted unread
+    source.topics_now["orders-eu"].offsets[0] = Available(0, 5)
+    with pytest.raises(DataLossError) as info:
+        tpc.begin()
+    assert "exactly skip lost-offsets -c <config> --topic orders-us --partition 0" in str(
+        info.value
+    )
+    record_decision(
+        tpc,
+        Request(DecisionKind.LOST_OFFSETS, "retention", "ops", partition=0, topic="orders-us"),
+        store.now(),
+    )
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges if r.span] == [
+        "orders-eu-0[3,5)",
+        "orders-us-0[6,9)",
+    ]
