@@ -129,7 +129,7 @@ class DeltaPublisher:
         """The pipeline's tables, all opened with its storage options."""
         options = config.delta.resolved_storage_options()
         return cls(
-            DeltaTarget(config.delta.table_uri, options),
+            DeltaTarget(config.delta.table_uri, options, config.delta.partition_by),
             DeltaTarget(config.delta.quarantine_uri, options),
             [
                 (spec, DeltaTarget(spec.table_uri, options))

@@ -23,14 +23,16 @@ their shape.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import zoneinfo
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 from pydantic import field_validator, model_validator
 
-from ledger.errors import InconsistencyError
+from ledger.errors import ConfigError, InconsistencyError
 from resources.strict import _Strict
 
 #: The column metadata key that makes a Delta column generated (protocol: generatedColumns).
@@ -146,3 +148,44 @@ def partition_values(path: str, columns: Sequence[str]) -> dict[str, str | None]
             )
         found[column] = None if values[0] == HIVE_NULL else values[0]
     return found
+
+
+def check_layout(
+    uri: str, table_columns: Sequence[str], configured: Sequence[PartitionColumn] | None
+) -> None:
+    """Refuse a table whose partition columns are not the config's (None: not said).
+
+    Delta cannot re-partition a table in place, and files staged for one layout added to a
+    table of another would file rows under the wrong (or no) partition: the operator must
+    either give the table's layout or write a new table.
+    """
+    if configured is None:
+        return
+    wanted = names(configured)
+    if list(table_columns) != wanted:
+        raise ConfigError(
+            f"delta.partition_by: the table at {uri} is partitioned by "
+            f"{list(table_columns) or 'nothing'}, the config says {wanted or 'nothing'}; "
+            "an existing table keeps its partitioning: give its own, or a new table_uri"
+        )
+
+
+def delta_value(value: Any) -> str | None:
+    """A partition value as Delta's `partitionValues` holds it: a date as `YYYY-MM-DD`,
+    null as null (delta-rs hands typed values back)."""
+    if value is None:
+        return None
+    if isinstance(value, dt.date):
+        return value.isoformat()
+    return str(value)
+
+
+def entry_values(entry: Mapping[str, Any], columns: Sequence[str]) -> dict[str, str | None]:
+    """The partition values of a flattened add action (`partition.<name>` keys)."""
+    return {c: delta_value(entry.get(f"partition.{c}")) for c in columns}
+
+
+def folders(values: Mapping[str, str | None]) -> str:
+    """The `<name>=<value>/` folders a file of these partition values is written under, as
+    Spark names them ('' for an unpartitioned table)."""
+    return "".join(f"{k}={HIVE_NULL if v is None else v}/" for k, v in values.items())

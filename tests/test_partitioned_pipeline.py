@@ -1,0 +1,155 @@
+"""A date-partitioned data table (`delta.partition_by`) against the real broker, Spark and
+Delta: the stage writes partition folders, the commit adds each file with its partition
+values, and delta-spark reads, filters and optimizes the table delta-rs created."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pyarrow as pa
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from jobs.pipeline import build
+from resources import storage
+from resources.config import PipelineConfig, load_config
+from resources.partitioning import GENERATION_KEY
+from tests.fixtures.pipeline import assert_exactly_once, config_path
+
+PARIS = ZoneInfo("Europe/Paris")
+PARTITION_BY = [{"name": "event_date", "date_of": "ts", "time_zone": "Europe/Paris"}]
+#: instants around Paris's midnights: 23:30 UTC is the next day there (winter, UTC+1), and
+#: 22:30 UTC too in summer (UTC+2); 22:30 UTC in winter is still the same day
+EDGES = (
+    datetime(2026, 3, 1, 23, 30, tzinfo=UTC),
+    datetime(2026, 3, 1, 22, 30, tzinfo=UTC),
+    datetime(2026, 7, 10, 22, 30, tzinfo=UTC),
+    datetime(2026, 7, 10, 21, 30, tzinfo=UTC),
+    datetime(2026, 12, 31, 23, 30, tzinfo=UTC),
+)
+
+
+def event(i: int, at: datetime) -> bytes:
+    """A page view at instant `at`."""
+    ts = at.isoformat().replace("+00:00", "Z")
+    body = {"event_id": f"ev-{i}", "app": "web", "user": f"u{i % 7}", "url": "/", "ts": ts}
+    return json.dumps(body).encode()
+
+
+def events(count: int) -> Iterator[tuple[int, datetime]]:
+    """`count` events over several days (every edge instant among them)."""
+    start = datetime(2026, 3, 1, 20, 0, tzinfo=UTC)
+    for i in range(count):
+        yield i, EDGES[i] if i < len(EDGES) else start + timedelta(minutes=37 * i)
+
+
+def paris_day(at: datetime) -> date:
+    return at.astimezone(PARIS).date()
+
+
+@pytest.fixture
+def partitioned_factory(pipeline_factory: Any) -> Callable[..., PipelineConfig]:
+    """pipeline_factory's config, with `delta.partition_by` added to its file."""
+
+    def make(*args: Any, partition_by: Any = None, **kwargs: Any) -> PipelineConfig:
+        config = pipeline_factory(*args, **kwargs)
+        path = config_path(config)
+        doc = yaml.safe_load(path.read_text())
+        doc["delta"]["partition_by"] = partition_by or PARTITION_BY
+        path.write_text(yaml.safe_dump(doc))
+        loaded = load_config(path)
+        object.__setattr__(loaded, "_path", path)
+        return loaded
+
+    return make
+
+
+def run_until_caught_up(config: PipelineConfig, spark: Any) -> int:
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    batches = 0
+    while tpc.run_batch() is not None:
+        batches += 1
+    return batches
+
+
+def produce(kafka_client: Any, config: PipelineConfig, count: int) -> dict[str, datetime]:
+    """Produce `count` events and 5 records to quarantine (two of them with a valid time on
+    different days, written by one Spark task); the events' instants by event id."""
+    at = dict(events(count))
+    no_app = [
+        json.dumps({"event_id": f"bad-{d}", "ts": f"2026-03-0{d}T10:00:00Z"}).encode()
+        for d in (3, 4)
+    ]
+    values = [*no_app, *(event(i, t) for i, t in at.items()), b"not json", b"{broken", b"[1]"]
+    kafka_client.produce(config.kafka.topic, values)
+    return {f"ev-{i}": t for i, t in at.items()}
+
+
+def test_a_date_partitioned_table_holds_each_row_once_in_its_paris_day(
+    spark: Any, kafka_client: Any, partitioned_factory: Any
+) -> None:
+    config = partitioned_factory(2, max_records=40)
+    instants = produce(kafka_client, config, 120)
+    # the session's own time zone must not move a row to another day
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "Asia/Tokyo")
+    try:
+        assert run_until_caught_up(config, spark) >= 2
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    table_rows, quarantined = assert_exactly_once(config, kafka_client)
+    assert (table_rows, quarantined) == (120, 5)
+
+    uri = config.delta.table_uri
+    table = DeltaTable(uri)
+    assert table.metadata().partition_columns == ["event_date"]
+    assert table.protocol().min_writer_version >= 4
+    field = next(f for f in table.schema().fields if f.name == "event_date")
+    assert "Europe/Paris" in field.metadata[GENERATION_KEY]
+    # every file's partition value is the Paris day of each of its rows, in that folder
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    days: Counter[date] = Counter()
+    for add in adds:
+        value = add["partition.event_date"]
+        assert f"event_date={value.isoformat()}/" in add["path"]
+        rows = storage.read_parquet(storage.join(uri, add["path"]), ["event_id"])
+        for event_id in rows.column("event_id").to_pylist():
+            assert paris_day(instants[event_id]) == value, (event_id, add["path"])
+            days[value] += 1
+    expected = Counter(paris_day(t) for t in instants.values())
+    assert days == expected and len(expected) >= 4
+    assert date(2026, 3, 2) in expected and date(2027, 1, 1) in expected
+
+    # delta-rs reads the partition column back from the log
+    via_rs = DeltaTable(uri).to_pyarrow_table(columns=["event_id", "event_date"]).to_pylist()
+    assert sorted((r["event_id"], r["event_date"]) for r in via_rs) == sorted(
+        (e, paris_day(t)) for e, t in instants.items()
+    )
+    # delta-spark reads the same rows, and a partition filter prunes to that day's
+    frame = spark.read.format("delta").load(uri)
+    via_spark = sorted((r["event_id"], r["event_date"]) for r in frame.collect())
+    assert via_spark == sorted((r["event_id"], r["event_date"]) for r in via_rs)
+    edge = frame.where("event_date = DATE'2026-03-02'").select("event_id").collect()
+    assert sorted(r["event_id"] for r in edge) == sorted(
+        e for e, t in instants.items() if paris_day(t) == date(2026, 3, 2)
+    )
+    assert "ev-0" in {r["event_id"] for r in edge}  # 23:30 UTC on March 1st
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{uri}`").collect()[0]
+    assert list(detail["partitionColumns"]) == ["event_date"]
+    # delta-spark compacts per partition and keeps every row in its day
+    files_before = len(adds)
+    spark.sql(f"OPTIMIZE delta.`{uri}`").collect()
+    after = DeltaTable(uri)
+    compacted = pa.table(after.get_add_actions(flatten=True)).to_pylist()
+    assert len(compacted) <= len(expected) < files_before
+    again = after.to_pyarrow_table(columns=["event_id", "event_date"]).to_pylist()
+    assert sorted((r["event_id"], r["event_date"]) for r in again) == sorted(
+        (r["event_id"], r["event_date"]) for r in via_rs
+    )
