@@ -4,92 +4,17 @@ values, and delta-spark reads, filters and optimizes the table delta-rs created.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
-from collections.abc import Callable, Iterator
-from datetime import UTC, date, datetime, timedelta
+from datetime import date
 from typing import Any
-from zoneinfo import ZoneInfo
 
 import pyarrow as pa
-import pytest
-import yaml
 from deltalake import DeltaTable
 
-from jobs.pipeline import build
 from resources import storage
-from resources.config import PipelineConfig, load_config
 from resources.partitioning import GENERATION_KEY
-from tests.fixtures.pipeline import assert_exactly_once, config_path
-
-PARIS = ZoneInfo("Europe/Paris")
-PARTITION_BY = [{"name": "event_date", "date_of": "ts", "time_zone": "Europe/Paris"}]
-#: instants around Paris's midnights: 23:30 UTC is the next day there (winter, UTC+1), and
-#: 22:30 UTC too in summer (UTC+2); 22:30 UTC in winter is still the same day
-EDGES = (
-    datetime(2026, 3, 1, 23, 30, tzinfo=UTC),
-    datetime(2026, 3, 1, 22, 30, tzinfo=UTC),
-    datetime(2026, 7, 10, 22, 30, tzinfo=UTC),
-    datetime(2026, 7, 10, 21, 30, tzinfo=UTC),
-    datetime(2026, 12, 31, 23, 30, tzinfo=UTC),
-)
-
-
-def event(i: int, at: datetime) -> bytes:
-    """A page view at instant `at`."""
-    ts = at.isoformat().replace("+00:00", "Z")
-    body = {"event_id": f"ev-{i}", "app": "web", "user": f"u{i % 7}", "url": "/", "ts": ts}
-    return json.dumps(body).encode()
-
-
-def events(count: int) -> Iterator[tuple[int, datetime]]:
-    """`count` events over several days (every edge instant among them)."""
-    start = datetime(2026, 3, 1, 20, 0, tzinfo=UTC)
-    for i in range(count):
-        yield i, EDGES[i] if i < len(EDGES) else start + timedelta(minutes=37 * i)
-
-
-def paris_day(at: datetime) -> date:
-    return at.astimezone(PARIS).date()
-
-
-@pytest.fixture
-def partitioned_factory(pipeline_factory: Any) -> Callable[..., PipelineConfig]:
-    """pipeline_factory's config, with `delta.partition_by` added to its file."""
-
-    def make(*args: Any, partition_by: Any = None, **kwargs: Any) -> PipelineConfig:
-        config = pipeline_factory(*args, **kwargs)
-        path = config_path(config)
-        doc = yaml.safe_load(path.read_text())
-        doc["delta"]["partition_by"] = partition_by or PARTITION_BY
-        path.write_text(yaml.safe_dump(doc))
-        loaded = load_config(path)
-        object.__setattr__(loaded, "_path", path)
-        return loaded
-
-    return make
-
-
-def run_until_caught_up(config: PipelineConfig, spark: Any) -> int:
-    tpc = build(config, spark_factory=lambda: spark)
-    tpc.recover_and_commit()
-    batches = 0
-    while tpc.run_batch() is not None:
-        batches += 1
-    return batches
-
-
-def produce(kafka_client: Any, config: PipelineConfig, count: int) -> dict[str, datetime]:
-    """Produce `count` events and 5 records to quarantine (two of them with a valid time on
-    different days, written by one Spark task); the events' instants by event id."""
-    at = dict(events(count))
-    no_app = [
-        json.dumps({"event_id": f"bad-{d}", "ts": f"2026-03-0{d}T10:00:00Z"}).encode()
-        for d in (3, 4)
-    ]
-    values = [*no_app, *(event(i, t) for i, t in at.items()), b"not json", b"{broken", b"[1]"]
-    kafka_client.produce(config.kafka.topic, values)
-    return {f"ev-{i}": t for i, t in at.items()}
+from tests.fixtures.partitioned import paris_day, produce, run_until_caught_up
+from tests.fixtures.pipeline import assert_exactly_once
 
 
 def test_a_date_partitioned_table_holds_each_row_once_in_its_paris_day(
