@@ -8,6 +8,7 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from jobs.delta_publisher import DeltaPublisher
 from jobs.pipeline import build_backfill
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.protocol import OffsetRange
@@ -50,3 +51,28 @@ def test_a_replace_removes_rows_by_coordinates_in_every_partition(
     assert frame.where("event_date = DATE'2026-03-02'").count() == sum(
         1 for t in instants.values() if paris_day(t).isoformat() == "2026-03-02"
     )
+
+
+def test_compaction_merges_files_per_partition_and_keeps_every_row_in_its_day(
+    spark: Any, kafka_client: Any, partitioned_factory: Any
+) -> None:
+    config = partitioned_factory(2, max_records=10)
+    instants = produce(kafka_client, config, 80)
+    run_until_caught_up(config, spark)
+    before = check_partitions(config.delta.table_uri, instants)
+    days = {paris_day(t) for t in instants.values()}
+    assert before > len(days)
+
+    done = DeltaPublisher.for_config(config).compact()["table"]
+
+    assert done is not None and done.files_removed > 0
+    # one file per partition: delta-rs bins each partition's files on their own
+    assert check_partitions(config.delta.table_uri, instants) == len(days)
+    assert_exactly_once(config, kafka_client)
+    # the pipeline goes on committing into the compacted table, which delta-spark reads
+    instants.update(produce(kafka_client, config, 20, first=80))
+    run_until_caught_up(config, spark)
+    check_partitions(config.delta.table_uri, instants)
+    assert_exactly_once(config, kafka_client)
+    frame = spark.read.format("delta").load(config.delta.table_uri)
+    assert frame.count() == len(instants)
