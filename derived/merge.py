@@ -35,6 +35,7 @@ from derived.spec import (
     UpsertOutput,
     correction_count,
 )
+from derived.window_dates import with_window_dates
 from ledger.errors import InconsistencyError, RefusedBatchError
 from ledger.protocol import OffsetRange
 from resources.delta import (
@@ -121,6 +122,7 @@ def merge_aggregate(
     """
     measures = {m.name: _combined(m.fn, m.name) for m in spec.measures}
     count = correction_count(spec) if correction else None
+    partial = with_window_dates(partial, spec.partition_by)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
         merger = _merger(table, partial, spec.key_columns, properties)

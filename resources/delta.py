@@ -535,8 +535,13 @@ class DeltaTarget:
         uri: str,
         storage_options: Mapping[str, str] | None = None,
         partition_by: Sequence[PartitionColumn] | None = None,
+        *,
+        generated: bool = True,
     ) -> None:
         self.uri = uri
+        #: whether the partition columns are created as Delta generated columns: not for a
+        #: table delta-rs MERGEs into (derived/window_dates.py says why)
+        self.generated = generated
         #: the partition columns the config gives this table (a new table is created with
         #: them; an existing one must have them), or None: take the table's as they are
         self.partition_by = None if partition_by is None else tuple(partition_by)
@@ -804,7 +809,9 @@ class DeltaTarget:
         try:
             DeltaTable.create(
                 self.uri,
-                schema=with_generation(schema, self.partition_by or ()),
+                schema=with_generation(schema, self.partition_by or ())
+                if self.generated
+                else schema,
                 partition_by=names(self.partition_by or ()) or None,
                 mode="ignore",
                 storage_options=self.storage_options or None,
