@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, DataFrameReader
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -49,7 +49,7 @@ def with_partition_columns(
                 f"{where}.date_of: column {column.date_of} is {kind.simpleString()}, not a "
                 "timestamp: its instant would depend on the Spark session's time zone"
             )
-    good = F.col("_error").isNull()
+    good = F.col("_error").isNull() if "_error" in types else F.lit(True)
     return out.select(
         "*",
         *(
@@ -57,3 +57,22 @@ def with_partition_columns(
             for c in columns
         ),
     )
+
+
+def read_back(
+    reader: DataFrameReader,
+    paths: Sequence[str],
+    schema: T.StructType,
+    columns: Sequence[PartitionColumn],
+) -> DataFrame:
+    """The rows of the table's staged files, read by their paths, with their partition
+    columns: the files do not hold those (their folders say them), and Spark reading a
+    file by its path does not take its folders for partitions, so each value is computed
+    again from the row, by the same expression that chose its folder."""
+    names = {c.name for c in columns}
+    stored = T.StructType([f for f in schema.fields if f.name not in names])
+    rows = reader.schema(stored).parquet(*paths)
+    if not columns:
+        return rows
+    rows = with_partition_columns(rows, columns, "(the staged rows)")
+    return rows.select(*schema.fieldNames())

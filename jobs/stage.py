@@ -22,7 +22,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from derived.partials import aggregate_partial, latest_per_key
 from derived.spec import DELETED, AnyOutput, UpsertOutput
 from jobs import coordinates, parquet_files
-from jobs.partition_columns import with_partition_columns
+from jobs.partition_columns import read_back, with_partition_columns
 from ledger.crash import crashpoint
 from ledger.errors import ConfigError, UnreachableError
 from ledger.protocol import OffsetRange
@@ -356,7 +356,13 @@ def stage(
     if not derived:
         return output
     return stage_partials(
-        spark, output, good, derived, attempt_dirs=attempt_dirs, table_roots=table_roots
+        spark,
+        output,
+        good,
+        derived,
+        attempt_dirs=attempt_dirs,
+        table_roots=table_roots,
+        partition_by=partition_by,
     )
 
 
@@ -375,6 +381,7 @@ def stage_partials(
     *,
     attempt_dirs: Mapping[str, str],
     table_roots: Mapping[str, str],
+    partition_by: Sequence[PartitionColumn] = (),
 ) -> StageOutput:
     """`output` with each derived output's partial staged and described.
 
@@ -395,8 +402,10 @@ def stage_partials(
     # every column nullable, as Spark reads any Parquet file back: an empty batch's
     # partial must have the schema of every other batch's (invariant 14 compares them)
     schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in good.schema.fields])
-    reader = spark.read.schema(schema)
-    rows = reader.parquet(*paths) if paths else spark.createDataFrame([], schema)
+    if paths:
+        rows = read_back(spark.read, paths, schema, partition_by)
+    else:
+        rows = spark.createDataFrame([], schema)
     files, schemas = list(output.files), dict(output.schemas)
     for spec in derived:
         target = derived_target(spec.name)

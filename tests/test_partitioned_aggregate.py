@@ -121,3 +121,27 @@ def test_an_hourly_aggregate_is_partitioned_by_its_windows_paris_day(
     assert datetime(2026, 3, 1, 23, 0, tzinfo=UTC) in starts
     assert {paris_day(s) for s in starts} == {date(2026, 3, 2)}
     assert frame.count() == held.num_rows
+
+
+def test_a_derived_output_of_a_partitioned_pipeline_sees_each_rows_partition_value(
+    spark: Any, kafka_client: Any, partitioned_factory: Any, tmp_path: Path
+) -> None:
+    """The partials are computed from the table's staged files, which do not hold the
+    partition column (its folder does): a latest-per-key output keeps whole rows, so it
+    must get the value, not a null."""
+    config = partitioned_factory(2, max_records=30)
+    path = config_path(config)
+    doc = yaml.safe_load(path.read_text())
+    latest = {"kind": "upsert", "name": "latest", "table_uri": f"{tmp_path}/latest"}
+    doc["derived"] = [{**latest, "key": ["event_id"]}]
+    path.write_text(yaml.safe_dump(doc))
+    config = load_config(path)
+    object.__setattr__(config, "_path", path)
+    instants = produce(kafka_client, config, 40)
+    run_until_caught_up(config, spark)
+
+    rows = DeltaTable(config.derived[0].table_uri).to_pyarrow_table(
+        columns=["event_id", "event_date"]
+    )
+    held = zip(rows["event_id"].to_pylist(), rows["event_date"].to_pylist(), strict=True)
+    assert sorted(held) == sorted((e, paris_day(t)) for e, t in instants.items())
