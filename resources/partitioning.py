@@ -45,7 +45,8 @@ _COLUMN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 #: A source column: any identifier, `_kafka_timestamp` included.
 _SOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: Names the stage gives columns of its own (jobs/stage.py RESERVED, ROUTE).
-_TAKEN = frozenset({"exactly_output"})
+ROUTED = "exactly_output"
+_TAKEN = frozenset({ROUTED})
 _MICROS_PER_DAY = 86_400_000_000
 
 
@@ -137,6 +138,15 @@ def partition_values(path: str, columns: Sequence[str]) -> dict[str, str | None]
     and adding it with a guessed value would put its rows in the wrong partition.
     """
     folders = path.split("/")[:-1]
+    # every `name=value` folder but the stage's routing one is a partition folder; they must
+    # be the table's columns, in order: a file staged partitioned and added to a table that
+    # is not would read its rows' partition values as null (the file does not hold them)
+    named = [f.partition("=")[0] for f in folders if "=" in f and not f.startswith(f"{ROUTED}=")]
+    if named != list(columns):
+        raise InconsistencyError(
+            f"staged file {path} has partition folders {named or 'none'}, but the table is "
+            f"partitioned by {list(columns) or 'nothing'}: it was staged for another layout"
+        )
     found: dict[str, str | None] = {}
     for column in columns:
         prefix = f"{column}="

@@ -95,3 +95,23 @@ def test_a_file_outside_its_partition_folder_is_refused() -> None:
 
     with pytest.raises(InconsistencyError, match="event_date"):
         partition_values("staged/app/b/exactly_output=table/p.parquet", ["event_date"])
+
+
+@pytest.mark.parametrize(
+    ("path", "columns"),
+    [
+        # staged partitioned, the table not (a config changed between the vote and the
+        # first commit): its files do not hold the column, so its rows would read null
+        ("staged/app/b/exactly_output=table/event_date=2026-03-01/p.parquet", []),
+        # a folder for a column the table is not partitioned by
+        (
+            "staged/app/b/exactly_output=table/day=2026-03-01/event_date=2026-03-01/p.parquet",
+            ["event_date"],
+        ),
+    ],
+)
+def test_a_file_staged_for_another_layout_is_refused(path: str, columns: list[str]) -> None:
+    from ledger.errors import InconsistencyError
+
+    with pytest.raises(InconsistencyError, match="another layout"):
+        partition_values(path, columns)
