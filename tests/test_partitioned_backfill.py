@@ -4,16 +4,20 @@ compaction merges files per partition, keeping every row in its day."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import yaml
 from deltalake import DeltaTable
 
+from derived.invariants import aggregate_differences, recompute_aggregate
 from jobs.delta_publisher import DeltaPublisher
 from jobs.pipeline import build_backfill
 from ledger.backfill import BackfillMode, plan_backfill
 from ledger.protocol import OffsetRange
+from resources.config import load_config
 from tests.fixtures.partitioned import check_partitions, paris_day, produce, run_until_caught_up
-from tests.fixtures.pipeline import assert_exactly_once
+from tests.fixtures.pipeline import assert_exactly_once, config_path
 
 V2 = "tests.transforms:pageviews_v2"
 
@@ -76,3 +80,43 @@ def test_compaction_merges_files_per_partition_and_keeps_every_row_in_its_day(
     assert_exactly_once(config, kafka_client)
     frame = spark.read.format("delta").load(config.delta.table_uri)
     assert frame.count() == len(instants)
+
+
+def test_a_replace_corrects_an_aggregate_partitioned_by_its_window_date(
+    spark: Any, kafka_client: Any, partitioned_factory: Any, tmp_path: Path
+) -> None:
+    """The replace's correction (new rows minus old) moves groups between apps: its MERGE
+    must file every group it inserts under its window's day, and empty groups go."""
+    config = partitioned_factory(1, max_records=20)
+    path = config_path(config)
+    doc = yaml.safe_load(path.read_text())
+    doc["derived"] = [
+        {
+            "kind": "aggregate",
+            "name": "views_per_hour",
+            "table_uri": str(tmp_path / "views_per_hour"),
+            "group_by": ["app"],
+            "window": {"column": "ts", "size": "1 hour"},
+            "measures": [{"name": "views", "fn": "count"}],
+            "partition_by": [
+                {"name": "window_date", "date_of": "window_start", "time_zone": "Europe/Paris"}
+            ],
+        }
+    ]
+    path.write_text(yaml.safe_dump(doc))
+    config = load_config(path)
+    object.__setattr__(config, "_path", path)
+    instants = produce(kafka_client, config, 60, partition=0)
+    run_until_caught_up(config, spark)
+
+    replace(config, spark, OffsetRange(config.kafka.topic, 0, 2, 40))
+
+    assert_exactly_once(config, kafka_client)
+    check_partitions(config.delta.table_uri, instants)
+    spec = config.derived[0]
+    held = DeltaTable(spec.table_uri).to_pyarrow_table()
+    raw = DeltaTable(config.delta.table_uri).to_pyarrow_table()
+    assert aggregate_differences(recompute_aggregate(raw, spec), held, spec) == []
+    assert {"WEB", "web"} <= set(held.column("app").to_pylist())
+    for row in held.to_pylist():
+        assert row["window_date"] == paris_day(row["window_start"]), row
