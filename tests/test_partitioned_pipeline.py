@@ -78,3 +78,53 @@ def test_a_date_partitioned_table_holds_each_row_once_in_its_paris_day(
     assert sorted((r["event_id"], r["event_date"]) for r in again) == sorted(
         (r["event_id"], r["event_date"]) for r in via_rs
     )
+
+
+def test_a_row_without_an_event_time_lands_in_the_null_partition(
+    spark: Any, kafka_client: Any, partitioned_factory: Any, tmp_path: Any
+) -> None:
+    """A record that parses but has no time: its partition value is null (Spark's
+    `__HIVE_DEFAULT_PARTITION__` folder, null in `partitionValues`), and both readers and a
+    windowed aggregate partitioned by its window date keep it."""
+    import yaml
+
+    from resources.config import load_config
+    from tests.fixtures.pipeline import config_path
+
+    config = partitioned_factory(1)
+    path = config_path(config)
+    doc = yaml.safe_load(path.read_text())
+    doc["derived"] = [
+        {
+            "kind": "aggregate",
+            "name": "per_hour",
+            "table_uri": f"{tmp_path}/per_hour",
+            "group_by": ["app"],
+            "window": {"column": "ts", "size": "1 hour"},
+            "measures": [{"name": "views", "fn": "count"}],
+            "partition_by": [{"name": "window_date", "date_of": "window_start"}],
+        }
+    ]
+    path.write_text(yaml.safe_dump(doc))
+    config = load_config(path)
+    object.__setattr__(config, "_path", path)
+    instants = produce(kafka_client, config, 10)
+    kafka_client.produce(config.kafka.topic, [b'{"event_id": "no-time", "app": "web"}'])
+    run_until_caught_up(config, spark)
+
+    assert assert_exactly_once(config, kafka_client) == (11, 5)
+    table = DeltaTable(config.delta.table_uri)
+    adds = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    nulls = [a for a in adds if a["partition.event_date"] is None]
+    assert len(nulls) == 1 and "event_date=__HIVE_DEFAULT_PARTITION__/" in nulls[0]["path"]
+    rows = table.to_pyarrow_table(columns=["event_id", "event_date"]).to_pylist()
+    assert {r["event_id"]: r["event_date"] for r in rows} == {
+        "no-time": None,
+        **{e: paris_day(t) for e, t in instants.items()},
+    }
+    frame = spark.read.format("delta").load(config.delta.table_uri)
+    assert [r["event_id"] for r in frame.where("event_date IS NULL").collect()] == ["no-time"]
+    held = DeltaTable(config.derived[0].table_uri).to_pyarrow_table().to_pylist()
+    assert [
+        (r["window_start"], r["window_date"], r["views"]) for r in held if r["window_start"] is None
+    ] == [(None, None, 1)]
