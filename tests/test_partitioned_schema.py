@@ -67,3 +67,30 @@ def test_a_partition_source_that_is_not_a_timestamp_is_one_line_naming_the_field
     result = exactly_run(config)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "delta.partition_by.0.date_of" in result.stderr and "event_time" in result.stderr
+
+
+def test_a_config_that_changes_an_existing_tables_partitioning_is_one_line_exit_2(
+    spark: Any, kafka_client: Any, partitioned_factory: Any
+) -> None:
+    """Delta cannot re-partition a table in place: a config that says another layout than
+    the table's is refused before the vote, naming the field; with the table's own layout
+    given back, the next run takes the same records once."""
+    config = partitioned_factory(1)
+    produce(kafka_client, config, 10)
+    run_until_caught_up(config, spark)
+    path = config_path(config)
+    partitioned = path.read_text()
+    doc = yaml.safe_load(partitioned)
+    doc["delta"]["partition_by"] = [{"name": "kafka_date", "date_of": "_kafka_timestamp"}]
+    path.write_text(yaml.safe_dump(doc))
+    produce(kafka_client, config, 10, first=10)
+
+    result = exactly_run(config)
+
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "delta.partition_by" in lines[0] and "['event_date']" in lines[0], lines[0]
+    path.write_text(partitioned)
+    assert exactly_run(config).returncode == 0
+    assert_exactly_once(config, kafka_client)
