@@ -9,6 +9,7 @@ from datetime import date
 from typing import Any
 
 import pyarrow as pa
+import pytest
 from deltalake import DeltaTable
 
 from resources import storage
@@ -128,3 +129,31 @@ def test_a_row_without_an_event_time_lands_in_the_null_partition(
     assert [
         (r["window_start"], r["window_date"], r["views"]) for r in held if r["window_start"] is None
     ] == [(None, None, 1)]
+
+
+def test_delta_spark_computes_and_checks_the_generated_partition_column(
+    spark: Any, kafka_client: Any, partitioned_factory: Any
+) -> None:
+    """The table carries its generation expression: a delta-spark writer that leaves the
+    column out gets the Paris day computed (with the session in another zone), and one that
+    gives a wrong day is refused."""
+    config = partitioned_factory(1)
+    produce(kafka_client, config, 5)
+    run_until_caught_up(config, spark)
+    uri = config.delta.table_uri
+    columns = "event_id, ts, _kafka_topic, _kafka_partition, _kafka_offset, _batch_id"
+    values = "'spark-row', TIMESTAMP'2026-03-01 23:30:00 UTC', 'other', 0, 0, 0"
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
+    try:
+        spark.sql(f"INSERT INTO delta.`{uri}` ({columns}) VALUES ({values})").collect()
+        # a Java exception through py4j: DELTA_VIOLATE_CONSTRAINT_WITH_VALUES
+        with pytest.raises(Exception, match="Generated Column"):
+            spark.sql(
+                f"INSERT INTO delta.`{uri}` ({columns}, event_date) "
+                f"VALUES ({values}, DATE'2026-03-01')"
+            ).collect()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    rows = DeltaTable(uri).to_pyarrow_table(columns=["event_id", "event_date"]).to_pylist()
+    assert {"event_id": "spark-row", "event_date": date(2026, 3, 2)} in rows
