@@ -46,6 +46,7 @@ from resources.delta import (
     user_metadata,
     widen_schema,
 )
+from resources.partitioning import check_layout
 
 SOURCE, TARGET = "s", "t"
 
@@ -125,6 +126,9 @@ def merge_aggregate(
     partial = with_window_dates(partial, spec.partition_by)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
+        # rows with no partition value would land in the null partition, silently
+        where = f"derived.{spec.name}.partition_by"
+        check_layout(target.uri, table.metadata().partition_columns, spec.partition_by, where)
         merger = _merger(table, partial, spec.key_columns, properties)
         if count is not None:
             emptied = f"{_q(TARGET, count)} + {_q(SOURCE, count)} = 0"

@@ -161,7 +161,10 @@ def partition_values(path: str, columns: Sequence[str]) -> dict[str, str | None]
 
 
 def check_layout(
-    uri: str, table_columns: Sequence[str], configured: Sequence[PartitionColumn] | None
+    uri: str,
+    table_columns: Sequence[str],
+    configured: Sequence[PartitionColumn] | None,
+    field: str = "delta.partition_by",
 ) -> None:
     """Refuse a table whose partition columns are not the config's (None: not said).
 
@@ -174,7 +177,7 @@ def check_layout(
     wanted = names(configured)
     if list(table_columns) != wanted:
         raise ConfigError(
-            f"delta.partition_by: the table at {uri} is partitioned by "
+            f"{field}: the table at {uri} is partitioned by "
             f"{list(table_columns) or 'nothing'}, the config says {wanted or 'nothing'}; "
             "an existing table keeps its partitioning: give its own, or a new table_uri"
         )
