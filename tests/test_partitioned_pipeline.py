@@ -157,3 +157,33 @@ def test_delta_spark_computes_and_checks_the_generated_partition_column(
         spark.conf.set("spark.sql.session.timeZone", before)
     rows = DeltaTable(uri).to_pyarrow_table(columns=["event_id", "event_date"]).to_pylist()
     assert {"event_id": "spark-row", "event_date": date(2026, 3, 2)} in rows
+
+
+def test_a_table_partitioned_by_the_kafka_timestamps_day(
+    spark: Any, kafka_client: Any, partitioned_factory: Any
+) -> None:
+    """`date_of: _kafka_timestamp`: each row's partition is the day Kafka stamped its record
+    with, in the declared zone, whatever its own event time says."""
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    tokyo = ZoneInfo("Asia/Tokyo")
+    config = partitioned_factory(
+        1,
+        partition_by=[
+            {"name": "kafka_date", "date_of": "_kafka_timestamp", "time_zone": "Asia/Tokyo"}
+        ],
+    )
+    produce(kafka_client, config, 10)
+    run_until_caught_up(config, spark)
+
+    assert_exactly_once(config, kafka_client)
+    table = DeltaTable(config.delta.table_uri)
+    assert table.metadata().partition_columns == ["kafka_date"]
+    rows = table.to_pyarrow_table(columns=["_kafka_timestamp", "kafka_date"]).to_pylist()
+    assert len(rows) == 10
+    for row in rows:
+        stamped: datetime = row["_kafka_timestamp"]
+        assert row["kafka_date"] == stamped.astimezone(tokyo).date(), row
+    for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        assert f"kafka_date={add['partition.kafka_date'].isoformat()}/" in add["path"]
