@@ -35,6 +35,7 @@ from derived.spec import (
     UpsertOutput,
     correction_count,
 )
+from derived.window_dates import with_window_dates
 from ledger.errors import InconsistencyError, RefusedBatchError
 from ledger.protocol import OffsetRange
 from resources.delta import (
@@ -45,6 +46,7 @@ from resources.delta import (
     user_metadata,
     widen_schema,
 )
+from resources.partitioning import check_layout
 
 SOURCE, TARGET = "s", "t"
 
@@ -121,8 +123,12 @@ def merge_aggregate(
     """
     measures = {m.name: _combined(m.fn, m.name) for m in spec.measures}
     count = correction_count(spec) if correction else None
+    partial = with_window_dates(partial, spec.partition_by)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
+        # rows with no partition value would land in the null partition, silently
+        where = f"derived.{spec.name}.partition_by"
+        check_layout(target.uri, table.metadata().partition_columns, spec.partition_by, where)
         merger = _merger(table, partial, spec.key_columns, properties)
         if count is not None:
             emptied = f"{_q(TARGET, count)} + {_q(SOURCE, count)} = 0"

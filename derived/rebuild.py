@@ -43,6 +43,7 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from derived.invariants import latest_records, raw_table_rows, recompute_aggregate
 from derived.spec import DELETED, AggregateOutput, UpsertOutput
+from derived.window_dates import with_window_dates
 from ledger.errors import CONFIG_PLACEHOLDER, InconsistencyError, RefusedBatchError
 from resources.delta import METADATA_KEY, DeltaTarget
 
@@ -121,6 +122,9 @@ def rebuild_output(
             _check_one_incarnation(spec, raw, app_ids, topic_id)
         rows = snapshot.to_pyarrow_table()
     table = _recomputed(rows, spec)
+    # an aggregate partitioned by its window's date is written so, as its MERGEs write it
+    partitions = spec.partition_by if isinstance(spec, AggregateOutput) else []
+    table = with_window_dates(table, partitions)
     properties = CommitProperties(
         app_transactions=[Transaction(spec.app_id(a), v) for a, v in holds.items()],
         custom_metadata={
@@ -134,6 +138,7 @@ def rebuild_output(
         table,
         mode="overwrite" if existing is not None else "error",
         schema_mode="overwrite" if existing is not None else None,
+        partition_by=[c.name for c in partitions] or None,
         storage_options=output.storage_options or None,
         commit_properties=properties,
     )

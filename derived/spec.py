@@ -14,6 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from sqlalchemy.engine import make_url
 
 from ledger.errors import ConfigError, RefusedBatchError
+from resources.partitioning import PartitionColumn, check_unique
 from resources.strict import _NAME, EnvValue, OptionValue, _Strict
 
 #: A column name the MERGE's SQL can name without surprises (quoted with backticks there).
@@ -171,6 +172,29 @@ class AggregateOutput(_Output, _Aggregation):
     """
 
     kind: Literal["aggregate"]
+    #: the table's partition columns: the date of `window_start` in a time zone
+    #: (derived/window_dates.py); empty: unpartitioned
+    partition_by: list[PartitionColumn] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _partitioned_by_window_dates(self) -> AggregateOutput:
+        """Only a windowed aggregate is partitioned, by its window's start: the one source
+        that is part of every row's key, so a group stays in its partition."""
+        if not self.partition_by:
+            return self
+        if self.window is None:
+            raise ValueError("partition_by needs a window (it partitions by the window's date)")
+        check_unique(self.partition_by)
+        taken = {c.lower() for c in [*self.key_columns, *(m.name for m in self.measures)]}
+        for column in self.partition_by:
+            if column.date_of != WINDOW_START:
+                raise ValueError(
+                    f"partition_by {column.name}: date_of must be {WINDOW_START}, not "
+                    f"{column.date_of}"
+                )
+            if column.name.lower() in taken:
+                raise ValueError(f"column {column.name} appears twice in the output")
+        return self
 
 
 class UpsertOutput(_Output):

@@ -29,6 +29,7 @@ from derived.spec import (
     OFFSET,
     PARTITION,
     AggregateOutput,
+    AnyOutput,
     PostgresOutput,
     UpsertOutput,
 )
@@ -131,10 +132,10 @@ class DeltaPublisher:
         """The pipeline's tables, all opened with its storage options."""
         options = config.delta.resolved_storage_options()
         return cls(
-            DeltaTarget(config.delta.table_uri, options),
+            DeltaTarget(config.delta.table_uri, options, config.delta.partition_by),
             DeltaTarget(config.delta.quarantine_uri, options),
             [
-                (spec, DeltaTarget(spec.table_uri, options))
+                (spec, DeltaTarget(spec.table_uri, options, **_partitioning(spec)))
                 for spec in config.derived
                 if not isinstance(spec, PostgresOutput)
             ],
@@ -703,3 +704,10 @@ def _rows_of_keys(dataset: Any, keys: list[str], tables: Sequence[pa.Table]) -> 
             one = one | pc.field(k).is_null()
         wanted = one if wanted is None else wanted & one
     return dataset.to_table(filter=wanted)
+
+
+def _partitioning(spec: AnyOutput) -> dict[str, Any]:
+    """A derived Delta output's partition columns (an aggregate's window dates, plain
+    columns: derived/window_dates.py), as DeltaTarget takes them; none for the others."""
+    columns = getattr(spec, "partition_by", None)
+    return {"partition_by": list(columns), "generated": False} if columns else {}

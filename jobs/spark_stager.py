@@ -238,6 +238,7 @@ class SparkStager:
             },
             "table_roots": roots,
             "derived": list(self.config.derived),
+            "partition_by": list(self.config.delta.partition_by),
             **self._transform_for(batch),
         }
 

@@ -22,12 +22,14 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from derived.partials import aggregate_partial, latest_per_key
 from derived.spec import DELETED, AnyOutput, UpsertOutput
 from jobs import coordinates, parquet_files
+from jobs.partition_columns import read_back, with_partition_columns
 from ledger.crash import crashpoint
 from ledger.errors import ConfigError, UnreachableError
 from ledger.protocol import OffsetRange
 from ledger.two_phase import StageOutput
 from resources import storage
 from resources.delta import encode_schema
+from resources.partitioning import PartitionColumn
 
 COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_batch_id")
 TABLE, QUARANTINE = "table", "quarantine"
@@ -199,15 +201,20 @@ def routed_folder(attempt_dir: str, target: str) -> str:
     return storage.join(attempt_dir, f"{ROUTE}={target}")
 
 
-def write_routed(rows: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
+def write_routed(
+    rows: DataFrame, attempt_dirs: Mapping[str, str], partitions: Sequence[str] = ()
+) -> float:
     """Write both outputs in one Spark job into the table's attempt folder; the seconds
-    taken. The rows of each output land in a folder of their own (`routed_folder`).
+    taken. The rows of each output land in a folder of their own (`routed_folder`), and
+    in a partitioned table's, in one folder per partition value below it
+    (`<name>=<value>/`, which the commit reads the partition values from).
 
     Save mode "error" (= "errorifexists" in a classic session, the only spelling Spark
     Connect's client accepts): a folder that exists already fails the write, never merges.
     """
     started = time.perf_counter()
-    rows.write.mode("error").partitionBy(ROUTE).parquet(storage.spark_uri(attempt_dirs[TABLE]))
+    writer = rows.write.mode("error").partitionBy(ROUTE, *partitions)
+    writer.parquet(storage.spark_uri(attempt_dirs[TABLE]))
     return time.perf_counter() - started
 
 
@@ -285,6 +292,7 @@ def stage(
     transform: Callable[[DataFrame], DataFrame],
     transform_name: str = "transform",
     derived: Sequence[AnyOutput] = (),
+    partition_by: Sequence[PartitionColumn] = (),
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
     Then each derived output's partial, computed from the table's staged files
@@ -308,11 +316,12 @@ def stage(
     ).observe(observation, F.count(F.lit(1)).alias(RECORDS_READ), coordinates.fingerprint())
     out = transform(source)
     check_output(out, transform_name)
+    out = with_partition_columns(out, partition_by, transform_name)
     tombstones = carries_tombstones(derived)
     good, bad = split_outputs(out, tombstones)
     written = Observation()
     rows = routed(out, tombstones).observe(written, coordinates.fingerprint())
-    seconds["write"] = write_routed(rows, attempt_dirs)
+    seconds["write"] = write_routed(rows, attempt_dirs, [c.name for c in partition_by])
     crashpoint("during_stage")
     seconds["move"] = move_quarantine(bad, attempt_dirs)
     records_read = observed_records(observation)
@@ -347,7 +356,13 @@ def stage(
     if not derived:
         return output
     return stage_partials(
-        spark, output, good, derived, attempt_dirs=attempt_dirs, table_roots=table_roots
+        spark,
+        output,
+        good,
+        derived,
+        attempt_dirs=attempt_dirs,
+        table_roots=table_roots,
+        partition_by=partition_by,
     )
 
 
@@ -366,6 +381,7 @@ def stage_partials(
     *,
     attempt_dirs: Mapping[str, str],
     table_roots: Mapping[str, str],
+    partition_by: Sequence[PartitionColumn] = (),
 ) -> StageOutput:
     """`output` with each derived output's partial staged and described.
 
@@ -386,8 +402,10 @@ def stage_partials(
     # every column nullable, as Spark reads any Parquet file back: an empty batch's
     # partial must have the schema of every other batch's (invariant 14 compares them)
     schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in good.schema.fields])
-    reader = spark.read.schema(schema)
-    rows = reader.parquet(*paths) if paths else spark.createDataFrame([], schema)
+    if paths:
+        rows = read_back(spark.read, paths, schema, partition_by)
+    else:
+        rows = spark.createDataFrame([], schema)
     files, schemas = list(output.files), dict(output.schemas)
     for spec in derived:
         target = derived_target(spec.name)

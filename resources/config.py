@@ -28,6 +28,7 @@ from ledger.cleaning import parse_duration
 from ledger.errors import ConfigError
 from resources import storage
 from resources.formats import FormatSettings
+from resources.partitioning import PartitionColumn, check_unique
 from resources.strict import _NAME, EnvValue, OptionValue, _Strict
 from resources.topic_selection import (
     TopicSelection,
@@ -259,6 +260,15 @@ class DeltaSettings(_Strict):
     #: the tables); Spark, which writes the staged files, takes its own from `spark.conf`; a
     #: value may be `{env: NAME}`
     storage_options: dict[str, OptionValue] = Field(default_factory=dict)
+    #: the data table's partition columns, each a date generated from a timestamp column
+    #: (resources/partitioning.py); empty: unpartitioned
+    partition_by: list[PartitionColumn] = Field(default_factory=list)
+
+    @field_validator("partition_by")
+    @classmethod
+    def _unique_partitions(cls, value: list[PartitionColumn]) -> list[PartitionColumn]:
+        check_unique(value)
+        return value
 
     def resolved_storage_options(self) -> dict[str, str]:
         return resolve_options(self.storage_options, "delta.storage_options")

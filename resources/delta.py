@@ -38,6 +38,15 @@ from ledger.batch import StagedFile
 from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError, UnreachableError
 from ledger.protocol import OffsetRange
 from resources import storage
+from resources.partitioning import (
+    PartitionColumn,
+    check_layout,
+    entry_values,
+    folders,
+    names,
+    partition_values,
+    with_generation,
+)
 
 #: Commits in a row whose outcome is unknown (below) before the error is raised: a store
 #: that keeps failing that way has a problem a retry will not fix.
@@ -521,8 +530,21 @@ class DeltaTarget:
     when it is dropped); a DeltaTarget may be shared between threads.
     """
 
-    def __init__(self, uri: str, storage_options: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        uri: str,
+        storage_options: Mapping[str, str] | None = None,
+        partition_by: Sequence[PartitionColumn] | None = None,
+        *,
+        generated: bool = True,
+    ) -> None:
         self.uri = uri
+        #: whether the partition columns are created as Delta generated columns: not for a
+        #: table delta-rs MERGEs into (derived/window_dates.py says why)
+        self.generated = generated
+        #: the partition columns the config gives this table (a new table is created with
+        #: them; an existing one must have them), or None: take the table's as they are
+        self.partition_by = None if partition_by is None else tuple(partition_by)
         self.storage_options = storage_options_for(uri, storage_options or {})
         #: `kept`: this thread's _Kept, or absent/None. Per thread because a delta-rs
         #: table is not safe to use from two threads at once, and one thread's update or
@@ -738,7 +760,17 @@ class DeltaTarget:
         fits as it is or the table does not exist yet (its first commit creates it).
         """
         table = self.load()
-        return None if table is None else _table_widened(table, schema, self.uri)
+        if table is None:
+            return None
+        self._partition_columns(table)
+        return _table_widened(table, schema, self.uri)
+
+    def _partition_columns(self, table: DeltaTable) -> list[str]:
+        """The table's partition columns, once checked against the config's: a staged file
+        is added under the table's own layout or not at all (resources/partitioning.py)."""
+        columns = list(table.metadata().partition_columns)
+        check_layout(self.uri, columns, self.partition_by)
+        return columns
 
     def named_files(self) -> set[str]:
         """Every data file the table's log still names, '/'-separated and relative to the
@@ -777,7 +809,10 @@ class DeltaTarget:
         try:
             DeltaTable.create(
                 self.uri,
-                schema=schema,
+                schema=with_generation(schema, self.partition_by or ())
+                if self.generated
+                else schema,
+                partition_by=names(self.partition_by or ()) or None,
                 mode="ignore",
                 storage_options=self.storage_options or None,
             )
@@ -815,8 +850,12 @@ class DeltaTarget:
         Idempotent: a batch at or below the table's version for `app_id` publishes nothing.
         Protects invariants 1, 2 and 3.
         """
-        adds = _adds(files)
-        return self._commit(app_id, batch_id, schema, metadata, lambda _table, _try: adds)
+        files = list(files)
+
+        def actions(table: DeltaTable, _try: int) -> list[Any]:
+            return _adds(files, self._partition_columns(table))
+
+        return self._commit(app_id, batch_id, schema, metadata, actions)
 
     def replace(
         self,
@@ -837,16 +876,26 @@ class DeltaTarget:
         ones, never both and never neither. Which files to rewrite is decided again on
         every try, from the table as it is then.
         """
-        adds = _adds(files)
+        files = list(files)
 
         def actions(table: DeltaTable, attempt: int) -> list[Any]:
-            return [*adds, *self._remove_rows(table, ranges, rewrite_dir, attempt)]
+            partitions = self._partition_columns(table)
+            removes = self._remove_rows(table, ranges, rewrite_dir, attempt, partitions)
+            return [*_adds(files, partitions), *removes]
 
         return self._commit(app_id, batch_id, schema, metadata, actions)
 
     def _remove_rows(
-        self, table: DeltaTable, ranges: Sequence[OffsetRange], rewrite_dir: str, attempt: int
+        self,
+        table: DeltaTable,
+        ranges: Sequence[OffsetRange],
+        rewrite_dir: str,
+        attempt: int,
+        partitions: Sequence[str] = (),
     ) -> list[Any]:
+        """The remove (and rewrite) actions that take the rows in `ranges` out of the table.
+        In a partitioned table each file is rewritten into its own partition: its rows stay
+        under the partition values of the file they came from, in that partition's folder."""
         actions: list[Any] = []
         now_ms = int(time.time() * 1000)
         # a staged file may hold columns the table does not have (jobs/stage.py: `routed`);
@@ -860,12 +909,14 @@ class DeltaTarget:
             removed = pc.sum(hit.cast(pa.int64())).as_py() or 0
             if removed == 0:
                 continue
-            actions.append(RemoveAction(path, True, now_ms, entry["size_bytes"], {}))
+            values = entry_values(entry, partitions)
+            actions.append(RemoveAction(path, True, now_ms, entry["size_bytes"], values))
             kept = data.filter(pc.invert(hit))
             if kept.num_rows == 0:
                 continue
             digest = hashlib.sha1(path.encode()).hexdigest()[:16]
-            target = storage.join(rewrite_dir, f"rewrite-{attempt}-{digest}.parquet")
+            name = f"{folders(values)}rewrite-{attempt}-{digest}.parquet"
+            target = storage.join(rewrite_dir, name)
             storage.write_parquet(kept, target)
             meta = storage.read_parquet_metadata(target)
             info = storage.file_info(target)
@@ -874,7 +925,7 @@ class DeltaTarget:
                 AddAction(
                     storage.relative(target, self.uri),
                     info.size,
-                    {},
+                    values,
                     info.modification_time_ms,
                     True,
                     stats_json(stats),
@@ -1092,9 +1143,18 @@ def _paths(table: DeltaTable) -> set[str]:
     return set(pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist())
 
 
-def _adds(files: Iterable[StagedFile]) -> list[AddAction]:
+def _adds(files: Iterable[StagedFile], partition_columns: Sequence[str] = ()) -> list[AddAction]:
+    """The add actions of `files` with records, each with its partition values (from its
+    partition folders: resources/partitioning.py `partition_values`)."""
     return [
-        AddAction(f.path, f.size, {}, f.modification_time, True, f.stats)
+        AddAction(
+            f.path,
+            f.size,
+            partition_values(f.path, partition_columns),
+            f.modification_time,
+            True,
+            f.stats,
+        )
         for f in files
         if f.records > 0
     ]

@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.s3",
     "tests.fixtures.secure_kafka",
     "tests.fixtures.pipeline",
+    "tests.fixtures.partitioned",
     "tests.fixtures.spark_cluster",
     "tests.fixtures.webhook",
 ]

@@ -1,0 +1,86 @@
+"""derived/window_dates.py and the MERGE of an aggregate partitioned by its window's date,
+against real delta-rs (no Spark): the day is the declared zone's, and a config whose
+partitioning is not the table's is refused before any row moves."""
+
+from __future__ import annotations
+
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from derived.merge import merge_aggregate
+from derived.spec import AggregateOutput
+from derived.window_dates import window_date
+from ledger.errors import ConfigError, RefusedBatchError
+from resources.delta import DeltaTarget
+
+WINDOW_DATE = {"name": "window_date", "date_of": "window_start", "time_zone": "Europe/Paris"}
+
+
+def spec(uri: str, partitioned: bool) -> AggregateOutput:
+    return AggregateOutput.model_validate(
+        {
+            "kind": "aggregate",
+            "name": "per_hour",
+            "table_uri": uri,
+            "group_by": ["app"],
+            "window": {"column": "ts", "size": "1 hour"},
+            "measures": [{"name": "views", "fn": "count"}],
+            "partition_by": [WINDOW_DATE] if partitioned else [],
+        }
+    )
+
+
+def partial(hour: int) -> pa.Table:
+    start = datetime(2026, 3, 1, hour, tzinfo=UTC)
+    kind = pa.timestamp("us", tz="UTC")
+    return pa.table(
+        {
+            "app": ["web"],
+            "window_start": pa.array([start], kind),
+            "window_end": pa.array([start.replace(hour=hour + 1) if hour < 23 else start], kind),
+            "views": pa.array([1], pa.int64()),
+        }
+    )
+
+
+def test_the_window_date_is_the_declared_zones_day() -> None:
+    kind = pa.timestamp("us", tz="UTC")
+    starts = pa.array(
+        [datetime(2026, 3, 1, 23, tzinfo=UTC), datetime(2026, 3, 1, 22, tzinfo=UTC), None], kind
+    )
+    assert window_date(starts, "Europe/Paris").to_pylist() == [
+        date(2026, 3, 2),
+        date(2026, 3, 1),
+        None,
+    ]
+    assert window_date(starts, "UTC").to_pylist() == [date(2026, 3, 1), date(2026, 3, 1), None]
+
+
+@pytest.mark.parametrize("first_partitioned", [True, False])
+def test_a_merge_under_another_partitioning_than_the_tables_is_refused(
+    tmp_path: Path, first_partitioned: bool
+) -> None:
+    uri = str(tmp_path / "per_hour")
+    first = spec(uri, first_partitioned)
+    target = DeltaTarget(uri, partition_by=first.partition_by, generated=False)
+    assert merge_aggregate(target, first, partial(23), app_id="p", batch_id=1).applied
+    version = DeltaTable(uri).version()
+
+    other = spec(uri, not first_partitioned)
+    # a partitioned config on an unpartitioned table brings a new column, which a derived
+    # table refuses (invariant 14); the other way round, a partition column goes missing
+    refused = RefusedBatchError if first_partitioned is False else ConfigError
+    named = "window_date" if refused is RefusedBatchError else "derived.per_hour.partition_by"
+    with pytest.raises(refused, match=named):
+        merge_aggregate(
+            DeltaTarget(uri, partition_by=other.partition_by, generated=False),
+            other,
+            partial(10),
+            app_id="p",
+            batch_id=2,
+        )
+    assert DeltaTable(uri).version() == version
