@@ -122,6 +122,10 @@ def test_the_shipped_avro_example_loads_with_absolute_schema_paths(
     assert all(Path(p).is_absolute() for p in config.format.schema_ids.values())
     reader = json.loads(config.format.reader_schema())
     assert [f["name"] for f in reader["fields"]][-1] == "coupon"  # id 2, the newest
+    # the shape: several topics by a pattern, a partitioned table, an aggregate
+    assert config.kafka.pattern == "orders-.*" and config.kafka.topic is None
+    assert [c.name for c in config.delta.partition_by] == ["kafka_date"]
+    assert [d.name for d in config.derived] == ["orders_per_coupon"]
 
 
 def test_schema_paths_resolve_against_the_folder_run_from(
