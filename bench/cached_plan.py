@@ -60,11 +60,15 @@ def stage_cached(
     transform: Callable[[DataFrame], DataFrame],
     transform_name: str = "transform",
     derived: Sequence[Any] = (),
+    partition_by: Sequence[Any] = (),
 ) -> StageOutput:
     """jobs/stage.py's `stage` as it was: the transformed frame cached, two write jobs.
-    It predates derived outputs and stages none: a pipeline with some is refused."""
+    It predates derived outputs and partitioned tables and stages neither: a pipeline with
+    either is refused."""
     if derived:
         raise ConfigError("the cached-plan benchmark stages no derived outputs")
+    if partition_by:
+        raise ConfigError("the cached-plan benchmark stages no partitioned table")
     seconds: dict[str, float] = {}
     observation = Observation()
     source = with_coordinates(

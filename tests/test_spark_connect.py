@@ -173,8 +173,9 @@ def test_progress_is_sampled_from_what_the_server_streams(remote: Any, tmp_path:
         with lock:
             samples.append(sample)
 
+    # 8 tasks of 50 rows at 25 ms a row on 2 cores: about 5 s, several progress reports
     frame = remote.range(0, 400, numPartitions=8).select(
-        F.col("id"), F.expr("reflect('java.lang.Thread', 'sleep', cast(5 as bigint))").alias("z")
+        F.col("id"), F.expr("reflect('java.lang.Thread', 'sleep', cast(25 as bigint))").alias("z")
     )
     with watch(remote, keep, 0.2):
         frame.write.parquet(str(tmp_path / "out"))
