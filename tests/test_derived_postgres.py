@@ -401,9 +401,18 @@ def test_without_the_row_lock_racing_committers_apply_twice(
     """The race above can fail: with the state row read without FOR UPDATE, both committers
     read batch 1, both upsert (the second waits on the first's rows, then adds again)."""
     unlocked = pg._read_state
-    monkeypatch.setattr(
-        pg, "_read_state", lambda conn, spec, app_id, lock=False: unlocked(conn, spec, app_id)
-    )
+    both_read = threading.Barrier(2, timeout=60)
+
+    def read_then_wait(conn: Connection, spec: Any, app_id: str, lock: bool = False) -> Any:
+        # both read before either writes: otherwise the later one's INSERT ... ON CONFLICT
+        # may wait on the first's updated state row, read batch 2 after its COMMIT, and the
+        # race this test shows would not happen (a flake seen in a clean-clone CI)
+        state = unlocked(conn, spec, app_id)
+        if threading.current_thread() is not threading.main_thread():  # not race()'s set-up
+            both_read.wait()
+        return state
+
+    monkeypatch.setattr(pg, "_read_state", read_then_wait)
     outcomes, setup, spec = race(postgres_url, 2)
     assert [o.applied for o in outcomes] == [True, True]
     problems = differences(setup, spec, 1, 2)
