@@ -23,6 +23,7 @@ from fastavro.schema import parse_schema
 from pydantic import Field, ValidationInfo, field_validator
 
 from resources.proto_schema import message_names, read_descriptor_set
+from resources.schema_file import versioned
 from resources.strict import _Strict
 
 #: The name a format pipeline's transform is recorded under (backfill params, re-stages):
@@ -70,14 +71,7 @@ def _read_avro(path: str, mtime_ns: int) -> str:
 
 def read_avro_schema(path: str) -> str:
     """The Avro schema in file `path`, as JSON text; ValueError naming what is wrong."""
-    file = Path(path)
-    try:
-        mtime = file.stat().st_mtime_ns
-    except FileNotFoundError:
-        raise ValueError(f"no such file: {path}") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    return _read_avro(str(file.resolve()), mtime)
+    return _read_avro(*versioned(path))
 
 
 class FormatSettings(_Strict):

@@ -17,18 +17,13 @@ from pathlib import Path
 from google.protobuf import descriptor_pb2
 from google.protobuf.message import DecodeError
 
+from resources.schema_file import versioned
+
 
 def read_descriptor_set(path: str) -> bytes:
     """The serialized FileDescriptorSet of `path` (a .proto, compiled now, or a descriptor
     set); ValueError naming what is wrong."""
-    file = Path(path)
-    try:
-        mtime = file.stat().st_mtime_ns
-    except FileNotFoundError:
-        raise ValueError(f"no such file: {path}") from None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
-    return _read(str(file.resolve()), mtime)
+    return _read(*versioned(path))
 
 
 @lru_cache(maxsize=64)

@@ -15,6 +15,7 @@ import random
 import subprocess
 import threading
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -96,22 +97,19 @@ class AvroProducer(threading.Thread):
         return self.produced
 
 
-def test_every_avro_record_once_after_random_kills_while_producing(
-    kafka_broker: str, kafka_client: KafkaClient, pipeline_factory: Any, tmp_path: Path
-) -> None:
-    config = with_format(
-        pipeline_factory(3, max_records=MAX_RECORDS_PER_PARTITION),
-        tmp_path,
-        {
-            "kind": "avro",
-            "wire": "confluent",
-            "schema_ids": {1: schema_file(tmp_path, "v1", ORDER_V1)},
-        },
-    )
+def kill_while_producing(
+    config: Any,
+    producer: AvroProducer,
+    tmp_path: Path,
+    after_run: Callable[[int], None] = lambda _n: None,
+) -> tuple[str, int]:
+    """Start `producer`, kill `exactly run` KILLS times at seeded moments (calling
+    `after_run(n)` after run n), stop the producer, then run once more until caught up.
+    Returns the kill history (for every assertion message) and how many records were
+    produced."""
     seed = kill_seed()
     rng = random.Random(seed)
     kills: list[str] = []
-    producer = AvroProducer(kafka_broker, config.kafka.topic)
     producer.start()
     try:
         assert producer.writing.wait(timeout=120), "the producer wrote nothing"
@@ -124,13 +122,13 @@ def test_every_avro_record_once_after_random_kills_while_producing(
                 if last is None
                 else f"run {n} killed {delay:.1f} s: {last}"
             )
+            after_run(n)
             if sum(1 for k in kills if " killed " in k) == KILLS:
                 break
     finally:
         produced = producer.finish()
     history = f"seed {seed} (EXACTLY_KILL_SEED={seed} replays it); " + "; ".join(kills)
     assert sum(1 for k in kills if " killed " in k) == KILLS, history
-
     final = subprocess.run(
         [*EXACTLY, "run", "-c", str(config_path(config)), "--until-caught-up"],
         cwd=REPO,
@@ -139,6 +137,23 @@ def test_every_avro_record_once_after_random_kills_while_producing(
         timeout=FINAL_RUN_TIMEOUT,
     )
     assert final.returncode == 0, f"{history}\n{final.stdout}{final.stderr}"
+    return history, produced
+
+
+def test_every_avro_record_once_after_random_kills_while_producing(
+    kafka_broker: str, kafka_client: KafkaClient, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = with_format(
+        pipeline_factory(3, max_records=MAX_RECORDS_PER_PARTITION),
+        tmp_path,
+        {
+            "kind": "avro",
+            "wire": "confluent",
+            "schema_ids": {1: schema_file(tmp_path, "v1", ORDER_V1)},
+        },
+    )
+    producer = AvroProducer(kafka_broker, config.kafka.topic)
+    history, produced = kill_while_producing(config, producer, tmp_path)
     try:
         table_rows, quarantined = assert_exactly_once(config, kafka_client)
     except AssertionError as failure:
@@ -254,41 +269,17 @@ def test_two_topics_by_pattern_avro_into_a_date_partitioned_table_with_an_aggreg
     config = load_config(path)
     object.__setattr__(config, "_path", path)
 
-    seed = kill_seed()
-    rng = random.Random(seed)
-    kills: list[str] = []
     topics = [first]
     producer = TopicsProducer(kafka_broker, topics)
-    producer.start()
-    try:
-        assert producer.writing.wait(timeout=120), "the producer wrote nothing"
-        for n in range(MAX_RUNS):
-            late = sum(1 for k in kills if " killed " in k) % 2 == 0
-            delay = rng.uniform(*(KILL_AFTER_FIRST_BATCH if late else KILL_AFTER_START))
-            last = run_and_kill(config, delay, tmp_path / f"run-{n}.log", after_first_batch=late)
-            kills.append(
-                f"run {n} ended on its own"
-                if last is None
-                else f"run {n} killed {delay:.1f} s: {last}"
-            )
-            if n == 0:  # a second topic matches the pattern between two kills
-                kafka_client.create_topic(second, 2)
-                topics.append(second)
-            if sum(1 for k in kills if " killed " in k) == KILLS:
-                break
-    finally:
-        produced = producer.finish()
-    history = f"seed {seed} (EXACTLY_KILL_SEED={seed} replays it); " + "; ".join(kills)
-    assert sum(1 for k in kills if " killed " in k) == KILLS, history
 
-    final = subprocess.run(
-        [*EXACTLY, "run", "-c", str(path), "--until-caught-up"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=FINAL_RUN_TIMEOUT,
+    def second_topic_after_the_first_run(n: int) -> None:
+        if n == 0:  # a second topic matches the pattern between two kills
+            kafka_client.create_topic(second, 2)
+            topics.append(second)
+
+    history, produced = kill_while_producing(
+        config, producer, tmp_path, after_run=second_topic_after_the_first_run
     )
-    assert final.returncode == 0, f"{history}\n{final.stdout}{final.stderr}"
     try:
         stored = assert_exactly_once_on(config, kafka_client, [first, second])
         assert_derived_match(config)
