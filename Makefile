@@ -11,6 +11,7 @@ demo: setup
 # stay single): most of the suite waits on JVMs, brokers and daemons, not on the 2 cores.
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 	.venv/bin/python -m pytest -n 2 --dist loadfile
 
 # Only the tests that start no JVM and no server (tests/conftest.py marks them): seconds.
@@ -25,6 +26,7 @@ soak: setup
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/lint-imports
 
 # The Dagster UI (webserver + daemon) on loopback, with this project's instance settings.
 # Runs stage on the host's shared Spark server (started as the code location loads, kept

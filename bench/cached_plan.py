@@ -1,5 +1,5 @@
 """The former single-pass stage plan, kept only so the benchmark can compare it with the
-product's routed plan (jobs/stage.py).
+product's routed plan (jobs/stage/staging.py).
 
 It read and transformed the batch once but cached the transformed frame, so that two Spark
 jobs could write the table and the quarantine from it; the product now writes both in one
@@ -16,14 +16,14 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
-from jobs import coordinates
-from jobs.spark_stager import SparkStager
-from jobs.stage import (
+from jobs.stage.spark_stager import SparkStager
+from jobs.stage.staging import (
     QUARANTINE,
     RECORDS_READ,
     TABLE,
     check_coordinates,
     check_output,
+    coordinates,
     observed_fingerprint,
     observed_records,
     read_ranges,
@@ -31,12 +31,12 @@ from jobs.stage import (
     staged_output,
     with_coordinates,
 )
-from ledger.batch import Batch
-from ledger.crash import crashpoint
-from ledger.errors import ConfigError
-from ledger.protocol import OffsetRange
-from ledger.two_phase import StageOutput
-from resources import storage
+from ledger.coordinator.crash import crashpoint
+from ledger.core.batch import Batch
+from ledger.core.errors import ConfigError
+from ledger.core.ports import StageOutput
+from ledger.core.protocol import OffsetRange
+from resources.object_storage import storage
 
 
 def write_outputs(good: DataFrame, bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
@@ -62,7 +62,7 @@ def stage_cached(
     derived: Sequence[Any] = (),
     partition_by: Sequence[Any] = (),
 ) -> StageOutput:
-    """jobs/stage.py's `stage` as it was: the transformed frame cached, two write jobs.
+    """jobs/stage/staging.py's `stage` as it was: the transformed frame cached, two write jobs.
     It predates derived outputs and partitioned tables and stages neither: a pipeline with
     either is refused."""
     if derived:

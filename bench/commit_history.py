@@ -2,7 +2,7 @@
 
 The history section of `exactly bench` (bench/commits.py `commit_vs_history`) needs the
 whole benchmark run around it; this runs only the commits, in a minute, so two versions of
-resources/delta.py can be compared side by side in one session (run it with each
+resources/delta/table.py can be compared side by side in one session (run it with each
 checkout's directory first on PYTHONPATH). Every commit goes through the product's own path
 (DeltaTarget.publish, one small file each, one DeltaTarget for the whole history, as a
 pipeline's process keeps), with nothing else between commits: unlike `commit_vs_history`,
@@ -33,8 +33,8 @@ from typing import Any
 from deltalake import DeltaTable
 
 from bench.commits import APP_ID, SCHEMA, _metadata, _small_files
-from resources import storage
-from resources.delta import DeltaTarget
+from resources.delta.table import DeltaTarget
+from resources.object_storage import storage
 
 #: What --profile times: (owner, attribute) -> label.
 _PROFILED = {

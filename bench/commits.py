@@ -1,6 +1,6 @@
 """delta-rs commit latency: against the number of files in a commit, and against history.
 
-Both go through the product's own commit (resources/delta.py DeltaTarget.publish: load the
+Both go through the product's own commit (resources/delta/table.py DeltaTarget.publish: load the
 table, check the app transaction version, commit the add actions with the commit info), so
 the figures are the commit phase a batch pays, minus the ledger's part.
 
@@ -22,9 +22,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from jobs import parquet_files
-from ledger.batch import BatchKind
-from resources.delta import DeltaTarget
+from jobs.stage import parquet_files
+from ledger.core.batch import BatchKind
+from resources.delta.table import DeltaTarget
 
 APP_ID = "bench"
 SCHEMA = pa.schema([("id", pa.int64()), ("app", pa.string()), ("ts", pa.timestamp("us", "UTC"))])

@@ -286,7 +286,7 @@ def shared_state(root: Path) -> Path:
 def stop_shared_spark_server(root: Path) -> None:
     """Stop the shared Spark Connect server the `shared` mode's runs started (it outlives
     runs by design); called once at the end of the section whenever that mode ran."""
-    from resources.shared_spark import STATE_ENV, stop_servers
+    from resources.spark.shared_server import STATE_ENV, stop_servers
 
     stop_servers({STATE_ENV: str(shared_state(root))})
 
@@ -312,7 +312,7 @@ def _events(instance: Any, run_id: str) -> list[Event]:
 def _ledger_figures(config: Any, batch_id: int | None) -> tuple[int, dict[str, Any]]:
     """(records read, phase seconds and the stage's outside part) of a batch, from its
     ledger record (the ops record their seconds as `phase_s`)."""
-    from ledger.store import LedgerStore
+    from ledger.store.ledger_store import LedgerStore
 
     if batch_id is None:
         return 0, {}
@@ -332,7 +332,7 @@ def _ledger_figures(config: Any, batch_id: int | None) -> tuple[int, dict[str, A
 
 def _produce(bootstrap: str, topic: str, settings: DaemonSettings, first: int) -> None:
     from bench.data import produce
-    from resources.kafka import KafkaClient
+    from resources.kafka.client import KafkaClient
 
     with KafkaClient(bootstrap, timeout=60) as client:
         produce(
@@ -363,7 +363,7 @@ def daemon_runs(
     import dagster as dg
     from dagster_graphql import DagsterGraphQLClient
 
-    from devtools.dagster_dev import DagsterDev
+    from orchestration.dagster_dev import DagsterDev
     from orchestration.tags import BATCH_TAG
 
     name = f"bench_daemon_{mode}"
@@ -430,7 +430,7 @@ def daemon_runs(
 
 
 def _reload(path: Path) -> Any:
-    from resources.config import load_config
+    from resources.config.pipeline_config import load_config
 
     return load_config(path)
 
@@ -478,7 +478,7 @@ class CliPath:
     label = "cli"
 
     def __init__(self, spark: Any, root: Path, bootstrap: str, settings: DaemonSettings) -> None:
-        from jobs.pipeline import build
+        from jobs.wiring.pipeline import build
 
         self.name = "bench_daemon_cli"
         self.topic = "bench-daemon-cli"
@@ -602,7 +602,7 @@ def side_by_side(contenders: Sequence[Any], runs: int, log: Callable[[str], None
 SESSION_PROBE = """
 import json, time
 t0 = time.perf_counter()
-from resources.spark import build_session
+from resources.spark.session import build_session
 t1 = time.perf_counter()
 spark = build_session({master!r}, {{}})
 t2 = time.perf_counter()
@@ -648,7 +648,7 @@ def _attempt(what: str, action: Callable[[], dict[str, Any]], log: Callable[[str
 def run(settings: DaemonSettings, root: Path, bootstrap: str, log: Callable[[str], None]) -> dict:
     """Every contender of the section: the daemon's runs per Spark mode first (no JVM in this
     process yet), then the in-process run and the CLI path, interleaved, on one session."""
-    from resources.spark import build_session
+    from resources.spark.session import build_session
 
     out: dict[str, Any] = {"settings": asdict(settings), "contenders": {}}
     try:
@@ -708,8 +708,8 @@ def run_daemon_only(
 ) -> dict[str, Any]:
     """The daemon section alone, on a broker of its own."""
     from bench.harness import BROKER_START_TIMEOUT, _load, describe_machine
-    from devtools.broker import EmbeddedBroker
-    from devtools.jvm_process import free_port
+    from resources.jvm.process import free_port
+    from resources.kafka.embedded_broker import EmbeddedBroker
 
     started = time.perf_counter()
     result: dict[str, Any] = {

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from jobs.examples.sample_data import pageviews
-from resources.kafka import KafkaClient
+from resources.kafka.client import KafkaClient
 
 #: One record in this many cannot be parsed, so the quarantine path is always exercised.
 MALFORMED_EVERY = 1_000

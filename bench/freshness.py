@@ -7,7 +7,7 @@ timestamp of the Delta version that added its file minus the record's Kafka time
 (CreateTime, set by the producer as it sends). Both clocks are this machine's.
 
 The contenders, one after the other on topics of their own, with the same Spark session:
-- exactly in continuous mode (jobs/continuous.py): batch after batch, never closer than
+- exactly in continuous mode (jobs/wiring/continuous.py): batch after batch, never closer than
   `min_interval` seconds apart, both tables (table + quarantine) counted;
 - Structured Streaming with a processing-time trigger of the same interval, Delta sink.
 
@@ -33,11 +33,11 @@ import pyarrow.parquet as pq
 from bench import peer, product
 from bench.data import MALFORMED_EVERY
 from bench.memory import driver_meter
-from jobs.continuous import Cadence, run_continuously
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from resources import storage
-from resources.kafka import KafkaClient
+from jobs.wiring.continuous import Cadence, run_continuously
+from jobs.wiring.pipeline import build
+from resources.kafka.client import KafkaClient
+from resources.object_storage import storage
 
 #: How long a contender may take after the producer stopped to commit the last record.
 CATCH_UP_TIMEOUT_S = 120.0

@@ -29,11 +29,11 @@ from bench.freshness import FreshnessSettings
 from bench.memory import PeakMemory, driver_meter, spark_jvm_pid
 from bench.report import S3_PLAN, batch_label, summarize
 from bench.scale import ScaleSettings
-from devtools.broker import EmbeddedBroker
-from devtools.jvm_process import free_port, java_executable
-from devtools.s3_server import S3Server, start_s3_server
-from jobs.pipeline import build
-from resources.kafka import KafkaClient
+from jobs.wiring.pipeline import build
+from resources.jvm.process import free_port, java_executable
+from resources.kafka.client import KafkaClient
+from resources.kafka.embedded_broker import EmbeddedBroker
+from resources.object_storage.embedded_s3 import S3Server, start_s3_server
 
 TOPIC = "bench-pageviews"
 #: The loopback S3 server's bucket, which the S3 contender's tables are in.
@@ -176,8 +176,8 @@ def warm_up(
     from pyspark.sql import functions as F
 
     from jobs.examples.pageviews import transform
-    from jobs.stage import read_ranges, with_coordinates
-    from ledger.protocol import OffsetRange
+    from jobs.stage.staging import read_ranges, with_coordinates
+    from ledger.core.protocol import OffsetRange
 
     started = time.perf_counter()
     folder = Path(tempfile.mkdtemp(prefix="warm-up-", dir=root))
@@ -224,7 +224,7 @@ class SparkHolder:
         warm_up: Callable[[Any], float],
         object_store: Any = None,
     ) -> None:
-        from resources.spark import build_session
+        from resources.spark.session import build_session
 
         self.master = master
         self.conf = conf
@@ -461,7 +461,7 @@ def run_freshness_only(settings: Settings, log: Callable[[str], None] = print) -
     """Only the freshness section, on a broker and a Spark session of its own, warmed first
     by a short run of the same section at a low rate (discarded): a continuous pipeline is a
     long-running process, so its cold first batches are not what its users feel."""
-    from resources.spark import build_session
+    from resources.spark.session import build_session
 
     result: dict[str, Any] = {"machine": describe_machine(), "load_before": _load()}
     root = Path(tempfile.mkdtemp(prefix="exactly-bench-", dir=settings.work_dir))

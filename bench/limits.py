@@ -25,8 +25,8 @@ from deltalake import DeltaTable
 
 from bench.memory import SAMPLE_INTERVAL_S, PeakMemory, status_kib
 from bench.product import BenchError
-from devtools.jvm_process import java_executable
-from resources.jars import kafka_classpath
+from resources.jvm.jars import kafka_classpath
+from resources.jvm.process import java_executable
 
 PERF_TOOL = "org.apache.kafka.tools.ConsumerPerformance"
 
@@ -230,9 +230,9 @@ def spark_floors(
     (a new meter of peak resident memory) the driver's peak while it ran.
     """
     from jobs.examples.pageviews import transform
-    from jobs.stage import read_ranges, with_coordinates
-    from ledger.protocol import OffsetRange
-    from resources import storage
+    from jobs.stage.staging import read_ranges, with_coordinates
+    from ledger.core.protocol import OffsetRange
+    from resources.object_storage import storage
 
     ranges = [
         OffsetRange(topic, p, 0, n) for p, n in enumerate(_ends(bootstrap, topic, partitions))
@@ -270,7 +270,7 @@ def spark_floors(
 
 def _ends(bootstrap: str, topic: str, partitions: int) -> list[int]:
     """Each partition's last stable offset (the topic is written once, before any pass)."""
-    from resources.kafka import KafkaClient
+    from resources.kafka.client import KafkaClient
 
     with KafkaClient(bootstrap, timeout=60) as client:
         offsets = client.offsets(topic, range(partitions))

@@ -17,10 +17,10 @@ from typing import Any
 import yaml
 
 from bench.cached_plan import CachedStager
-from jobs.pipeline import build
-from ledger.errors import ExactlyError
-from ledger.two_phase import BatchReport
-from resources.config import PipelineConfig, load_config
+from jobs.wiring.pipeline import build
+from ledger.coordinator.two_phase import BatchReport
+from ledger.core.errors import ExactlyError
+from resources.config.pipeline_config import PipelineConfig, load_config
 
 #: The phases of one batch, as BatchReport.seconds names them.
 PHASES = ("plan", "stage", "prepare", "commit", "ack")

@@ -69,7 +69,7 @@ def produce_topics(bootstrap: str, settings: ScaleSettings) -> dict[str, Any]:
     """The same records in one topic per partition count, and the data set cut in
     `pipelines` slices (one topic each); what was produced, as DataSet dicts."""
     from bench.data import produce
-    from resources.kafka import KafkaClient
+    from resources.kafka.client import KafkaClient
 
     counts = sorted({*settings.partition_counts, settings.pipeline_partitions})
     out: dict[str, Any] = {"partitions": {}, "slices": []}

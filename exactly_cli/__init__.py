@@ -3,7 +3,8 @@
 Each sub-command lives in a module of this package with a `register(subparsers)` function;
 `main` turns every failure into one line on stderr, so scripts and operators get the problem,
 not a traceback: an `ExactlyError`, or an error whose cause is known (a full disk, a read-only
-folder, Spark out of memory, ...: resources/failures.py), is one line naming the cause and the
+folder, Spark out of memory, ...: resources/failures/causes.py), is one line naming the cause and
+the
 path or service, exit code 2; anything unforeseen is one line naming the log file (under the
 state folder) that holds its full traceback, exit code 1.
 """
@@ -14,8 +15,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ledger.errors import ExactlyError, with_config
-from resources.failures import UNFORESEEN, FailureContext, context_of, describe_failure
+from ledger.core.errors import ExactlyError, with_config
+from resources.failures.causes import UNFORESEEN, FailureContext, context_of, describe_failure
 
 #: The exit code of a failure no known cause explains (a known one's is ExactlyError's, 2).
 UNFORESEEN_EXIT_CODE = 1
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def failure_line(exc: Exception, args: argparse.Namespace) -> tuple[str, int]:
     """The one line and exit code for an error that is not an `ExactlyError`.
 
-    A known cause (resources/failures.py) is said as an ExactlyError would be, exit code 2:
+    A known cause (resources/failures/causes.py) is said as an ExactlyError would be, exit code 2:
     the operator can act on it. Anything else is a bug or a failure nobody foresaw: its full
     traceback (the Java stack too) goes to a log file, which the line names, exit code 1.
     """
@@ -86,7 +87,7 @@ def failure_context(args: argparse.Namespace) -> FailureContext:
     if not config_file:
         return FailureContext()
     try:
-        from resources.config import load_config
+        from resources.config.pipeline_config import load_config
 
         return context_of(load_config(config_file))
     except Exception:

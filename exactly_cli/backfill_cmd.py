@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from exactly_cli.pipeline_cmd import progress_sink, say
-from ledger.backfill import BackfillMode, plan_backfill
-from ledger.batch import BatchKind
-from ledger.errors import ConfigError
-from ledger.protocol import OffsetRange
-from resources.config import load_config
-from resources.transforms import absolute_spec
+from ledger.coordinator.backfill import plan_backfill
+from ledger.core.backfill import BackfillMode
+from ledger.core.batch import BatchKind
+from ledger.core.errors import ConfigError
+from ledger.core.protocol import OffsetRange
+from resources.config.pipeline_config import load_config
+from resources.config.transforms import absolute_spec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from jobs.pipeline import Pipeline
+    from jobs.wiring.pipeline import Pipeline
 
     config = load_config(args.config)
     if config.kafka.topic is None:
@@ -62,7 +63,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
             ranges=[rng],
             transform=transform,
             again=args.again,
-            derived=config.derived,
+            replace_refusals=config.replace_refusals(),
         )
         if not planned:
             say(

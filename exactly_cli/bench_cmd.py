@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ledger.errors import ConfigError
+from ledger.core.errors import ConfigError
 
 
 def _batch_sizes(text: str) -> tuple[int | None, ...]:

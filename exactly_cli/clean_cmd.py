@@ -1,11 +1,12 @@
-"""`exactly clean`: delete staged files that no batch needs any more (jobs/cleaner.py)."""
+"""`exactly clean`: delete staged files that no batch needs any more
+(jobs/maintenance/cleaner.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ledger.cleaning import parse_duration
-from resources.config import load_config
+from ledger.core.cleaning import parse_duration
+from resources.config.pipeline_config import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from jobs.cleaner import clean
+    from jobs.maintenance.cleaner import clean
 
     grace = parse_duration(args.older_than, "--older-than") if args.older_than else None
     config = load_config(args.config)

@@ -1,13 +1,13 @@
 """`exactly derived rebuild`: build a derived output's table from the raw table
-(derived/rebuild.py), for an output added to a pipeline with history or whose table was
+(jobs/derived/rebuild.py), for an output added to a pipeline with history or whose table was
 deleted; the publisher refuses to merge into such an output until it is built."""
 
 from __future__ import annotations
 
 import argparse
 
-from ledger.errors import ConfigError
-from resources.config import load_config
+from ledger.core.errors import ConfigError
+from resources.config.pipeline_config import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,10 +35,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from derived.rebuild import rebuild_output
-    from derived.spec import UpsertOutput
-    from jobs.delta_publisher import DeltaPublisher
-    from resources.kafka import KafkaClient
+    from jobs.derived.rebuild import rebuild_output
+    from jobs.publish.delta_publisher import DeltaPublisher
+    from resources.config.derived_spec import UpsertOutput
+    from resources.kafka.client import KafkaClient
 
     config = load_config(args.config)
     publisher = DeltaPublisher.for_config(config)
@@ -51,7 +51,7 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     spec, delta = found[args.name]
     topic_id = None
     if isinstance(spec, UpsertOutput) and not args.empty:
-        # a full upsert rebuild must know the topic's incarnation now (derived/rebuild.py)
+        # a full upsert rebuild must know the topic's incarnation now (jobs/derived/rebuild.py)
         if config.kafka.topic is None:
             raise ConfigError(
                 f"derived output {args.name!r}: a full upsert rebuild checks one topic's "

@@ -11,9 +11,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from devtools.broker import AlreadyRunningError, EmbeddedBroker
-from ledger.errors import ConfigError
-from resources.kafka import KafkaClient
+from ledger.core.errors import ConfigError
+from resources.kafka.client import KafkaClient
+from resources.kafka.embedded_broker import AlreadyRunningError, EmbeddedBroker
 
 DEFAULT_DATA_DIR = Path("data/kafka")
 DEFAULT_PORT = 9092

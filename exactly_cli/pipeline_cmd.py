@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from exactly_cli.progress import ProgressLine
-from jobs.continuous import Cadence, run_continuously
-from ledger.batch import Batch
-from ledger.errors import BusyError, ExactlyError
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
-from resources.config import PipelineConfig, load_config
-from resources.spark_progress import ProgressSink
+from jobs.wiring.continuous import Cadence, run_continuously
+from ledger.core.batch import Batch
+from ledger.core.errors import BusyError, ExactlyError
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.spark.progress import ProgressSink
 
 #: States whose batches published what they were planned on.
 COMMITTED_STATES = (BatchState.COMMITTED, BatchState.ACKED)
@@ -141,7 +141,7 @@ def run_pipeline(
 
     `spark_factory` is for a caller that has a Spark session already (the tests): the
     command itself starts the process's own."""
-    from jobs.pipeline import Pipeline
+    from jobs.wiring.pipeline import Pipeline
 
     with Pipeline(config, log=say, spark_factory=spark_factory, progress=progress) as pipeline:
         tpc = pipeline.live
@@ -168,13 +168,13 @@ def run_continuous(
 ) -> int:
     """Recover, then run batches until SIGTERM or SIGINT; returns how many committed.
 
-    The first signal asks the loop to stop after the batch in flight (jobs/continuous.py);
+    The first signal asks the loop to stop after the batch in flight (jobs/wiring/continuous.py);
     the handlers are then the previous ones again, so a second Ctrl-C interrupts at once,
     which is a crash that the next start recovers from. The Spark session starts before the
     handlers are set, because pyspark sets its own SIGINT handler (cancel every job) when it
     starts one, and that would turn a polite Ctrl-C into a failed batch.
     """
-    from jobs.pipeline import Pipeline
+    from jobs.wiring.pipeline import Pipeline
 
     stop = threading.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -243,7 +243,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from jobs.pipeline import Pipeline
+    from jobs.wiring.pipeline import Pipeline
 
     config = load_config(args.config)
     with Pipeline(config, log=say) as pipeline:
@@ -334,7 +334,7 @@ def _print_decisions(decisions: list[Any], store: LedgerStore, pipeline: str) ->
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Embedded broker -> sample page views -> exactly-once batches -> Delta -> per-app counts."""
-    from devtools.broker import AlreadyRunningError, EmbeddedBroker
+    from resources.kafka.embedded_broker import AlreadyRunningError, EmbeddedBroker
 
     # everything the demo writes lives under ./data, as pipelines/pageviews.yaml says
     broker = EmbeddedBroker(Path("data") / "kafka", 9092)
@@ -361,8 +361,8 @@ def _demo_on_s3(bootstrap: str, events: int) -> None:
     """
     import os
 
-    from devtools.s3_server import start_s3_server
-    from resources import storage
+    from resources.object_storage import storage
+    from resources.object_storage.embedded_s3 import start_s3_server
 
     config = load_config(_DEMO_S3_CONFIG)
     started = time.perf_counter()
@@ -382,7 +382,7 @@ def _demo_on_s3(bootstrap: str, events: int) -> None:
 
 def _demo(config: PipelineConfig, bootstrap: str, events: int) -> None:
     from jobs.examples.sample_data import pageviews
-    from resources.kafka import KafkaClient
+    from resources.kafka.client import KafkaClient
 
     client = KafkaClient(bootstrap)
     client.create_topic(config.kafka.topic, partitions=3)
@@ -406,8 +406,8 @@ def _print_counts(config: PipelineConfig) -> None:
     kept batch by batch holds: the two agree, or a batch was counted twice or never."""
     from pyspark.sql import functions as F
 
-    from derived.spec import AggregateOutput
-    from jobs.spark_stager import SharedSpark
+    from jobs.stage.spark_stager import SharedSpark
+    from resources.config.derived_spec import AggregateOutput
 
     spark = SharedSpark.for_config(config)()
     table = spark.read.format("delta").load(config.delta.table_uri)

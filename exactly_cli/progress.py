@@ -7,7 +7,7 @@ import sys
 import threading
 from typing import TextIO
 
-from resources.spark_progress import StageProgress
+from resources.spark.progress import StageProgress
 
 #: Seconds between two progress lines: often on a terminal, where a line replaces the last
 #: one; rarely elsewhere, where every line stays in the log.

@@ -5,7 +5,7 @@
     exactly skip resume-at    -c FILE --position P=OFFSET [...] [--force] --reason TEXT
 
 Every decision names who took it (`--by`, default the OS user) and why; it is recorded in
-the ledger and carried by the next batch's commit (ledger/decisions.py), and `exactly
+the ledger and carried by the next batch's commit (ledger/core/decisions.py), and `exactly
 ledger --decisions` lists them. A decision that would skip records Kafka still holds, or
 read committed ones again, is refused unless `--force`.
 """
@@ -18,10 +18,11 @@ import getpass
 import os
 from typing import Any
 
-from derived.spec import UpsertOutput
-from ledger.decisions import DecisionKind, Request, record_decision
-from ledger.errors import ConfigError
-from resources.config import load_config
+from ledger.coordinator.decisions import record_decision
+from ledger.core.decisions import DecisionKind, Request
+from ledger.core.errors import ConfigError
+from resources.config.derived_spec import UpsertOutput
+from resources.config.pipeline_config import load_config
 
 
 def _default_user() -> str:
@@ -114,7 +115,7 @@ def _upsert_tables(pipeline: Any) -> tuple[str, ...]:
 
 
 def cmd_skip(args: argparse.Namespace) -> int:
-    from jobs.pipeline import Pipeline
+    from jobs.wiring.pipeline import Pipeline
 
     kind = DecisionKind(args.kind)
     positions: dict[int, int] = {}

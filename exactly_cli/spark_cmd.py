@@ -1,4 +1,5 @@
-"""`exactly spark-server`: the host's shared Spark Connect servers (resources/shared_spark.py).
+"""`exactly spark-server`: the host's shared Spark Connect servers
+(resources/spark/shared_server.py).
 
     exactly spark-server status   every shared server recorded here: pid, port, running or not
     exactly spark-server stop     stop them all
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from resources.shared_spark import servers, state_dir, stop_servers
+from resources.spark.shared_server import servers, state_dir, stop_servers
 
 
 def register(sub: argparse._SubParsersAction) -> None:

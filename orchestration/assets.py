@@ -17,9 +17,9 @@ import re
 
 import dagster as dg
 
-from derived.spec import AggregateOutput, PostgresOutput, UpsertOutput
-from ledger.errors import ConfigError
-from resources.config import PipelineConfig
+from ledger.core.errors import ConfigError
+from resources.config.derived_spec import AggregateOutput, PostgresOutput, UpsertOutput
+from resources.config.pipeline_config import PipelineConfig
 
 
 def topic_key(pipeline: str) -> dg.AssetKey:

@@ -13,12 +13,12 @@ import logging
 
 import dagster as dg
 
-from jobs.spark_stager import SharedSpark
-from ledger.errors import ExactlyError
+from jobs.stage.spark_stager import SharedSpark
+from ledger.core.errors import ExactlyError
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.pipelines import config_files
-from resources.config import PipelineConfig
-from resources.shared_spark import server_mode
+from resources.config.pipeline_config import PipelineConfig
+from resources.spark.shared_server import server_mode
 
 _log = logging.getLogger("exactly")
 

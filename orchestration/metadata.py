@@ -25,9 +25,9 @@ from typing import Any
 
 import dagster as dg
 
-from jobs.delta_publisher import DERIVED_METRICS
-from jobs.pipeline import Pipeline
-from ledger.batch import Batch, BatchKind
+from jobs.publish.delta_publisher import DERIVED_METRICS
+from jobs.wiring.pipeline import Pipeline
+from ledger.core.batch import Batch, BatchKind
 from orchestration.assets import derived_key, quarantine_key
 
 _COUNTS = (
@@ -210,7 +210,7 @@ def quarantine_materialization(
     return dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta)
 
 
-#: A derived output's merge outcome (jobs/delta_publisher.py `merge_outcome`) as metadata:
+#: A derived output's merge outcome (jobs/publish/delta_publisher.py `merge_outcome`) as metadata:
 #: the measures as numbers, so the asset's plots draw rows changed and seconds per batch.
 _MERGE_FIGURES = ("rows_inserted", "rows_updated", "rows_deleted", "tries")
 
@@ -267,7 +267,7 @@ def postgres_materializations(
     pipeline: Pipeline, batch: Batch, partition: str | None
 ) -> list[dg.AssetMaterialization]:
     """Each PostgreSQL output's materialization of the commit: the batch was applied to it
-    before the table (jobs/delta_publisher.py), with the transaction's outcome when the
+    before the table (jobs/publish/delta_publisher.py), with the transaction's outcome when the
     ledger has it (applied, the state's batch id, rows upserted, seconds, tries). A database
     table has no version to read stats at; the check reads it."""
     outcomes: Mapping[str, Any] = batch.metrics.get(DERIVED_METRICS, {})

@@ -18,24 +18,24 @@ from typing import Any
 import dagster as dg
 
 from orchestration.assets import derived_spec, quarantine_spec, topic_spec
-from orchestration.backfill_job import build_backfill_job
-from orchestration.checks_sensor import build_checks_sensor
-from orchestration.clean_job import build_clean_job
-from orchestration.clean_schedule import build_clean_schedule
-from orchestration.compact_job import build_compact_job
-from orchestration.compact_schedule import build_compact_schedule
-from orchestration.continuous_job import build_continuous_job
-from orchestration.history_sensor import build_history_sensor
-from orchestration.micro_batch_job import build_micro_batch_graph, build_micro_batch_job
-from orchestration.next_batch_job import build_next_batch_job
-from orchestration.next_batch_schedule import build_next_batch_schedule
-from orchestration.redrive_job import build_redrive_job
-from orchestration.redrive_sensor import build_redrive_sensor
+from orchestration.batches.backfill_job import build_backfill_job
+from orchestration.batches.continuous_job import build_continuous_job
+from orchestration.batches.micro_batch_job import build_micro_batch_graph, build_micro_batch_job
+from orchestration.batches.next_batch_job import build_next_batch_job
+from orchestration.batches.next_batch_schedule import build_next_batch_schedule
+from orchestration.batches.redrive_job import build_redrive_job
+from orchestration.batches.redrive_sensor import build_redrive_sensor
+from orchestration.health.checks_sensor import build_checks_sensor
+from orchestration.health.history_sensor import build_history_sensor
+from orchestration.health.run_failure_sensor import build_run_failure_sensor
+from orchestration.health.stuck_sensor import build_stuck_sensor
+from orchestration.health.table_checks import build_table_checks
+from orchestration.maintenance.clean_job import build_clean_job
+from orchestration.maintenance.clean_schedule import build_clean_schedule
+from orchestration.maintenance.compact_job import build_compact_job
+from orchestration.maintenance.compact_schedule import build_compact_schedule
 from orchestration.resources import PipelineResource, alerts_key, alerts_resource, pipeline_key
-from orchestration.run_failure_sensor import build_run_failure_sensor
-from orchestration.stuck_sensor import build_stuck_sensor
-from orchestration.table_checks import build_table_checks
-from resources.config import PipelineConfig
+from resources.config.pipeline_config import PipelineConfig
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ledger.errors import ConfigError
-from resources.config import load_config
+from ledger.core.errors import ConfigError
+from resources.config.pipeline_config import load_config
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 

@@ -24,10 +24,10 @@ from typing import Any
 import dagster as dg
 from pydantic import Field
 
-from jobs.pipeline import Pipeline
-from ledger.errors import with_config
-from resources.alerts import AlertsResource
-from resources.config import AlertSettings, PipelineConfig, load_config
+from jobs.wiring.pipeline import Pipeline
+from ledger.core.errors import with_config
+from resources.alerts.webhook import AlertsResource
+from resources.config.pipeline_config import AlertSettings, PipelineConfig, load_config
 
 _open: dict[str, Pipeline] = {}
 _open_lock = threading.Lock()
@@ -62,7 +62,7 @@ class PipelineResource(dg.ConfigurableResource):
             return found
 
     def spell(self, text: str) -> str:
-        """`text` as Dagster shows it: the commands it names (ledger.errors.CONFIG_PLACEHOLDER)
+        """`text` as Dagster shows it: the commands it names (ledger.core.errors.CONFIG_PLACEHOLDER)
         spelled for this config file, as the CLI spells them for the file it was given."""
         return with_config(text, self.config_path)
 

@@ -38,7 +38,7 @@ fi
 # --- JVM jars from Maven Central ------------------------------------------------------
 # hadoop-aws (s3a) must match the Hadoop classes Spark runs: read their version from the
 # hadoop-client-api jar of the pyspark just installed, never from a guess in the pom.
-hadoop_version=$(.venv/bin/python -c 'from resources.jars import pyspark_hadoop_version; print(pyspark_hadoop_version())')
+hadoop_version=$(.venv/bin/python -c 'from resources.jvm.jars import pyspark_hadoop_version; print(pyspark_hadoop_version())')
 jvm_hash=$( (cat jvm/pom.xml jvm/*/pom.xml jvm/settings.xml; echo "$hadoop_version") | sha256sum | cut -c1-16)
 if [ ! -d .jars/spark ] || [ "$(cat .stamps/jars 2>/dev/null)" != "$jvm_hash" ]; then
   log "fetching JVM jars with mvn into .jars/ (hadoop-aws $hadoop_version, as pyspark's Hadoop)"

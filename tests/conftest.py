@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Stop this worker's shared Spark server, if a crash test started one."""
-    from resources.shared_spark import STATE_ENV, stop_servers
+    from resources.spark.shared_server import STATE_ENV, stop_servers
     from tests.fixtures.pipeline import crash_spark_state
 
     folder = crash_spark_state()

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from jobs.examples.pageviews_pandas import transform as example
-from jobs.pandas_transform import pandas_transform
+from jobs.stage.pandas_transform import pandas_transform
 
 COLUMNS = "event_id string, app string, user string, url string, ts timestamp"
 

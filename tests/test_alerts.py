@@ -11,9 +11,9 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from devtools.jvm_process import free_port
-from ledger.errors import CONFIG_PLACEHOLDER
-from resources.alerts import Alert, AlertsResource
+from ledger.core.errors import CONFIG_PLACEHOLDER
+from resources.alerts.webhook import Alert, AlertsResource
+from resources.jvm.process import free_port
 
 ALERT = Alert(
     "stuck_prepared", "pv", "pv: batch 3 stuck in PREPARED", "voted 6 min ago", {"batch_id": 3}

@@ -19,11 +19,11 @@ import yaml
 from deltalake import DeltaTable
 from fastavro import parse_schema, schemaless_writer
 
-from jobs.pipeline import build
-from ledger.errors import InconsistencyError
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
-from resources.config import PipelineConfig, load_config
+from jobs.wiring.pipeline import build
+from ledger.core.errors import InconsistencyError
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig, load_config
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_cli import exactly
 

@@ -1,5 +1,5 @@
 """The spark-avro jar `make setup` fetched is on the classpath every session is given
-(resources/jars.py `spark_jars`: local, standalone through `spark.jars`, the Spark Connect
+(resources/jvm/jars.py `spark_jars`: local, standalone through `spark.jars`, the Spark Connect
 server), at pyspark's Spark version, and the Avro library it calls is pyspark's own copy, not
 a second one whose classes would depend on classpath order."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pyspark
 
-from resources.jars import artifact_name, pyspark_jars, spark_jars
+from resources.jvm.jars import artifact_name, pyspark_jars, spark_jars
 
 
 def test_spark_avro_is_loaded_at_pysparks_version() -> None:

@@ -1,4 +1,4 @@
-"""resources/formats.py `unreadable_because`: which writer schemas Avro's schema resolution
+"""resources/config/formats.py `unreadable_because`: which writer schemas Avro's schema resolution
 can read as the newest (reader) schema. Pure logic: the records of a writer it refuses go
 to the quarantine with its reason (tests/test_avro_format.py), not as "not an Avro datum"."""
 
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from resources.formats import unreadable_because
+from resources.config.formats import unreadable_because
 
 
 def record(*fields: dict[str, Any], name: str = "Order") -> dict[str, Any]:

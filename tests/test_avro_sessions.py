@@ -1,6 +1,6 @@
 """`format: avro` on every kind of session the product stages with: the spark-avro jar from
 jvm/pom.xml must reach a Spark Connect server's classpath and a standalone cluster's
-executors (`spark.jars`), as the Kafka source's and Delta's do (resources/jars.py). And
+executors (`spark.jars`), as the Kafka source's and Delta's do (resources/jvm/jars.py). And
 `format: protobuf` on Spark Connect, whose server's Python workers parse the values.
 
 Real servers, broker and tables; the local session is covered by tests/test_avro_format.py.
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from jobs.pipeline import build
-from resources.kafka import KafkaClient
+from jobs.wiring.pipeline import build
+from resources.kafka.client import KafkaClient
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_avro_format import ORDER_V1, avro, by_offset, order, schema_file, with_format
 from tests.test_cli import exactly

@@ -16,11 +16,12 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build, build_backfill
-from ledger.backfill import BackfillError, BackfillMode, plan_backfill
-from ledger.errors import DataLossError
-from ledger.protocol import BatchState, OffsetRange
-from ledger.store import LedgerStore
+from jobs.wiring.pipeline import build, build_backfill
+from ledger.coordinator.backfill import plan_backfill
+from ledger.core.backfill import BackfillError, BackfillMode
+from ledger.core.errors import DataLossError
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 
 V2 = "tests.transforms:pageviews_v2"

@@ -1,4 +1,4 @@
-"""Planning a backfill (ledger/backfill.py) against the real ledger, SQLite and PostgreSQL
+"""Planning a backfill (ledger/core/backfill.py) against the real ledger, SQLite and PostgreSQL
 (`ledger_url`), with the in-memory Kafka, Spark and Delta of tests/test_two_phase.py.
 
 What a backfill may take is decided from the ledger; these tests check the decision against
@@ -20,13 +20,14 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from derived.spec import parse_output, replace_refusal
-from ledger.backfill import BackfillError, BackfillMode, backfill_app_id, plan_backfill
-from ledger.batch import Batch, BatchKind
-from ledger.errors import ExactlyError
-from ledger.protocol import Available, BatchState, OffsetRange, Owner
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
+from ledger.coordinator.backfill import plan_backfill
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.backfill import BackfillError, BackfillMode, backfill_app_id
+from ledger.core.batch import Batch, BatchKind
+from ledger.core.errors import ExactlyError
+from ledger.core.protocol import Available, BatchState, OffsetRange, Owner
+from ledger.store.ledger_store import LedgerStore
+from resources.config.derived_spec import parse_output, replace_refusal
 from tests.fixtures.fakes import FakeSource, wired
 
 S = BatchState
@@ -210,9 +211,10 @@ def derived_specs(*, lossy: bool) -> list[Any]:
 def test_a_replace_is_refused_only_for_an_output_it_cannot_keep_right(
     store: LedgerStore, source: FakeSource
 ) -> None:
-    """A replace is refused when some derived output cannot follow it (derived/spec.py
+    """A replace is refused when some derived output cannot follow it
+    (resources/config/derived_spec.py
     `replace_refusal`: min/max, no count, PostgreSQL), and the error is that output's reason,
-    one line. Counts, sums and upserts follow a replace (jobs/delta_publisher.py), so a
+    one line. Counts, sums and upserts follow a replace (jobs/publish/delta_publisher.py), so a
     pipeline with only those is replaced as one without derived outputs. A fill is a batch
     like a live one and is planned as usual."""
     pipeline = live(store, source)
@@ -226,7 +228,7 @@ def test_a_replace_is_refused_only_for_an_output_it_cannot_keep_right(
             mode=BackfillMode.REPLACE,
             ranges=[OffsetRange(TOPIC, 0, 0, 10)],
             transform=TRANSFORM,
-            derived=lossy,
+            replace_refusals=refusals(lossy),
         )
     message = str(info.value)
     reason = replace_refusal(lossy[2])
@@ -241,7 +243,7 @@ def test_a_replace_is_refused_only_for_an_output_it_cannot_keep_right(
         mode=BackfillMode.REPLACE,
         ranges=[OffsetRange(TOPIC, 0, 0, 10)],
         transform=TRANSFORM,
-        derived=derived_specs(lossy=False),
+        replace_refusals=refusals(derived_specs(lossy=False)),
     )
     assert planned and fills.finish(replace).batch.state is S.ACKED
 
@@ -252,16 +254,21 @@ def test_a_replace_is_refused_only_for_an_output_it_cannot_keep_right(
         mode=BackfillMode.FILL,
         ranges=[OffsetRange(TOPIC, 1, 0, 5)],
         transform=TRANSFORM,
-        derived=lossy,
+        replace_refusals=refusals(lossy),
     )
     assert planned and fills.finish(fill).batch.state is S.ACKED
+
+
+def refusals(specs: list) -> list[str]:
+    """What `PipelineConfig.replace_refusals` gives for a pipeline with these outputs."""
+    return [reason for spec in specs if (reason := replace_refusal(spec)) is not None]
 
 
 def test_two_replaces_of_overlapping_ranges_are_never_in_flight_together(
     store: LedgerStore, source: FakeSource
 ) -> None:
     """A replace's derived corrections read the old rows in its ranges from the raw table
-    before its own raw-table commit (jobs/delta_publisher.py `_merge_replace`): only that
+    before its own raw-table commit (jobs/publish/delta_publisher.py `_merge_replace`): only that
     commit may change them. A second replace over the same offsets, requested while the
     first has voted, finishes the first before it is planned (or is refused), never beside
     it: backfills share one app id, one batch in flight."""
@@ -474,7 +481,7 @@ def test_two_fills_never_take_the_same_offsets(
     # as two processes would: each sees a batch of the other as owned by a live process
     # (here both run in this one, whose batches recovery would take for its own, dead ones)
     monkeypatch.setattr(
-        "ledger.two_phase.this_owner", lambda: Owner(socket.gethostname(), os.getppid())
+        "ledger.coordinator.two_phase.this_owner", lambda: Owner(socket.gethostname(), os.getppid())
     )
 
     def scenario(pipeline: str) -> tuple[Callable[[], object], Callable[[], object]]:

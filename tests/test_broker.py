@@ -18,11 +18,16 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from devtools.broker import AlreadyRunningError, EmbeddedBroker, cluster_id, read_properties
-from devtools.jvm_process import free_port
-from ledger.errors import ExactlyError
-from ledger.protocol import Available
-from resources.kafka import KafkaClient
+from ledger.core.errors import ExactlyError
+from ledger.core.protocol import Available
+from resources.jvm.process import free_port
+from resources.kafka.client import KafkaClient
+from resources.kafka.embedded_broker import (
+    AlreadyRunningError,
+    EmbeddedBroker,
+    cluster_id,
+    read_properties,
+)
 from tests.fixtures.kafka_reader import Record, consume_range
 
 pytestmark = pytest.mark.integration
@@ -253,7 +258,7 @@ def test_reading_an_unseen_group_on_a_fresh_cluster_does_not_kill_the_process(
         with KafkaClient(bootstrap, timeout=60) as client:
             client.create_topic("fresh", 2)
         code = (
-            "from resources.kafka import KafkaClient\n"
+            "from resources.kafka.client import KafkaClient\n"
             f"with KafkaClient({bootstrap!r}, timeout=60) as client:\n"
             "    print(client.group_offsets('never-committed', 'fresh'))\n"
         )

@@ -18,14 +18,14 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from ledger.protocol import BatchState
-from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
-from orchestration.table_checks import (
+from ledger.core.protocol import BatchState
+from orchestration.health.table_checks import (
     CONSUMER_LAG,
     LAST_BATCH_COMPLETE,
     NO_STUCK_BATCH,
     QUARANTINE_RATIO,
 )
+from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from tests.fixtures.pipeline import config_path, crash_run
 from tests.fixtures.topic_admin import recreate_topic
 

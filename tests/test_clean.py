@@ -26,19 +26,18 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from jobs import parquet_files
-from jobs.delta_publisher import DeltaPublisher
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from jobs.stage import QUARANTINE, TABLE, attempt_folder
-from ledger.backfill import backfill_app_id
-from ledger.batch import Batch, BatchKind, StagedFile, utcnow
-from ledger.errors import ConfigError, InconsistencyError
-from ledger.protocol import BatchState, OffsetRange, Owner
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
-from resources.config import PipelineConfig, load_config
-from resources.delta import encode_schema
+from jobs.publish.delta_publisher import DeltaPublisher
+from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
+from jobs.wiring.pipeline import build
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.backfill import backfill_app_id
+from ledger.core.batch import Batch, BatchKind, StagedFile, utcnow
+from ledger.core.errors import ConfigError, InconsistencyError
+from ledger.core.protocol import BatchState, OffsetRange, Owner
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.delta.table import encode_schema
 from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 
@@ -197,8 +196,8 @@ def files_under(path: Path) -> set[str]:
 
 
 def clean(config: PipelineConfig, older_than: str = "24h", dry_run: bool = False) -> Any:
-    from jobs.cleaner import clean as run_clean
-    from ledger.cleaning import parse_duration
+    from jobs.maintenance.cleaner import clean as run_clean
+    from ledger.core.cleaning import parse_duration
 
     return run_clean(config, older_than=parse_duration(older_than), dry_run=dry_run)
 
@@ -419,7 +418,7 @@ def test_files_voted_while_the_cleaner_deletes_are_kept(
     """The ledger is read again right before each folder is deleted: a batch that votes while
     the cleaner works keeps its files, even when their times alone would let them go (a
     storage clock far behind the planner's)."""
-    from resources import storage
+    from resources.object_storage import storage
 
     gone = aborted(store, config)
     racing = plan(store, config, owner=Owner("elsewhere", 4242))
@@ -452,7 +451,7 @@ def test_files_voted_while_the_cleaner_deletes_are_kept(
 def test_the_in_flight_margin_and_whole_folders() -> None:
     """Rule 3 keeps what was written after the batch was planned, less the clock margin;
     a folder with one kept file keeps them all."""
-    from ledger.cleaning import IN_FLIGHT_MARGIN, KeepReason, StagedEntry, classify
+    from ledger.core.cleaning import IN_FLIGHT_MARGIN, KeepReason, StagedEntry, classify
 
     now = utcnow()
     planned = now - 3 * IN_FLIGHT_MARGIN
@@ -500,14 +499,14 @@ def test_the_in_flight_margin_and_whole_folders() -> None:
     ],
 )
 def test_durations(text: str, expected: timedelta) -> None:
-    from ledger.cleaning import parse_duration
+    from ledger.core.cleaning import parse_duration
 
     assert parse_duration(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "7", "1w", "-1h", "1.5h", "h", "6 h", "1h30m"])
 def test_bad_durations_are_one_line(text: str) -> None:
-    from ledger.cleaning import parse_duration
+    from ledger.core.cleaning import parse_duration
 
     with pytest.raises(ConfigError) as info:
         parse_duration(text, "--older-than")
@@ -679,7 +678,7 @@ def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
     restarted = build(config, spark_factory=lambda: spark)
     (recovered,) = restarted.recover_and_commit()
     # an empty file (a Spark task with no row for that output) is never published, so the
-    # vote check does not count it missing (ledger/vote_check.py)
+    # vote check does not count it missing (ledger/core/vote_check.py)
     holding_records = [f for f in files if f.records > 0]
     assert recovered.batch_id == 2
     assert recovered.metrics["files_missing"] == len(holding_records)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools.jvm_process import free_port
 from jobs.examples.sample_data import pageviews
+from resources.jvm.process import free_port
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]

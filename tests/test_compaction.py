@@ -18,10 +18,10 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.protocol import BatchState, OffsetRange
+from jobs.wiring.pipeline import build
+from ledger.core.protocol import BatchState, OffsetRange
 from orchestration.pipeline_definitions import pipeline_definitions
-from resources import storage
+from resources.object_storage import storage
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_backfill import apps_by_coordinate, backfill, live_until_caught_up
 

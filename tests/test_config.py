@@ -1,4 +1,5 @@
-"""resources/config.py: the pipeline YAML, validated with errors that name the field."""
+"""resources/config/pipeline_config.py: the pipeline YAML, validated with errors that name the
+field."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from ledger.errors import ConfigError
-from resources.config import PipelineConfig, load_config, parse_config
-from resources.transforms import load_transform
+from ledger.core.errors import ConfigError
+from resources.config.pipeline_config import PipelineConfig, load_config, parse_config
+from resources.config.transforms import load_transform
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "pipelines" / "pageviews.yaml"
@@ -414,7 +415,7 @@ def test_two_derived_outputs_in_one_location_are_refused() -> None:
 
 
 def test_a_postgres_output_loads_among_the_others_in_config_order(tmp_path: Path) -> None:
-    # published by jobs/delta_publisher.py in config order with the Delta outputs; it has
+    # published by jobs/publish/delta_publisher.py in config order with the Delta outputs; it has
     # no location on storage, so none is resolved or checked for overlaps
     dashboard = {
         "kind": "postgres",

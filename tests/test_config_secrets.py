@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from jobs.spark_stager import SharedSpark
-from ledger.errors import ConfigError
-from resources.config import load_config
+from jobs.stage.spark_stager import SharedSpark
+from ledger.core.errors import ConfigError
+from resources.config.pipeline_config import load_config
 
 SECRET = "s3cr3t-planted-9f1c"
 

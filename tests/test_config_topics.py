@@ -1,4 +1,5 @@
-"""resources/config.py: `kafka.topic`, `kafka.topics` and `kafka.pattern` (one of them).
+"""resources/config/pipeline_config.py: `kafka.topic`, `kafka.topics` and `kafka.pattern` (one of
+them).
 
 A pipeline reads one topic, a list of topics, or every topic a pattern matches at each
 plan; naming two of these is ambiguous (which positions does the ledger keep?), so it is
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from resources.config import parse_config
+from resources.config.pipeline_config import parse_config
 from tests.test_config import config_error, config_with
 
 

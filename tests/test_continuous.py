@@ -1,4 +1,4 @@
-"""Continuous mode (jobs/continuous.py): the cadence's logic on a fake clock, then the real
+"""Continuous mode (jobs/wiring/continuous.py): the cadence's logic on a fake clock, then the real
 thing: `exactly run --continuous` under a live producer, stopped by SIGTERM, and the Dagster
 `<pipeline>_continuous` job, each checked against the broker and the tables."""
 
@@ -16,10 +16,10 @@ from typing import Any
 import dagster as dg
 import pytest
 
-from jobs.continuous import Cadence, run_continuously
 from jobs.examples.sample_data import pageviews
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
+from jobs.wiring.continuous import Cadence, run_continuously
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.tags import BATCH_TAG
 from tests.fixtures.pipeline import assert_exactly_once, config_path
@@ -257,7 +257,7 @@ def test_the_continuous_job_materializes_every_batch_it_commits_in_one_run(
     kafka_client.produce(config.kafka.topic, pageviews(900, malformed_every=30))
     jobs = pipeline_definitions(config_path(config))
     with dg.instance_for_test() as instance:
-        result = jobs.continuous.execute_in_process(
+        result = jobs.wiring.continuous.execute_in_process(
             instance=instance,
             run_config={
                 "ops": {

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from jobs.coordinates import Counts, check_exactly_once
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.errors import InconsistencyError, RefusedBatchError
-from ledger.protocol import BatchState, OffsetRange
-from ledger.store import LedgerStore
+from jobs.stage.coordinates import Counts, check_exactly_once
+from jobs.wiring.pipeline import build
+from ledger.core.errors import InconsistencyError, RefusedBatchError
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.pipeline import assert_exactly_once
 
 #: transform, the records it stages out of 10 read (one malformed), an example coordinate

@@ -23,13 +23,13 @@ import pytest
 import sqlalchemy as sa
 from deltalake import DeltaTable
 
-from derived.postgres import STATE_TABLE, create_output_engine
-from derived.spec import PostgresOutput
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.crash import POINTS
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
+from jobs.wiring.pipeline import build
+from ledger.coordinator.crash import POINTS
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from resources.config.derived_spec import PostgresOutput
+from resources.postgres.outputs import STATE_TABLE, create_output_engine
 from tests.fixtures.derived import (
     TRANSFORM,
     assert_derived_match,
@@ -208,7 +208,7 @@ def test_live_crash_then_restart_with_and_without_the_ledger(
 
 #: crash point -> which outputs hold the crashed batch: the quarantine, each derived output
 #: in config order (views_per_app, views_per_minute, latest_per_user), the table.
-#: `#2`: the second time the process reaches the point (ledger/crash.py), so the first
+#: `#2`: the second time the process reaches the point (ledger/coordinator/crash.py), so the first
 #: derived output holds the batch and the others not
 DERIVED_HELD = {
     "between_derived_commits": (True, False, False, False, False, False),

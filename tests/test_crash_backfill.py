@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from exactly_cli.pipeline_cmd import ledger_lines, run_pipeline
-from ledger.backfill import backfill_app_id
-from ledger.protocol import BatchState, OffsetRange
-from ledger.store import LedgerStore
+from ledger.core.backfill import backfill_app_id
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.derived import (
     TRANSFORM,
     TRANSFORM_V2,
@@ -42,7 +42,7 @@ S = BatchState
 
 #: Backfill crash cases: (mode, point). A fill runs on a pipeline with every output kind (two
 #: aggregates, an upsert with tombstones, a PostgreSQL aggregate); a replace on one whose
-#: outputs a replace keeps true (counts and sums, the upsert: derived/spec.py
+#: outputs a replace keeps true (counts and sums, the upsert: resources/config/derived_spec.py
 #: `replace_refusal` refuses min/max and PostgreSQL outputs), so the PostgreSQL points are
 #: reached by the fill only.
 BACKFILL_CASES = [
@@ -91,9 +91,9 @@ def backfill_pipeline(
 
 
 def check_verdicts(config: Any) -> dict[str, Any]:
-    """Each derived output's Dagster check verdict now (orchestration/derived_checks.py)."""
-    from jobs.pipeline import Pipeline
-    from orchestration.derived_checks import derived_verdicts
+    """Each derived output's Dagster check verdict now (orchestration/health/derived_checks.py)."""
+    from jobs.wiring.pipeline import Pipeline
+    from orchestration.health.derived_checks import derived_verdicts
 
     with Pipeline(config) as pipeline:
         verdicts = derived_verdicts(pipeline, lambda _message: None)

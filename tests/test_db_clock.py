@@ -18,15 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from jobs.pipeline import Pipeline
-from ledger import batch as batch_module
-from ledger.batch import Batch
-from ledger.protocol import Available, BatchState, OffsetRange, Owner
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
-from orchestration.stuck_sensor import evaluate_stuck
-from resources.alerts import AlertsResource
-from resources.config import parse_config
+from jobs.wiring.pipeline import Pipeline
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core import batch as batch_module
+from ledger.core.batch import Batch
+from ledger.core.protocol import Available, BatchState, OffsetRange, Owner
+from ledger.store.ledger_store import LedgerStore
+from orchestration.health.stuck_sensor import evaluate_stuck
+from resources.alerts.webhook import AlertsResource
+from resources.config.pipeline_config import parse_config
 from tests.fixtures.fakes import FakeSource, wired
 
 APP = "pageviews"
@@ -43,7 +43,12 @@ def skew_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
     def skewed() -> datetime:
         return _real_utcnow() + timedelta(seconds=seconds)
 
-    modules = ("ledger.batch", "ledger.store", "ledger.two_phase", "orchestration.stuck_sensor")
+    modules = (
+        "ledger.core.batch",
+        "ledger.store.ledger_store",
+        "ledger.coordinator.two_phase",
+        "orchestration.health.stuck_sensor",
+    )
     for module in modules:
         monkeypatch.setattr(f"{module}.utcnow", skewed, raising=False)
 

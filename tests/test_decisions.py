@@ -1,5 +1,5 @@
 """Topic identity (invariant 10) and operator decisions (invariant 15): the pure rules of
-ledger/protocol.py and ledger/decisions.py, then the coordinator applying them with
+ledger/core/protocol.py and ledger/core/decisions.py, then the coordinator applying them with
 in-memory Kafka and Delta fakes and a real SQLite ledger (tests/test_two_phase.py)."""
 
 from __future__ import annotations
@@ -10,21 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from ledger.backfill import BackfillError, BackfillMode, plan_backfill
-from ledger.batch import BatchKind
-from ledger.decisions import (
+from ledger.coordinator.backfill import plan_backfill
+from ledger.coordinator.decisions import record_decision
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.backfill import BackfillError, BackfillMode
+from ledger.core.batch import BatchKind
+from ledger.core.decisions import (
     Decision,
     DecisionKind,
     Request,
     apply_decisions,
     check_new_topic,
     lost_offsets_skips,
-    record_decision,
     resume_command,
     resume_skips,
 )
-from ledger.errors import DataLossError, DecisionError, InconsistencyError, TopicChangedError
-from ledger.protocol import (
+from ledger.core.errors import DataLossError, DecisionError, InconsistencyError, TopicChangedError
+from ledger.core.protocol import (
     Available,
     BatchState,
     OffsetRange,
@@ -33,8 +35,7 @@ from ledger.protocol import (
     check_topic_identity,
     check_topic_steady,
 )
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.fakes import TOPIC, FakePublisher, FakeSource, FakeStager
 from tests.test_two_phase import APP, coordinator
 

@@ -1,4 +1,4 @@
-"""The commit half of the protocol on real Delta tables (delta-rs, resources/delta.py).
+"""The commit half of the protocol on real Delta tables (delta-rs, resources/delta/table.py).
 
 Invariant 2 lives here, not in the coordinator: after a crash between the Delta commit and
 the ledger's COMMITTED (crash point `after_delta_commit`), recovery publishes the voted
@@ -28,10 +28,10 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from ledger.batch import StagedFile
-from ledger.protocol import OffsetRange
-from resources import storage
-from resources.delta import CommitOutcome, DeltaTarget, delta_stats, stats_json
+from ledger.core.batch import StagedFile
+from ledger.core.protocol import OffsetRange
+from resources.delta.table import CommitOutcome, DeltaTarget, delta_stats, stats_json
+from resources.object_storage import storage
 
 TOPIC = "pageviews"
 APP = "pageviews"

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import parquet_files
-from jobs.delta_publisher import DeltaPublisher, commit_metadata
-from jobs.stage import QUARANTINE, TABLE, attempt_folder
-from ledger.batch import Batch, StagedFile, this_owner
-from ledger.protocol import BatchState, OffsetRange
-from resources.delta import DeltaTarget, encode_schema
+from jobs.publish.delta_publisher import DeltaPublisher, commit_metadata
+from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
+from ledger.core.batch import Batch, StagedFile
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.host.process import this_owner
+from resources.delta.table import DeltaTarget, encode_schema
 from tests.fixtures.batches import a_batch
 
 APP = "pageviews"
@@ -130,10 +130,10 @@ def test_derived_outputs_publish_between_the_quarantine_and_the_table_once_each(
     again adds nothing to the output (its counts are not doubled) and completes the table."""
     from deltalake import DeltaTable
 
-    import jobs.delta_publisher as publisher_module
-    from derived.spec import parse_output
-    from jobs.delta_publisher import DERIVED_METRICS
-    from jobs.stage import derived_target
+    import jobs.publish.delta_publisher as publisher_module
+    from jobs.publish.delta_publisher import DERIVED_METRICS
+    from jobs.stage.staging import derived_target
+    from resources.config.derived_spec import parse_output
 
     spec = parse_output(
         {
@@ -240,7 +240,7 @@ class _Postgres:
     """A PostgreSQL output as the publisher holds it, holding batch `held` of every app id."""
 
     def __init__(self, held: int | None) -> None:
-        from derived.spec import PostgresOutput, parse_output
+        from resources.config.derived_spec import PostgresOutput, parse_output
 
         spec = parse_output(
             {
@@ -281,9 +281,9 @@ def test_a_postgres_output_s_previous_batch_is_the_data_table_s_version(
     """Batch 7: while the data table (published last) does not hold it, its version is the
     last batch committed whole, which the compare-and-set gets as the previous batch; once
     it holds it, nothing is applied and the output must hold it too."""
-    import jobs.delta_publisher as publisher_module
-    from derived.postgres import PostgresOutcome
-    from ledger.errors import InconsistencyError
+    import jobs.publish.delta_publisher as publisher_module
+    from ledger.core.errors import InconsistencyError
+    from resources.postgres.outputs import PostgresOutcome
 
     calls: list[tuple[str, int, int | None]] = []
 
@@ -319,9 +319,9 @@ def test_a_derived_table_deleted_after_the_vote_is_not_re_created_by_another_app
     pipeline's app ids the output is behind on, not only the batch's own."""
     import shutil
 
-    from derived.spec import parse_output
-    from jobs.stage import derived_target
-    from ledger.errors import InconsistencyError
+    from jobs.stage.staging import derived_target
+    from ledger.core.errors import InconsistencyError
+    from resources.config.derived_spec import parse_output
 
     spec = parse_output(
         {

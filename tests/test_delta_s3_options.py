@@ -1,4 +1,4 @@
-"""resources/delta.py `storage_options_for`: delta-rs commits on S3 only by conditional put,
+"""resources/delta/table.py `storage_options_for`: delta-rs commits on S3 only by conditional put,
 with the same endpoint and keys as every other client, and settings that would let two
 writers both commit one table version are refused with one line."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.errors import ConfigError
-from resources.delta import DeltaTarget, storage_options_for
+from ledger.core.errors import ConfigError
+from resources.delta.table import DeltaTarget, storage_options_for
 
 S3_ENV = {
     "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",

@@ -1,4 +1,4 @@
-"""Delta statistics from Parquet footers (resources/delta.py `delta_stats`, `stats_json`),
+"""Delta statistics from Parquet footers (resources/delta/table.py `delta_stats`, `stats_json`),
 on files pyarrow writes: the shapes Spark's files take that matter here (decimals stored as
 INT32/INT64, struct fields) and the ones Arrow's writer adds (a max that leaves NaN out).
 tests/test_types.py checks the same against Spark's files end to end."""
@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import parquet_files
-from resources.delta import delta_stats, nan_columns, stats_json
+from jobs.stage import parquet_files
+from resources.delta.table import delta_stats, nan_columns, stats_json
 
 
 def _written(tmp_path: Path, table: pa.Table, **options: Any) -> pq.FileMetaData:
@@ -136,7 +136,7 @@ def test_a_row_group_without_a_null_count_or_bounds_gives_none(tmp_path: Path) -
 
 
 def test_describe_reads_the_float_columns_for_nan(tmp_path: Path) -> None:
-    """The vote's description (jobs/parquet_files.py) looks into a staged file's float
+    """The vote's description (jobs/stage/parquet_files.py) looks into a staged file's float
     columns, and only those of the table's `columns`."""
     table = pa.table({"x": [1.0, float("nan")], "y": [1.0, 2.0], "n": [1, 2]})
     pq.write_table(table, tmp_path / "part-0.parquet")

@@ -14,17 +14,17 @@ import pytest
 import yaml
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from derived.invariants import recompute_aggregate, recompute_latest
-from derived.spec import AggregateOutput, UpsertOutput, parse_output
-from ledger.errors import ConfigError
+from jobs.derived.invariants import recompute_aggregate, recompute_latest
+from ledger.core.errors import ConfigError
 from orchestration.assets import derived_key
-from orchestration.derived_checks import (
+from orchestration.health.derived_checks import (
     MAX_WALK,
     check_name,
     judge_derived,
     match_version,
 )
 from orchestration.pipeline_definitions import pipeline_definitions
+from resources.config.derived_spec import AggregateOutput, UpsertOutput, parse_output
 
 PER_APP: dict[str, Any] = {
     "kind": "aggregate",
@@ -260,8 +260,8 @@ def test_an_output_ahead_of_the_raw_table_fails_only_while_nobody_finishes_the_b
     the batch in flight. Its check passes while the batch's owner may be finishing it (or
     the ledger says it committed since the raw table was read), and fails, naming the
     batch and what finishes it, when its owner is gone or the ledger does not know it."""
-    from ledger.protocol import BatchState
-    from orchestration.derived_checks import unfinished_ahead
+    from ledger.core.protocol import BatchState
+    from orchestration.health.derived_checks import unfinished_ahead
     from tests.fixtures.batches import a_batch
 
     apps = ("orders", "orders.backfill")
@@ -297,7 +297,7 @@ def test_a_batch_is_materialized_on_each_derived_asset_with_or_without_its_metri
     from types import SimpleNamespace
 
     from orchestration.metadata import derived_materializations
-    from resources.delta import DeltaTarget
+    from resources.delta.table import DeltaTarget
     from tests.fixtures.batches import a_batch
 
     spec = parse_output({**PER_APP, "table_uri": str(tmp_path / "per_app")})
@@ -342,8 +342,8 @@ def test_the_check_reads_the_derived_table_at_the_raw_tables_batches(tmp_path: P
     that holds the raw table's batches (passes); one behind the raw table fails (invariant
     12); no verdict until both tables exist."""
 
-    from orchestration.derived_checks import derived_verdict
-    from resources.delta import DeltaTarget
+    from orchestration.health.derived_checks import derived_verdict
+    from resources.delta.table import DeltaTarget
 
     raw_uri, out_uri = tmp_path / "raw", tmp_path / "per_app"
     spec = parse_output({**PER_APP, "table_uri": str(out_uri)})
@@ -385,8 +385,8 @@ def in_flight_pipeline(raw_uri: Path) -> Any:
     batch in flight)."""
     from types import SimpleNamespace
 
-    from ledger.protocol import BatchState
-    from resources.delta import DeltaTarget
+    from ledger.core.protocol import BatchState
+    from resources.delta.table import DeltaTarget
     from tests.fixtures.batches import a_batch
 
     return SimpleNamespace(
@@ -416,9 +416,9 @@ def test_the_postgres_check_compares_when_the_state_holds_the_raw_tables_batches
 
     import sqlalchemy as sa
 
-    from derived.postgres import PostgresTarget, apply_partial
-    from derived.spec import PostgresOutput
-    from orchestration.derived_checks import postgres_verdict
+    from orchestration.health.derived_checks import postgres_verdict
+    from resources.config.derived_spec import PostgresOutput
+    from resources.postgres.outputs import PostgresTarget, apply_partial
 
     raw_uri = tmp_path / "raw"
     table = f"per_app_{uuid.uuid4().hex[:12]}"

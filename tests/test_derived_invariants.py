@@ -1,4 +1,4 @@
-"""derived/invariants.py for upsert outputs: the latest record per key recomputed from raw
+"""jobs/derived/invariants.py for upsert outputs: the latest record per key recomputed from raw
 rows (pyarrow only), and the comparison that names every key where a table differs.
 
 Pure pyarrow: the raw rows are built explicitly, so what "latest" means is written out here
@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from derived.invariants import latest_records, live_rows, recompute_latest, upsert_differences
-from derived.spec import UpsertOutput, parse_output
-from ledger.errors import ConfigError
+from jobs.derived.invariants import latest_records, live_rows, recompute_latest, upsert_differences
+from ledger.core.errors import ConfigError
+from resources.config.derived_spec import UpsertOutput, parse_output
 
 
 def upsert_spec() -> UpsertOutput:

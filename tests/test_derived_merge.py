@@ -1,4 +1,4 @@
-"""derived/merge.py on real delta-rs tables: a batch's partial is applied once, whatever
+"""resources/delta/merge.py on real delta-rs tables: a batch's partial is applied once, whatever
 re-drives or races it, and an upsert never lets an older record win.
 
 No fakes: every table here is a real Delta table on disk, and the race is two real writers
@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from derived.invariants import (
+from jobs.derived.invariants import (
     aggregate_differences,
     latest_records,
     live_rows,
@@ -25,10 +25,10 @@ from derived.invariants import (
     recompute_latest,
     upsert_differences,
 )
-from derived.merge import merge_aggregate, merge_upsert
-from derived.spec import AggregateOutput, UpsertOutput, parse_output
-from ledger.errors import RefusedBatchError
-from resources.delta import DeltaTarget
+from ledger.core.errors import RefusedBatchError
+from resources.config.derived_spec import AggregateOutput, UpsertOutput, parse_output
+from resources.delta.merge import merge_aggregate, merge_upsert
+from resources.delta.table import DeltaTarget
 
 APP = "pageviews.derived.views"
 

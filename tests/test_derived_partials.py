@@ -1,8 +1,8 @@
-"""derived/partials.py with real Spark: a batch's partial aggregate (with a tumbling window)
+"""jobs/derived/partials.py with real Spark: a batch's partial aggregate (with a tumbling window)
 and its latest record per key, from frames shaped like the stage's transform output
-(jobs/stage.py: the table's columns, the coordinates, `value` and `_error`).
+(jobs/stage/staging.py: the table's columns, the coordinates, `value` and `_error`).
 
-The partials are checked against the pyarrow recomputation (derived/invariants.py), and the
+The partials are checked against the pyarrow recomputation (jobs/derived/invariants.py), and the
 windowed aggregate end to end: partials of three batches merged into a real Delta table
 equal one aggregate over every row.
 """
@@ -20,20 +20,20 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
-from derived.invariants import (
+from jobs.derived.invariants import (
     aggregate_differences,
     live_rows,
     recompute_aggregate,
     recompute_latest,
     upsert_differences,
 )
-from derived.merge import merge_aggregate, merge_upsert
-from derived.partials import aggregate_partial, latest_per_key
-from derived.replace import correction_partial, in_ranges, upsert_replacement
-from derived.spec import AggregateOutput, UpsertOutput, parse_output
-from ledger.errors import ConfigError
-from ledger.protocol import OffsetRange
-from resources.delta import DeltaTarget
+from jobs.derived.partials import aggregate_partial, latest_per_key
+from jobs.derived.replace import correction_partial, in_ranges, upsert_replacement
+from ledger.core.errors import ConfigError
+from ledger.core.protocol import OffsetRange
+from resources.config.derived_spec import AggregateOutput, UpsertOutput, parse_output
+from resources.delta.merge import merge_aggregate, merge_upsert
+from resources.delta.table import DeltaTarget
 
 STAGE_OUT = T.StructType(
     [

@@ -1,4 +1,5 @@
-"""derived/postgres.py: a batch's partial aggregate applied to a real PostgreSQL table exactly
+"""resources/postgres/outputs.py: a batch's partial aggregate applied to a real PostgreSQL table
+exactly
 once, by the batch-id compare-and-set of docs/derived-tables.md.
 
 Every integration test runs against the suite's PostgreSQL server (`postgres_url`), each on a
@@ -29,9 +30,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-import derived.postgres as pg
-from derived.invariants import aggregate_differences, recompute_aggregate
-from derived.postgres import (
+import resources.postgres.outputs as pg
+from jobs.derived.invariants import aggregate_differences, recompute_aggregate
+from ledger.coordinator.crash import CRASH_EXIT_CODE
+from ledger.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    InconsistencyError,
+    RefusedBatchError,
+    UnreachableError,
+)
+from resources.config.derived_spec import AggregateOutput, PostgresOutput, parse_output
+from resources.postgres.outputs import (
     CRASH_POINTS,
     Decision,
     apply_partial,
@@ -40,15 +50,6 @@ from derived.postgres import (
     decide,
     ensure_tables,
     held_batch,
-)
-from derived.spec import AggregateOutput, PostgresOutput, parse_output
-from ledger.crash import CRASH_EXIT_CODE
-from ledger.errors import (
-    AuthenticationError,
-    ConfigError,
-    InconsistencyError,
-    RefusedBatchError,
-    UnreachableError,
 )
 
 APP = "pageviews.derived.views_dashboard"
@@ -102,7 +103,7 @@ def make_spec(url: str | dict[str, str], table: str, window: bool = False) -> Po
 
 
 def as_aggregate(spec: PostgresOutput) -> AggregateOutput:
-    """The same aggregate as a Delta output's spec, for derived/invariants.py."""
+    """The same aggregate as a Delta output's spec, for jobs/derived/invariants.py."""
     fields = spec.model_dump(include={"name", "group_by", "measures", "window"})
     return AggregateOutput(kind="aggregate", table_uri="unused", **fields)
 
@@ -537,7 +538,7 @@ def test_a_process_killed_at_a_crash_point_leaves_the_batch_whole_or_absent(
 def test_a_refused_or_unreachable_server_fails_the_start_in_one_line(
     monkeypatch: pytest.MonkeyPatch, cause: str, error: type[Exception]
 ) -> None:
-    """The pipeline's start (jobs/pipeline.py) connects to every PostgreSQL output: a
+    """The pipeline's start (jobs/wiring/pipeline.py) connects to every PostgreSQL output: a
     refused password or a server that does not answer is one line, exit code 2 (an
     ExactlyError), never the URL's password."""
     spec = make_spec({"env": "DASHBOARD_URL"}, "views")

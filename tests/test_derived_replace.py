@@ -1,4 +1,4 @@
-"""derived/replace.py and merge.py's replace modes on real delta-rs tables: after batches and
+"""jobs/derived/replace.py and merge.py's replace modes on real delta-rs tables: after batches and
 then a replace of some committed ranges, every derived output equals the recomputation over
 the raw rows as they are after the replace.
 
@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from derived.invariants import (
+from jobs.derived.invariants import (
     aggregate_differences,
     latest_records,
     live_rows,
@@ -26,12 +26,12 @@ from derived.invariants import (
     recompute_latest,
     upsert_differences,
 )
-from derived.merge import merge_aggregate, merge_upsert
-from derived.replace import aggregate_correction, correction_partial, upsert_replacement
-from derived.spec import AggregateOutput, Measure, UpsertOutput, parse_output
-from ledger.errors import ConfigError, InconsistencyError, RefusedBatchError
-from ledger.protocol import OffsetRange
-from resources.delta import DeltaTarget
+from jobs.derived.replace import aggregate_correction, correction_partial, upsert_replacement
+from ledger.core.errors import ConfigError, InconsistencyError, RefusedBatchError
+from ledger.core.protocol import OffsetRange
+from resources.config.derived_spec import AggregateOutput, Measure, UpsertOutput, parse_output
+from resources.delta.merge import merge_aggregate, merge_upsert
+from resources.delta.table import DeltaTarget
 
 T0 = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.UTC)
 LIVE, BACKFILL = "pv", "pv.backfill"

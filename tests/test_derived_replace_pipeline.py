@@ -22,12 +22,13 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from derived.invariants import live_rows
-from derived.spec import replace_refusal
-from jobs.pipeline import build, build_backfill
-from ledger.backfill import BackfillMode, backfill_app_id, plan_backfill
-from ledger.protocol import BatchState, OffsetRange
-from ledger.store import LedgerStore
+from jobs.derived.invariants import live_rows
+from jobs.wiring.pipeline import build, build_backfill
+from ledger.coordinator.backfill import plan_backfill
+from ledger.core.backfill import BackfillMode, backfill_app_id
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
+from resources.config.derived_spec import replace_refusal
 from tests.fixtures.derived import (
     TRANSFORM,
     TRANSFORM_V2,
@@ -63,7 +64,7 @@ def replace(config: Any, spark: Any, rng: OffsetRange) -> Any:
         mode=BackfillMode.REPLACE,
         ranges=[rng],
         transform=TRANSFORM_V2,
-        derived=config.derived,
+        replace_refusals=config.replace_refusals(),
     )
     return tpc.finish(batch).batch if planned else None
 

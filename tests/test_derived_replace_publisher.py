@@ -1,4 +1,4 @@
-"""The publisher's replace path on real delta-rs tables, no Spark (jobs/delta_publisher.py
+"""The publisher's replace path on real delta-rs tables, no Spark (jobs/publish/delta_publisher.py
 `_merge_replace`): live batches, then a replace batch published to a count+sum aggregate
 and an upsert with tombstones; each output must equal its recomputation over the raw table
 after it, also when the replace is published again after a crash that left one output
@@ -13,20 +13,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from derived.invariants import (
+from jobs.derived.invariants import (
     aggregate_differences,
     latest_records,
     recompute_aggregate,
     recompute_latest,
     upsert_differences,
 )
-from derived.spec import AggregateOutput, UpsertOutput, parse_output
-from jobs import parquet_files
-from jobs.delta_publisher import DeltaPublisher
-from jobs.stage import QUARANTINE, TABLE, attempt_folder, derived_target
-from ledger.batch import Batch, BatchKind
-from ledger.protocol import BatchState, OffsetRange
-from resources.delta import DeltaTarget, encode_schema
+from jobs.publish.delta_publisher import DeltaPublisher
+from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, derived_target, parquet_files
+from ledger.core.batch import Batch, BatchKind
+from ledger.core.protocol import BatchState, OffsetRange
+from resources.config.derived_spec import AggregateOutput, UpsertOutput, parse_output
+from resources.delta.table import DeltaTarget, encode_schema
 from tests.fixtures.batches import a_batch
 
 TOPIC = "pv"

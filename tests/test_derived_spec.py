@@ -1,4 +1,5 @@
-"""derived/spec.py: derived output specs, validated with one-line errors naming the field, and
+"""resources/config/derived_spec.py: derived output specs, validated with one-line errors naming
+the field, and
 which outputs a replace backfill can keep right."""
 
 from __future__ import annotations
@@ -7,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from derived.spec import (
+from ledger.core.errors import ConfigError
+from resources.config.derived_spec import (
     AggregateOutput,
     PostgresOutput,
     UpsertOutput,
     parse_output,
     replace_refusal,
 )
-from ledger.errors import ConfigError
 
 AGGREGATE: dict[str, Any] = {
     "kind": "aggregate",

@@ -22,7 +22,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from jobs.examples.sample_data import pageviews
-from ledger.protocol import BatchState
+from ledger.core.protocol import BatchState
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run, save_config

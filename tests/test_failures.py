@@ -1,4 +1,4 @@
-"""The failure classifier (resources/failures.py) over the texts real failures carry.
+"""The failure classifier (resources/failures/causes.py) over the texts real failures carry.
 
 Captured here, stack frames cut: the Py4J errors `exactly run` raised on a real full tmpfs
 and a real read-only one (tests/test_failure_lines.py); a real driver's OutOfMemoryError
@@ -23,9 +23,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from py4j.protocol import Py4JNetworkError
 
-from orchestration.failures import one_line_failures
+from orchestration.health.failures import one_line_failures
 from orchestration.resources import PipelineResource, pipeline_key
-from resources.failures import (
+from resources.failures.causes import (
     CANNOT_CREATE,
     EXECUTOR_LOST,
     KAFKA_AUTHORIZATION,
@@ -281,7 +281,7 @@ def test_an_op_s_failure_is_the_cli_s_line_without_frames(
 def test_delta_rs_on_a_full_local_disk_is_not_called_an_object_store_failure() -> None:
     from deltalake.exceptions import DeltaError
 
-    from resources.delta import store_failure
+    from resources.delta.table import store_failure
 
     full = store_failure("/data/pv/table", DeltaError(DELTA_RS_NO_SPACE))
     assert str(full).startswith("no space left on device: /data/pv/table; free space there")

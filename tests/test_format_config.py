@@ -1,4 +1,4 @@
-"""`format:` in the pipeline config (resources/formats.py): Avro records decoded
+"""`format:` in the pipeline config (resources/config/formats.py): Avro records decoded
 by Spark's own from_avro, no hand-written transform. A schema file that is
 missing or bad is one line naming the field, and exit code 2 from the command line."""
 
@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ledger.errors import ConfigError
-from resources.config import load_config, parse_config
+from ledger.core.errors import ConfigError
+from resources.config.pipeline_config import load_config, parse_config
 from tests.test_cli import exactly, one_error_line
 
 MINIMAL: dict[str, Any] = {
@@ -236,7 +236,7 @@ def test_protobuf_on_the_confluent_wire_takes_schemas_by_id(proto: Path) -> None
 
 
 def test_a_message_that_contains_itself_is_refused_before_any_batch(tmp_path: Path) -> None:
-    from jobs.protobuf_decode import protobuf_decoder
+    from jobs.formats.protobuf_decode import protobuf_decoder
 
     proto = tmp_path / "tree.proto"
     proto.write_text('syntax = "proto3"; message Node { string name = 1; Node child = 2; }')
@@ -249,7 +249,7 @@ def test_a_message_that_contains_itself_is_refused_before_any_batch(tmp_path: Pa
 
 
 def test_a_field_named_like_a_pipeline_column_is_refused(tmp_path: Path) -> None:
-    from jobs.protobuf_decode import protobuf_decoder
+    from jobs.formats.protobuf_decode import protobuf_decoder
 
     proto = tmp_path / "clash.proto"
     proto.write_text('syntax = "proto3"; message M { string Value = 1; }')

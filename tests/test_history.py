@@ -24,10 +24,11 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build, build_backfill
-from ledger.backfill import BackfillMode, plan_backfill
-from ledger.batch import BatchKind
-from ledger.protocol import BatchState, OffsetRange
+from jobs.wiring.pipeline import build, build_backfill
+from ledger.coordinator.backfill import plan_backfill
+from ledger.core.backfill import BackfillMode
+from ledger.core.batch import BatchKind
+from ledger.core.protocol import BatchState, OffsetRange
 from orchestration.assets import quarantine_key
 from orchestration.metadata import batch_metadata
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions

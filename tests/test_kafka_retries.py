@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from resources.kafka import KafkaClient
+from resources.kafka.client import KafkaClient
 
 
 class ScriptedAdmin:

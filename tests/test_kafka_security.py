@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ledger.errors import ConfigError
-from resources.config import KafkaSettings, parse_config
+from ledger.core.errors import ConfigError
+from resources.config.pipeline_config import KafkaSettings, parse_config
 
 
 def settings(**fields: Any) -> KafkaSettings:

@@ -36,10 +36,10 @@ from typing import Any
 import pytest
 
 from jobs.examples.sample_data import MALFORMED, pageviews
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
-from resources.config import PipelineConfig
-from resources.kafka import KafkaClient
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig
+from resources.kafka.client import KafkaClient
 from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.fixtures.soak import soak

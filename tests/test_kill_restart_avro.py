@@ -26,9 +26,9 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from ledger.store import LedgerStore
-from resources.config import load_config
-from resources.kafka import KafkaClient
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import load_config
+from resources.kafka.client import KafkaClient
 from tests.fixtures.derived import assert_derived_match
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_avro_format import ORDER_V1, confluent, order, schema_file, with_format

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import pytest
 import sqlalchemy as sa
 
-from ledger.errors import TopicChangedError
-from ledger.protocol import Available, BatchState
-from ledger.schema import SCHEMA_VERSION, files_table
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.errors import TopicChangedError
+from ledger.core.protocol import Available, BatchState
+from ledger.store.ledger_store import LedgerStore
+from ledger.store.schema import SCHEMA_VERSION, files_table
 from tests.fixtures.fakes import FakeSource, wired
 
 APP = "pageviews"

@@ -1,4 +1,5 @@
-"""The coordinator's liveness rules (ledger/two_phase.py) and the stuck sensor's decisions,
+"""The coordinator's liveness rules (ledger/coordinator/two_phase.py) and the stuck sensor's
+decisions,
 as pure logic: in-memory fakes of Kafka, Spark and Delta with a real SQLite ledger, as in
 tests/test_two_phase.py. The same behaviour against the real broker, Spark, Delta and Dagster
 is in tests/test_edge_liveness.py.
@@ -15,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from ledger.batch import Batch, utcnow
-from ledger.errors import ConfigError, ExactlyError
-from ledger.protocol import Available, BatchState, OffsetRange, Owner
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
-from orchestration.stuck_sensor import Cursor, decide_ack, decide_blocked, decide_stuck
-from resources.config import parse_config
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.batch import Batch, utcnow
+from ledger.core.errors import ConfigError, ExactlyError
+from ledger.core.protocol import Available, BatchState, OffsetRange, Owner
+from ledger.store.ledger_store import LedgerStore
+from orchestration.health.stuck_sensor import Cursor, decide_ack, decide_blocked, decide_stuck
+from resources.config.pipeline_config import parse_config
 from tests.fixtures.batches import a_batch
 from tests.fixtures.fakes import FakePublisher, FakeSource, FakeStager
 from tests.test_two_phase import dead_pid, plan_as

@@ -1,4 +1,4 @@
-"""jobs/stage.py's move of the quarantined rows out of the table's attempt folder, on files
+"""jobs/stage/staging.py's move of the quarantined rows out of the table's attempt folder, on files
 (no Spark: the move is pyarrow's, and needs of the quarantine's frame only its columns and
 Spark schema)."""
 
@@ -13,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs import stage
-from jobs.stage import QUARANTINE, TABLE, move_quarantine, routed_folder
-from ledger.errors import UnreachableError
+from jobs.stage import staging as stage
+from jobs.stage.staging import QUARANTINE, TABLE, move_quarantine, routed_folder
+from ledger.core.errors import UnreachableError
 
 COLUMNS = ["_kafka_topic", "_kafka_partition", "_kafka_offset", "_error", "_raw_value"]
 

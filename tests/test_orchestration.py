@@ -22,10 +22,10 @@ import yaml
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from ledger.batch import Batch, utcnow
-from ledger.protocol import BatchState
+from ledger.core.batch import Batch, utcnow
+from ledger.core.protocol import BatchState
+from orchestration.health.stuck_sensor import decide_stuck
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
-from orchestration.stuck_sensor import decide_stuck
 from orchestration.tags import BATCH_TAG
 from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run, save_config
@@ -107,7 +107,7 @@ def test_every_example_shown_in_a_job_description_and_the_readme_parses() -> Non
             assert isinstance(doc, dict) and set(doc) == {"ops"}, (job.name, example)
             assert set(doc["ops"]) <= {node.name for node in job.nodes}, (job.name, example)
             shown += 1
-    from orchestration.backfill_job import BackfillRequest
+    from orchestration.batches.backfill_job import BackfillRequest
 
     for field in BackfillRequest.model_fields.values():
         for example in _examples(field.description or ""):
@@ -487,8 +487,8 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
     partition, by the run or, for a batch the CLI committed, by the history sensor;
     `<name>_matches_recomputation` passes through the checks sensor, and fails,
     naming the group or the key, once the derived table is changed behind exactly's back."""
-    from jobs.pipeline import build
-    from orchestration.checks_sensor import loads
+    from jobs.wiring.pipeline import build
+    from orchestration.health.checks_sensor import loads
     from tests.fixtures.derived import TRANSFORM, derived_outputs, postgres_output, user_events
 
     per_app, _per_minute, latest = derived_outputs(tmp_path / "derived")

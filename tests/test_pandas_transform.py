@@ -1,4 +1,4 @@
-"""pandas transforms (jobs/pandas_transform.py): the example's logic on its own, then both
+"""pandas transforms (jobs/stage/pandas_transform.py): the example's logic on its own, then both
 example transforms against the real broker, Spark and Delta, and contract breaches."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from deltalake import DeltaTable
 
 from jobs.examples.pageviews_pandas import parse
 from jobs.examples.sample_data import MALFORMED, pageviews
-from jobs.pandas_transform import column_names, pandas_transform
-from jobs.pipeline import build
-from ledger.errors import RefusedBatchError
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
-from resources.config import PipelineConfig
+from jobs.stage.pandas_transform import column_names, pandas_transform
+from jobs.wiring.pipeline import build
+from ledger.core.errors import RefusedBatchError
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig
 from tests.fixtures.pipeline import assert_exactly_once
 
 

@@ -1,5 +1,5 @@
 """`delta.partition_by`: partition columns generated from a timestamp, validated with one line
-naming the field (resources/partitioning.py)."""
+naming the field (resources/config/partitioning.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ledger.errors import ConfigError
-from resources.config import parse_config
-from resources.partitioning import PartitionColumn, generation_expression, partition_values
+from ledger.core.errors import ConfigError
+from resources.config.partitioning import PartitionColumn, generation_expression, partition_values
+from resources.config.pipeline_config import parse_config
 
 MINIMAL: dict[str, Any] = {
     "pipeline": "orders",
@@ -91,7 +91,7 @@ def test_partition_values_come_from_the_files_hive_folders() -> None:
 
 
 def test_a_file_outside_its_partition_folder_is_refused() -> None:
-    from ledger.errors import InconsistencyError
+    from ledger.core.errors import InconsistencyError
 
     with pytest.raises(InconsistencyError, match="event_date"):
         partition_values("staged/app/b/exactly_output=table/p.parquet", ["event_date"])
@@ -111,7 +111,7 @@ def test_a_file_outside_its_partition_folder_is_refused() -> None:
     ],
 )
 def test_a_file_staged_for_another_layout_is_refused(path: str, columns: list[str]) -> None:
-    from ledger.errors import InconsistencyError
+    from ledger.core.errors import InconsistencyError
 
     with pytest.raises(InconsistencyError, match="another layout"):
         partition_values(path, columns)

@@ -10,12 +10,13 @@ from typing import Any
 import yaml
 from deltalake import DeltaTable
 
-from derived.invariants import aggregate_differences, recompute_aggregate
-from jobs.delta_publisher import DeltaPublisher
-from jobs.pipeline import build_backfill
-from ledger.backfill import BackfillMode, plan_backfill
-from ledger.protocol import OffsetRange
-from resources.config import load_config
+from jobs.derived.invariants import aggregate_differences, recompute_aggregate
+from jobs.publish.delta_publisher import DeltaPublisher
+from jobs.wiring.pipeline import build_backfill
+from ledger.coordinator.backfill import plan_backfill
+from ledger.core.backfill import BackfillMode
+from ledger.core.protocol import OffsetRange
+from resources.config.pipeline_config import load_config
 from tests.fixtures.partitioned import check_partitions, paris_day, produce, run_until_caught_up
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 

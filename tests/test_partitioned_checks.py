@@ -9,11 +9,11 @@ from typing import Any
 
 import yaml
 
-from jobs.pipeline import Pipeline
-from jobs.stage import QUARANTINE, TABLE
-from orchestration.derived_checks import derived_verdicts
-from orchestration.table_checks import judge_rows, last_committed
-from resources.config import load_config
+from jobs.stage.staging import QUARANTINE, TABLE
+from jobs.wiring.pipeline import Pipeline
+from orchestration.health.derived_checks import derived_verdicts
+from orchestration.health.table_checks import judge_rows, last_committed
+from resources.config.pipeline_config import load_config
 from tests.fixtures.partitioned import produce, run_until_caught_up
 from tests.fixtures.pipeline import config_path
 

@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from resources import storage
-from resources.partitioning import GENERATION_KEY
+from resources.config.partitioning import GENERATION_KEY
+from resources.object_storage import storage
 from tests.fixtures.partitioned import paris_day, produce, run_until_caught_up
 from tests.fixtures.pipeline import assert_exactly_once
 
@@ -89,7 +89,7 @@ def test_a_row_without_an_event_time_lands_in_the_null_partition(
     windowed aggregate partitioned by its window date keep it."""
     import yaml
 
-    from resources.config import load_config
+    from resources.config.pipeline_config import load_config
     from tests.fixtures.pipeline import config_path
 
     config = partitioned_factory(1)

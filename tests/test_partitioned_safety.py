@@ -14,9 +14,9 @@ from typing import Any
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from jobs.cleaner import clean
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
+from jobs.maintenance.cleaner import clean
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.partitioned import paris_day, produce, run_until_caught_up
 from tests.fixtures.pipeline import assert_exactly_once, crash_run
 

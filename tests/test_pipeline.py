@@ -22,10 +22,10 @@ from confluent_kafka.admin import AdminClient
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import MALFORMED, pageviews
-from jobs.pipeline import build
-from ledger.errors import DataLossError, FencedError
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
+from jobs.wiring.pipeline import build
+from ledger.core.errors import DataLossError, FencedError
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.pipeline import assert_exactly_once, config_path, coordinates
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
@@ -261,7 +261,7 @@ def test_an_unreachable_postgres_output_stops_the_start_in_one_line(
     """A PostgreSQL output whose server does not answer fails `exactly run` before anything
     is planned: one line naming the output, exit code 2 (a refused password says so the
     same way: tests/test_derived_postgres.py)."""
-    from devtools.jvm_process import free_port
+    from resources.jvm.process import free_port
     from tests.fixtures.derived import postgres_output
 
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
@@ -283,14 +283,14 @@ def test_an_unreachable_postgres_output_stops_the_start_in_one_line(
 def test_each_output_s_files_hold_its_own_columns_and_statistics(
     spark: Any, kafka_client: Any, pipeline_factory: Any
 ) -> None:
-    """The stage writes both outputs in one routed write (jobs/stage.py): the quarantine's
+    """The stage writes both outputs in one routed write (jobs/stage/staging.py): the quarantine's
     files must end up in the quarantine's folder with its columns only, nothing may stay
     behind in the table's folder, and no reader or statistic may see the columns the
     table's files carry for the route (`_error`, `_raw_value`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs.stage import ROUTE
+    from jobs.stage.staging import ROUTE
 
     config = pipeline_factory(2, max_records=500)
     kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=9))
@@ -327,8 +327,8 @@ def test_each_output_s_files_hold_its_own_columns_and_statistics(
 
 
 def test_a_transform_may_not_return_the_columns_the_stage_adds(spark: Any) -> None:
-    from jobs.stage import check_output
-    from ledger.errors import ConfigError
+    from jobs.stage.staging import check_output
+    from ledger.core.errors import ConfigError
 
     frame = spark.createDataFrame(
         [("t", 0, 0, None, 1, b"v", None, b"x")],
@@ -352,8 +352,8 @@ def test_derived_outputs_equal_their_recomputation_batch_after_batch(
     quarantined records: after every run each output equals its recomputation over the raw
     table, and each batch records what each output's commit did. A committed batch published
     again (a re-drive) changes no output."""
-    from derived.spec import DELETED, PostgresOutput
-    from jobs.delta_publisher import DERIVED_METRICS
+    from jobs.publish.delta_publisher import DERIVED_METRICS
+    from resources.config.derived_spec import DELETED, PostgresOutput
     from tests.fixtures.derived import (
         TRANSFORM,
         assert_derived_match,
@@ -426,8 +426,8 @@ def test_derived_outputs_equal_their_recomputation_batch_after_batch(
     # order for it, refused loudly, never skipped; it waits PREPARED, nothing applied
     import sqlalchemy as sa
 
-    from derived.postgres import STATE_TABLE
-    from ledger.errors import InconsistencyError
+    from ledger.core.errors import InconsistencyError
+    from resources.postgres.outputs import STATE_TABLE
 
     engine = sa.create_engine(postgres_url)
     with engine.begin() as conn:
@@ -450,10 +450,11 @@ def test_a_fill_updates_derived_outputs_like_a_live_batch(
     records the live batches wrote (its tombstones are older than them). Fill records
     tombstoned again after the live start are the open fill-after-tombstone case
     (docs/derived-tables.md) and are not produced here."""
-    from derived.spec import PostgresOutput
-    from jobs.pipeline import build_backfill
-    from ledger.backfill import BackfillMode, plan_backfill
-    from ledger.protocol import OffsetRange
+    from jobs.wiring.pipeline import build_backfill
+    from ledger.coordinator.backfill import plan_backfill
+    from ledger.core.backfill import BackfillMode
+    from ledger.core.protocol import OffsetRange
+    from resources.config.derived_spec import PostgresOutput
     from tests.fixtures.derived import (
         TRANSFORM,
         assert_derived_match,
@@ -517,8 +518,8 @@ def test_an_output_added_to_a_pipeline_with_history_waits_for_its_rebuild(
     under a running pipeline."""
     import shutil
 
-    from ledger.errors import RefusedBatchError
-    from resources.config import load_config
+    from ledger.core.errors import RefusedBatchError
+    from resources.config.pipeline_config import load_config
     from tests.fixtures.derived import (
         TRANSFORM,
         assert_derived_match,

@@ -1,5 +1,5 @@
 """A pipeline on several topics against the real broker, Spark and Delta: `kafka.topics`
-and `kafka.pattern` (ledger/topics_coordinator.py, jobs/topics_source.py).
+and `kafka.pattern` (ledger/coordinator/topics.py, jobs/sources/topics_source.py).
 
 Every record of every topic lands once, in the table or the quarantine, with its topic in
 its coordinates; a topic created later that matches the pattern is read from the starting
@@ -22,9 +22,9 @@ import yaml
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.store import LedgerStore
-from resources.config import PipelineConfig, load_config
+from jobs.wiring.pipeline import build
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig, load_config
 from tests.fixtures.pipeline import crash_run, produced_coordinates
 from tests.fixtures.topic_admin import recreate_topic
 

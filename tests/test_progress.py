@@ -1,4 +1,4 @@
-"""The stage's progress line (resources/spark_progress.py, exactly_cli/progress.py): what
+"""The stage's progress line (resources/spark/progress.py, exactly_cli/progress.py): what
 Spark reports while a job runs, in place on a terminal and as plain lines elsewhere."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from exactly_cli import pipeline_cmd
 from exactly_cli.pipeline_cmd import run_pipeline
 from exactly_cli.progress import ProgressLine, describe
 from jobs.examples.sample_data import pageviews
-from resources.spark_progress import ProgressSink, StageProgress, _Stages, watch
+from resources.spark.progress import ProgressSink, StageProgress, _Stages, watch
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 
 REPO = Path(__file__).resolve().parent.parent

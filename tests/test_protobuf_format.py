@@ -20,9 +20,9 @@ import pytest
 from deltalake import DeltaTable
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from jobs.protobuf_wire import frame
-from ledger.errors import InconsistencyError
-from ledger.protocol import BatchState
+from jobs.formats.protobuf_wire import frame
+from ledger.core.errors import InconsistencyError
+from ledger.core.protocol import BatchState
 from tests.fixtures.pipeline import assert_exactly_once
 from tests.test_avro_format import by_offset, run_batch, version, with_format
 

@@ -1,13 +1,13 @@
-"""jobs/protobuf_wire.py: the Confluent wire format of Protobuf values; and which older
-message types fit the newest one's columns (jobs/protobuf_decode.py `unfit`). Pure logic."""
+"""jobs/formats/protobuf_wire.py: the Confluent wire format of Protobuf values; and which older
+message types fit the newest one's columns (jobs/formats/protobuf_decode.py `unfit`). Pure logic."""
 
 from __future__ import annotations
 
 import pytest
 from pyspark.sql import types as T
 
-from jobs.protobuf_decode import unfit
-from jobs.protobuf_wire import Framed, WireError, frame, unframe
+from jobs.formats.protobuf_decode import unfit
+from jobs.formats.protobuf_wire import Framed, WireError, frame, unframe
 
 
 def test_the_first_message_is_one_zero_byte_after_the_schema_id() -> None:

@@ -1,4 +1,4 @@
-"""Pure unit tests of ledger/protocol.py: the state machine and offset planning. No I/O."""
+"""Pure unit tests of ledger/core/protocol.py: the state machine and offset planning. No I/O."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from ledger.errors import DataLossError, InconsistencyError
-from ledger.protocol import (
+from ledger.core.errors import DataLossError, InconsistencyError
+from ledger.core.protocol import (
     ABANDONABLE,
     HOLDS_RANGE,
     IN_FLIGHT,

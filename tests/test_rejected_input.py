@@ -11,17 +11,17 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from ledger.errors import (
+from ledger.core.errors import (
     CONFIG_PLACEHOLDER,
     BusyError,
     DataLossError,
     InconsistencyError,
     TopicChangedError,
 )
-from ledger.protocol import accept_topic_command
-from ledger.store import LedgerStore
+from ledger.core.protocol import accept_topic_command
+from ledger.store.ledger_store import LedgerStore
+from orchestration.health.rejection import rejection_sentence, rejections_end_the_run
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
-from orchestration.rejection import rejection_sentence, rejections_end_the_run
 from orchestration.resources import PipelineResource, pipeline_key
 from orchestration.tags import REJECTED_TAG
 from tests.fixtures.pipeline import config_path

@@ -1,4 +1,5 @@
-"""resources/s3.py: one S3Access from the standard AWS variables or a profile, the same for
+"""resources/object_storage/s3.py: one S3Access from the standard AWS variables or a profile, the
+same for
 boto3, pyarrow and delta-rs, and never showing its secrets."""
 
 from __future__ import annotations
@@ -7,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ledger.errors import ConfigError
-from resources import storage
-from resources.s3 import S3Access
+from ledger.core.errors import ConfigError
+from resources.object_storage import storage
+from resources.object_storage.s3 import S3Access
 
 SECRET = "planted-secret-3f9a1c"
 TOKEN = "planted-token-77be02"

@@ -1,4 +1,5 @@
-"""The orphan cleaner (jobs/cleaner.py) on S3: it lists an aborted attempt's objects with
+"""The orphan cleaner (jobs/maintenance/cleaner.py) on S3: it lists an aborted attempt's objects
+with
 boto3 and deletes them, Spark's markers included, and leaves a committed batch's files,
 which its table reads, alone."""
 
@@ -12,14 +13,13 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from jobs import parquet_files
-from jobs.stage import QUARANTINE, TABLE, attempt_folder
-from ledger.batch import Batch, StagedFile
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
-from resources import storage
-from resources.config import PipelineConfig, load_config
-from resources.delta import DeltaTarget
+from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
+from ledger.core.batch import Batch, StagedFile
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.delta.table import DeltaTarget
+from resources.object_storage import storage
 from tests.fixtures.s3 import put_object
 from tests.test_clean import SCHEMA, SCHEMAS, TOPIC, clean, commit, plan
 

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from devtools.s3_server import S3Server, start_s3_server
-from jobs.parquet_files import describe
-from ledger.batch import StagedFile
-from ledger.protocol import OffsetRange
-from resources import storage
-from resources.delta import DeltaTarget
+from jobs.stage.parquet_files import describe
+from ledger.core.batch import StagedFile
+from ledger.core.protocol import OffsetRange
+from resources.delta.table import DeltaTarget
+from resources.object_storage import storage
+from resources.object_storage.embedded_s3 import S3Server, start_s3_server
 from tests.fixtures.fault_proxy import FaultProxy
 from tests.fixtures.race_publisher import SCHEMA, parquet_of
 from tests.fixtures.s3 import put_object

@@ -25,10 +25,10 @@ import dagster as dg
 import pytest
 import yaml
 
-from devtools.s3_server import S3Server
 from jobs.examples.sample_data import pageviews
-from resources.config import PipelineConfig, load_config
-from resources.s3 import S3Access
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.object_storage.embedded_s3 import S3Server
+from resources.object_storage.s3 import S3Access
 from tests.fixtures.pipeline import assert_exactly_once, coordinates
 
 RUN_TIMEOUT = 600
@@ -39,9 +39,9 @@ JOB = f"{NAME}_next_batch"
 #: Reads both tables through delta-spark over s3a, in a Spark session made as the pipeline's.
 READ_BACK = """
 import json, sys
-from jobs.spark_stager import SharedSpark
-from resources import storage
-from resources.config import load_config
+from jobs.stage.spark_stager import SharedSpark
+from resources.object_storage import storage
+from resources.config.pipeline_config import load_config
 
 config = load_config(sys.argv[1])
 spark = SharedSpark.for_config(config)()
@@ -198,8 +198,8 @@ def test_a_session_started_without_s3a_is_refused_for_s3_tables(
 ) -> None:
     """getOrCreate would hand back the process's running session, whose classpath has no
     s3a: refused at once, not after Spark has staged a batch."""
-    from ledger.errors import ConfigError
-    from resources.spark import build_session
+    from ledger.core.errors import ConfigError
+    from resources.spark.session import build_session
 
     with pytest.raises(ConfigError, match="without the s3a filesystem is already running"):
         build_session("local[2]", object_store=S3Access.from_env())

@@ -1,4 +1,5 @@
-"""devtools/s3_server.py: the loopback S3 server starts, honours conditional writes (which
+"""resources/object_storage/embedded_s3.py: the loopback S3 server starts, honours conditional
+writes (which
 delta-rs's commits on S3 rely on), serves every client through the standard AWS variables,
 and stops."""
 
@@ -11,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 from botocore.exceptions import ClientError
 
-from devtools.jvm_process import accepts_connections
-from devtools.s3_server import S3Server, start_s3_server
-from ledger.errors import ExactlyError
-from resources.s3 import S3Access
+from ledger.core.errors import ExactlyError
+from resources.jvm.process import accepts_connections
+from resources.object_storage.embedded_s3 import S3Server, start_s3_server
+from resources.object_storage.s3 import S3Access
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from devtools.jvm_process import free_port
-from devtools.s3_server import S3Server
+from resources.jvm.process import free_port
+from resources.object_storage.embedded_s3 import S3Server
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,5 @@
-"""resources/storage.py on S3, and what reads and writes through it: the staged files'
+"""resources/object_storage/storage.py on S3, and what reads and writes through it: the staged
+files'
 descriptions for the vote, the commit's existence and size checks, Parquet read for the
 replace backfill's rewrites, and delta-rs commits, all against the loopback S3 server with
 nothing but the standard AWS variables set."""
@@ -10,11 +11,11 @@ from collections import Counter
 import pytest
 from deltalake import DeltaTable
 
-from jobs.parquet_files import describe
-from ledger.batch import StagedFile
-from ledger.protocol import OffsetRange
-from resources import storage
-from resources.delta import DeltaTarget
+from jobs.stage.parquet_files import describe
+from ledger.core.batch import StagedFile
+from ledger.core.protocol import OffsetRange
+from resources.delta.table import DeltaTarget
+from resources.object_storage import storage
 from tests.fixtures.race_publisher import SCHEMA, parquet_of
 from tests.fixtures.s3 import put_object
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from resources.jars import artifact_name, pyspark_hadoop_version, spark_jars
+from resources.jvm.jars import artifact_name, pyspark_hadoop_version, spark_jars
 
 _POM = Path(__file__).resolve().parent.parent / "jvm" / "s3a" / "pom.xml"
 _NS = {"m": "http://maven.apache.org/POM/4.0.0"}

@@ -17,14 +17,14 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from jobs import parquet_files
-from jobs.delta_publisher import DeltaPublisher
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.errors import InconsistencyError
-from ledger.protocol import BatchState, OffsetRange
-from ledger.store import LedgerStore
-from resources.delta import DeltaTarget, encode_schema
+from jobs.publish.delta_publisher import DeltaPublisher
+from jobs.stage import parquet_files
+from jobs.wiring.pipeline import build
+from ledger.core.errors import InconsistencyError
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
+from resources.delta.table import DeltaTarget, encode_schema
 from tests.fixtures.pipeline import assert_exactly_once
 
 NORMAL = "jobs.examples.pageviews:transform"

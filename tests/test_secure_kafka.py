@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.store import LedgerStore
+from jobs.wiring.pipeline import build
+from ledger.store.ledger_store import LedgerStore
 from orchestration.pipeline_definitions import pipeline_definitions
-from resources.config import PipelineConfig, load_config
-from resources.kafka import KafkaClient
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.kafka.client import KafkaClient
 from tests.fixtures.pipeline import assert_exactly_once
 from tests.fixtures.secure_kafka import SecureKafka
 from tests.test_cli import EXACTLY, REPO, one_error_line

@@ -4,7 +4,8 @@ the Delta commit and the ledger's COMMITTED. Each time the run either rides it o
 with one `exactly: error:` line and exit code 2 (never a traceback), the next run finishes
 what was left, and every record is in the tables once.
 
-The run is held at a pause point (ledger/crash.py) while the test stops the service, so the
+The run is held at a pause point (ledger/coordinator/crash.py) while the test stops the service, so
+the
 restart lands where the protocol is most exposed, not wherever a timer happens to fall. Each
 test owns its service (a broker, a PostgreSQL cluster): the session's are shared.
 """
@@ -22,14 +23,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools.broker import EmbeddedBroker
-from devtools.jvm_process import free_port
 from jobs.examples.sample_data import pageviews
-from ledger.protocol import BatchState
-from ledger.store import LedgerStore
-from resources.config import PipelineConfig, load_config
-from resources.delta import DeltaTarget
-from resources.kafka import KafkaClient
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.delta.table import DeltaTarget
+from resources.jvm.process import free_port
+from resources.kafka.client import KafkaClient
+from resources.kafka.embedded_broker import EmbeddedBroker
 from tests.fixtures.kafka import BROKER_START_TIMEOUT
 from tests.fixtures.pipeline import assert_exactly_once
 from tests.fixtures.postgres import PostgresServer, find_pg_bin

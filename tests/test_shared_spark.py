@@ -1,4 +1,5 @@
-"""The shared Spark Connect server (`spark.server: shared`, resources/shared_spark.py): runs in
+"""The shared Spark Connect server (`spark.server: shared`, resources/spark/shared_server.py): runs
+in
 separate processes stage on one server, a server that died is replaced, a pid that now
 belongs to another process is not taken for the server, and racing starts start one.
 
@@ -19,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools.jvm_process import free_port, process_args
 from jobs.examples.sample_data import pageviews
-from ledger.errors import ConfigError
-from ledger.store import LedgerStore
-from resources.config import PipelineConfig, load_config
-from resources.kafka import KafkaClient
-from resources.shared_spark import (
+from ledger.core.errors import ConfigError
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.jvm.process import free_port, process_args
+from resources.kafka.client import KafkaClient
+from resources.spark.shared_server import (
     STATE_ENV,
     Server,
     ServerKey,
@@ -206,7 +207,7 @@ def test_a_pid_now_owned_by_another_process_is_not_taken_for_the_server(
 @pytest.mark.integration
 def test_processes_racing_to_start_the_server_start_one(state: dict[str, str]) -> None:
     code = (
-        "from resources.shared_spark import ensure_server; "
+        "from resources.spark.shared_server import ensure_server; "
         "s = ensure_server('local[1]', {'spark.sql.shuffle.partitions': '5'}); "
         "print(s.pid, s.port)"
     )
@@ -231,7 +232,7 @@ def test_the_mode_comes_from_the_config_then_the_environment() -> None:
 def test_other_credentials_or_settings_get_a_server_of_their_own() -> None:
     """A process never stages through a server that holds another process's keys (or a
     rotated key), nor one started with other settings; the key holds secrets only hashed."""
-    from resources.s3 import S3Access
+    from resources.object_storage.s3 import S3Access
 
     def key(conf: dict[str, str], secret: str | None) -> ServerKey:
         access = S3Access(

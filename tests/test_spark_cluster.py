@@ -1,4 +1,4 @@
-"""A Spark standalone cluster on loopback (`devtools.spark_cluster`): it starts with its
+"""A Spark standalone cluster on loopback (`resources.spark.standalone_cluster`): it starts with its
 workers on 127.0.0.1, says why when it cannot, and runs the product's batches with the
 stage job's tasks in executors, through a classic driver (`exactly run` with
 `spark.master: spark://...`) and through a Spark Connect server whose master is the cluster.
@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from devtools.connect_server import start_connect_server
-from devtools.jvm_process import free_port
-from devtools.spark_cluster import SparkCluster, start_spark_cluster
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.errors import ExactlyError, UnreachableError
-from resources.kafka import KafkaClient
-from resources.s3 import S3Access
-from resources.spark import build_session, driver_settings, stop_session
+from jobs.wiring.pipeline import build
+from ledger.core.errors import ExactlyError, UnreachableError
+from resources.jvm.process import free_port
+from resources.kafka.client import KafkaClient
+from resources.object_storage.s3 import S3Access
+from resources.spark.connect_server import start_connect_server
+from resources.spark.session import build_session, driver_settings, stop_session
+from resources.spark.standalone_cluster import SparkCluster, start_spark_cluster
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_cli import exactly
 

@@ -20,11 +20,11 @@ from deltalake import DeltaTable
 from pyspark.sql import functions as F
 from pyspark.sql.utils import is_remote
 
-from devtools.connect_server import ConnectServer, start_connect_server
-from devtools.jvm_process import free_port
-from ledger.errors import ConfigError, ExactlyError, UnreachableError
-from resources.kafka import KafkaClient
-from resources.spark import build_session, stop_session
+from ledger.core.errors import ConfigError, ExactlyError, UnreachableError
+from resources.jvm.process import free_port
+from resources.kafka.client import KafkaClient
+from resources.spark.connect_server import ConnectServer, start_connect_server
+from resources.spark.session import build_session, stop_session
 from tests.test_spark_kafka_delta import assert_reads_exact_ranges
 
 pytestmark = pytest.mark.integration
@@ -145,7 +145,7 @@ def test_a_whole_batch_stages_and_commits_through_spark_connect(
     """The product's own stage job, not only reads: `spark.master: sc://...` must run the
     pipeline end to end, quarantine included (every 50th record is malformed)."""
     from jobs.examples.sample_data import pageviews
-    from jobs.pipeline import build
+    from jobs.wiring.pipeline import build
     from tests.fixtures.pipeline import assert_exactly_once
 
     config = pipeline_factory(2)
@@ -159,12 +159,12 @@ def test_a_whole_batch_stages_and_commits_through_spark_connect(
 
 
 def test_progress_is_sampled_from_what_the_server_streams(remote: Any, tmp_path: Path) -> None:
-    """The stage's progress line on a shared server (resources/spark_progress.py): the
+    """The stage's progress line on a shared server (resources/spark/progress.py): the
     figures come from the progress the server streams with the query, tasks done of all."""
     import threading
     import time
 
-    from resources.spark_progress import StageProgress, watch
+    from resources.spark.progress import StageProgress, watch
 
     samples: list[StageProgress] = []
     lock = threading.Lock()

@@ -9,9 +9,9 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from jobs.stage import read_ranges
-from ledger.protocol import OffsetRange
-from resources.kafka import KafkaClient
+from jobs.stage.staging import read_ranges
+from ledger.core.protocol import OffsetRange
+from resources.kafka.client import KafkaClient
 
 
 def assert_reads_exact_ranges(session: Any, client: KafkaClient, topic: str) -> None:

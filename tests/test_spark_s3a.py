@@ -1,12 +1,12 @@
-"""resources/spark.py's s3a settings: the same store and credentials as boto3 and delta-rs,
+"""resources/spark/session.py's s3a settings: the same store and credentials as boto3 and delta-rs,
 with secrets kept out of Spark's settings whenever the JVM can read them itself."""
 
 from __future__ import annotations
 
 import re
 
-from resources.s3 import S3Access
-from resources.spark import executor_credentials, s3a_settings
+from resources.object_storage.s3 import S3Access
+from resources.spark.session import executor_credentials, s3a_settings
 
 ENDPOINT = {
     "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from jobs.spark_stager import SparkStager, stage_failure
-from ledger.batch import this_owner
-from ledger.errors import AuthenticationError, UnreachableError
-from ledger.protocol import BatchState, OffsetRange
-from resources.config import load_config
+from jobs.stage.spark_stager import SparkStager, stage_failure
+from ledger.core.errors import AuthenticationError, UnreachableError
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.host.process import this_owner
+from resources.config.pipeline_config import load_config
 from tests.fixtures.batches import a_batch
 
 BOOTSTRAP = "127.0.0.1:9"

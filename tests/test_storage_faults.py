@@ -20,18 +20,18 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from devtools.s3_server import S3Server
 from jobs.examples.sample_data import pageviews
-from jobs.parquet_files import describe
-from jobs.stage import QUARANTINE, TABLE
-from ledger.batch import StagedFile
-from ledger.crash import CRASH_EXIT_CODE
-from ledger.protocol import BatchState, OffsetRange
-from ledger.store import LedgerStore
-from resources import storage
-from resources.config import PipelineConfig
-from resources.delta import DeltaTarget
-from resources.s3 import S3Access
+from jobs.stage.parquet_files import describe
+from jobs.stage.staging import QUARANTINE, TABLE
+from ledger.coordinator.crash import CRASH_EXIT_CODE
+from ledger.core.batch import StagedFile
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig
+from resources.delta.table import DeltaTarget
+from resources.object_storage import storage
+from resources.object_storage.embedded_s3 import S3Server
+from resources.object_storage.s3 import S3Access
 from tests.fixtures.fault_proxy import Delay, DropResponse, Fault, FaultProxy, SlowDown
 from tests.fixtures.pipeline import assert_exactly_once
 from tests.fixtures.race_publisher import SCHEMA, parquet_of

@@ -16,18 +16,19 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
-from devtools.jvm_process import free_port
-from ledger.batch import RESTAGE, Batch, StagedFile, this_owner
-from ledger.errors import (
+from ledger.core.batch import RESTAGE, Batch, StagedFile
+from ledger.core.errors import (
     BusyError,
     ConfigError,
     FencedError,
     InconsistencyError,
     UnreachableError,
 )
-from ledger.protocol import RESTAGE_MOVE, TRANSITIONS, BatchState, OffsetRange, Owner
-from ledger.schema import SCHEMA_VERSION, batches_table, files_table, meta_table, ranges_table
-from ledger.store import LedgerStore
+from ledger.core.protocol import RESTAGE_MOVE, TRANSITIONS, BatchState, OffsetRange, Owner
+from ledger.host.process import this_owner
+from ledger.store.ledger_store import LedgerStore
+from ledger.store.schema import SCHEMA_VERSION, batches_table, files_table, meta_table, ranges_table
+from resources.jvm.process import free_port
 
 S = BatchState
 APP = "pageviews"
@@ -254,7 +255,8 @@ def test_a_vote_records_a_derived_output_s_files_under_its_long_target(
     store: LedgerStore,
 ) -> None:
     """A derived output votes as `derived:<name>`, its name up to 128 characters
-    (derived/spec.py): the vote's target column must hold it on every database, not only
+    (resources/config/derived_spec.py): the vote's target column must hold it on every database,
+    not only
     on SQLite, which ignores declared lengths."""
     target = "derived:" + "views_per_app_and_minute".ljust(128, "x")
     batch = walk_to(store, plan(store), S.STAGED)

@@ -1,4 +1,5 @@
-"""ledger/store.py with several topics: one batch records every topic's ranges, each with
+"""ledger/store/ledger_store.py with several topics: one batch records every topic's ranges, each
+with
 its own topic id, and reads positions back per topic; a ledger written for one topic by
 exactly before several topics existed reads the same (tests/ledger_fixtures/: the script
 that wrote it with the code of commit 804554c, and its dump)."""
@@ -12,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger.batch import BatchKind
-from ledger.decisions import EXACTLY, Decision, DecisionKind, new_decision_id
-from ledger.errors import InconsistencyError, TopicChangedError
-from ledger.protocol import BatchState, OffsetRange, Positions
-from ledger.store import LedgerStore
+from ledger.core.batch import BatchKind
+from ledger.core.decisions import EXACTLY, Decision, DecisionKind, new_decision_id
+from ledger.core.errors import InconsistencyError, TopicChangedError
+from ledger.core.protocol import BatchState, OffsetRange, Positions
+from ledger.store.ledger_store import LedgerStore
 
 DUMP = Path(__file__).parent / "ledger_fixtures" / "one_topic_ledger_804554c.sql"
 APP = "pageviews"

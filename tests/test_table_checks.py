@@ -12,11 +12,10 @@ from typing import Any
 import dagster as dg
 import yaml
 
-from ledger.batch import Batch, utcnow
-from ledger.protocol import BatchState, OffsetRange
-from orchestration.checks_sensor import decide_checks
-from orchestration.pipeline_definitions import pipeline_definitions
-from orchestration.table_checks import (
+from ledger.core.batch import Batch, utcnow
+from ledger.core.protocol import BatchState, OffsetRange
+from orchestration.health.checks_sensor import decide_checks
+from orchestration.health.table_checks import (
     CONSUMER_LAG,
     LAST_BATCH_COMPLETE,
     NO_STUCK_BATCH,
@@ -28,6 +27,7 @@ from orchestration.table_checks import (
     judge_stuck,
     other_incarnations,
 )
+from orchestration.pipeline_definitions import pipeline_definitions
 from tests.fixtures.batches import a_batch
 
 S = BatchState

@@ -1,4 +1,4 @@
-"""orchestration/table_checks.py `other_incarnations` on a batch on several topics: the
+"""orchestration/health/table_checks.py `other_incarnations` on a batch on several topics: the
 old incarnation's rows of one re-created topic are told apart per topic, by each topic's
 own id (Batch.topic_ids), so `last_batch_complete` counts only the batch's own rows."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from ledger.batch import utcnow
-from ledger.protocol import BatchState, OffsetRange
-from orchestration.table_checks import other_incarnations
+from ledger.core.batch import utcnow
+from ledger.core.protocol import BatchState, OffsetRange
+from orchestration.health.table_checks import other_incarnations
 from tests.fixtures.batches import a_batch
 
 A0 = OffsetRange("a", 0, 0, 10)

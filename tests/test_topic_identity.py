@@ -17,10 +17,10 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import Pipeline, build
-from orchestration.stuck_sensor import evaluate
-from resources.alerts import AlertsResource
-from resources.delta import METADATA_KEY
+from jobs.wiring.pipeline import Pipeline, build
+from orchestration.health.stuck_sensor import evaluate
+from resources.alerts.webhook import AlertsResource
+from resources.delta.table import METADATA_KEY
 from tests.fixtures.pipeline import (
     assert_exactly_once,
     config_path,
@@ -380,7 +380,7 @@ def test_a_new_topic_is_refused_while_an_upsert_output_would_keep_the_old_record
     topic is accepted and the upsert starts again from it: the newer values are there."""
     import shutil
 
-    from derived.invariants import live_rows, recompute_latest, upsert_differences
+    from jobs.derived.invariants import live_rows, recompute_latest, upsert_differences
     from tests.fixtures.derived import TRANSFORM, derived_outputs, user_events
 
     upsert = [o for o in derived_outputs(tmp_path / "derived") if o["kind"] == "upsert"]

@@ -1,4 +1,4 @@
-"""ledger/topic_plan.py: one batch's ranges across every topic a pipeline reads.
+"""ledger/core/topic_plan.py: one batch's ranges across every topic a pipeline reads.
 
 One batch is one checkpoint: every matched topic's ranges and ids are fixed in it together,
 a topic new to the pipeline starts at `starting_offsets`, and any topic whose stored
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.errors import DataLossError, TopicChangedError
-from ledger.protocol import Available, OffsetRange, Positions
-from ledger.topic_plan import TopicRead, plan_topics, positions_by_topic
+from ledger.core.errors import DataLossError, TopicChangedError
+from ledger.core.protocol import Available, OffsetRange, Positions
+from ledger.core.topic_plan import TopicRead, plan_topics, positions_by_topic
 
 A = {0: Available(0, 10), 1: Available(0, 4)}
 B = {0: Available(5, 8)}

@@ -1,10 +1,10 @@
-"""resources/topic_selection.py: which topics a name list or a pattern reads."""
+"""resources/kafka/topic_selection.py: which topics a name list or a pattern reads."""
 
 from __future__ import annotations
 
 import pytest
 
-from resources.topic_selection import TopicSelection
+from resources.kafka.topic_selection import TopicSelection
 
 LISTED = ["orders-eu", "orders-us", "old-orders-eu", "orders", "__consumer_offsets", "refunds"]
 

@@ -1,4 +1,4 @@
-"""jobs/topics_source.py against the real broker: the topics a list or a pattern reads
+"""jobs/sources/topics_source.py against the real broker: the topics a list or a pattern reads
 now, each topic's id and offsets, and the consumer group's commit on every topic."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
-from jobs.topics_source import KafkaTopicsSource
-from ledger.protocol import OffsetRange
-from resources.kafka import KafkaClient
-from resources.topic_selection import TopicSelection
+from jobs.sources.topics_source import KafkaTopicsSource
+from ledger.core.protocol import OffsetRange
+from resources.kafka.client import KafkaClient
+from resources.kafka.topic_selection import TopicSelection
 from tests.fixtures.topic_admin import topic_id_of
 
 

@@ -1,4 +1,4 @@
-"""Transforms where users keep them (resources/transforms.py): a file or a `python_path`
+"""Transforms where users keep them (resources/config/transforms.py): a file or a `python_path`
 beside the pipeline's config, never leaking into other imports, never shadowing an installed
 module, and reaching Spark's Python workers without PYTHONPATH."""
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-from ledger.errors import ConfigError
-from resources.config import load_config
+from ledger.core.errors import ConfigError
+from resources.config.pipeline_config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -25,7 +25,7 @@ import json
 
 import pandas as pd
 
-from jobs.pandas_transform import pandas_transform
+from jobs.stage.pandas_transform import pandas_transform
 from {helper} import parse_app
 
 
@@ -99,7 +99,7 @@ def test_a_transform_file_beside_the_config_loads_with_its_sibling_modules(
     result = _in_subprocess(
         f"""
         import json, sys
-        from resources.config import load_config
+        from resources.config.pipeline_config import load_config
         config = load_config({str(path)!r})
         function = config.load_transform()
         print(json.dumps({{
@@ -129,7 +129,7 @@ def test_python_path_beside_the_config_makes_a_module_transform_importable(
     result = _in_subprocess(
         f"""
         import json
-        from resources.config import load_config
+        from resources.config.pipeline_config import load_config
         function = load_config({str(path)!r}).load_transform()
         print(json.dumps({{"module": function.pandas_function.__module__}}))
         """,
@@ -151,7 +151,7 @@ def test_a_folder_with_a_file_named_like_an_installed_package_shadows_nothing(
     result = _in_subprocess(
         f"""
         import json, os
-        from resources.config import load_config
+        from resources.config.pipeline_config import load_config
         load_config({str(path)!r}).load_transform()
         import gql
         print(json.dumps({{"gql": gql.__file__, "env": os.environ.get("PYTHONPATH")}}))
@@ -223,8 +223,8 @@ def test_two_pipelines_whose_transform_modules_share_a_name_are_refused(tmp_path
     _write(tmp_path / "conf" / "b", "orders_transform.py", "def transform(df):\n  2\n")
     code = f"""
         import json
-        from ledger.errors import ConfigError
-        from resources.transforms import load_transform
+        from ledger.core.errors import ConfigError
+        from resources.config.transforms import load_transform
         load_transform({str(first)!r} + ":transform")
         try:
             load_transform({str(tmp_path / "conf" / "b" / "orders_transform.py")!r} + ":transform")
@@ -250,7 +250,7 @@ def test_the_transform_reaches_a_python_that_cannot_import_its_folder(tmp_path: 
         f"""
         import json
         from pyspark import cloudpickle
-        from resources.config import load_config
+        from resources.config.pipeline_config import load_config
         function = load_config({str(path)!r}).load_transform().pandas_function
         open({str(pickled)!r}, "wb").write(cloudpickle.dumps(function))
         print(json.dumps({{}}))

@@ -1,4 +1,5 @@
-"""The coordinator (ledger/two_phase.py) against in-memory fakes of Kafka, Spark and Delta,
+"""The coordinator (ledger/coordinator/two_phase.py) against in-memory fakes of Kafka, Spark and
+Delta,
 with a real SQLite ledger. The tests with the real components live elsewhere."""
 
 from __future__ import annotations
@@ -12,17 +13,18 @@ from typing import Any
 
 import pytest
 
-from ledger.batch import Batch, BatchKind, StagedFile, utcnow
-from ledger.errors import (
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.batch import Batch, BatchKind, StagedFile, utcnow
+from ledger.core.errors import (
     BusyError,
     DataLossError,
     FencedError,
     InconsistencyError,
     RefusedBatchError,
 )
-from ledger.protocol import Available, BatchState, OffsetRange, Owner
-from ledger.store import LedgerStore
-from ledger.two_phase import StageOutput, TwoPhaseCommit
+from ledger.core.ports import StageOutput
+from ledger.core.protocol import Available, BatchState, OffsetRange, Owner
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.fakes import TOPIC, FakePublisher, FakeSource, FakeStager
 
 S = BatchState
@@ -1083,7 +1085,7 @@ def test_a_publish_refused_as_out_of_order_alerts_and_leaves_the_batch_prepared(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An output that refuses the batch (a PostgreSQL output's compare-and-set: out of order,
-    derived/postgres.py) is a protocol violation: the pipeline stops with an alert and the
+    resources/postgres/outputs.py) is a protocol violation: the pipeline stops with an alert and the
     batch waits PREPARED, never skipped."""
     voted(tpc)
 

@@ -1,4 +1,5 @@
-"""ledger/two_phase.py on several topics (ledger/topics_coordinator.py), on in-memory edges:
+"""ledger/coordinator/two_phase.py on several topics (ledger/coordinator/topics.py), on in-memory
+edges:
 one batch is one checkpoint over every topic; a topic that newly matches the pattern joins
 from the starting offsets; a re-created or vanished topic stops planning naming it; and a
 batch is staged, re-staged and recovered over exactly the ranges and ids it was planned on.
@@ -8,13 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from ledger.backfill import BackfillMode, plan_backfill
-from ledger.decisions import DecisionKind, Request, record_decision
-from ledger.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
-from ledger.protocol import Available, BatchState, OffsetRange
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
-from resources.topic_selection import TopicSelection
+from ledger.coordinator.backfill import plan_backfill
+from ledger.coordinator.decisions import record_decision
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.backfill import BackfillMode
+from ledger.core.decisions import DecisionKind, Request
+from ledger.core.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
+from ledger.core.protocol import Available, BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
+from resources.kafka.topic_selection import TopicSelection
 from tests.fixtures.fake_topics import FakeTopicsSource, TopicsStager
 from tests.fixtures.fakes import FakePublisher
 

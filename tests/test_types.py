@@ -30,10 +30,10 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from derived.invariants import aggregate_differences, recompute_aggregate
-from jobs.pipeline import build
-from resources.config import load_config
-from resources.delta import Compaction, DeltaTarget
+from jobs.derived.invariants import aggregate_differences, recompute_aggregate
+from jobs.wiring.pipeline import build
+from resources.config.pipeline_config import load_config
+from resources.delta.table import Compaction, DeltaTarget
 from tests.fixtures.pipeline import assert_exactly_once
 
 TRANSFORM = "tests.transforms:every_type"

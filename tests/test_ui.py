@@ -38,13 +38,13 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 from jobs.examples.sample_data import pageviews
-from jobs.pipeline import build
-from ledger.crash import CRASH_EXIT_CODE
-from ledger.protocol import PUBLISHED
-from ledger.store import LedgerStore
+from jobs.wiring.pipeline import build
+from ledger.coordinator.crash import CRASH_EXIT_CODE
+from ledger.core.protocol import PUBLISHED
+from ledger.store.ledger_store import LedgerStore
 from orchestration.tags import BATCH_TAG, REJECTED_TAG
-from resources.config import PipelineConfig, load_config
-from resources.kafka import KafkaClient
+from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.kafka.client import KafkaClient
 from tests.fixtures.dagster_ui import (
     ARTIFACTS,
     CHROMIUM_ARGS,

@@ -1,4 +1,4 @@
-"""derived/window_dates.py and the MERGE of an aggregate partitioned by its window's date,
+"""resources/delta/window_dates.py and the MERGE of an aggregate partitioned by its window's date,
 against real delta-rs (no Spark): the day is the declared zone's, and a config whose
 partitioning is not the table's is refused before any row moves."""
 
@@ -11,11 +11,11 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-from derived.merge import merge_aggregate
-from derived.spec import AggregateOutput
-from derived.window_dates import window_date
-from ledger.errors import ConfigError, RefusedBatchError
-from resources.delta import DeltaTarget
+from ledger.core.errors import ConfigError, RefusedBatchError
+from resources.config.derived_spec import AggregateOutput
+from resources.delta.merge import merge_aggregate
+from resources.delta.table import DeltaTarget
+from resources.delta.window_dates import window_date
 
 WINDOW_DATE = {"name": "window_date", "date_of": "window_start", "time_zone": "Europe/Paris"}
 

@@ -1,4 +1,4 @@
-"""The shipped example transform again, in pandas (jobs/pandas_transform.py).
+"""The shipped example transform again, in pandas (jobs/stage/pandas_transform.py).
 
 Same input, same columns and the same `_error` texts as the Spark transform
 (jobs/examples/pageviews.py), so either can be named in a config: `transform:
@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from jobs.pandas_transform import pandas_transform
+from jobs.stage.pandas_transform import pandas_transform
 
 FIELDS = ("event_id", "app", "user", "url", "ts")
 

@@ -10,9 +10,9 @@ that code records them; tests/test_store_topics.py reads them with today's code.
 
 import sys
 
-from ledger.protocol import Available
-from ledger.store import LedgerStore
-from ledger.two_phase import TwoPhaseCommit
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.protocol import Available
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.fakes import FakeSource, wired
 
 store = LedgerStore(f"sqlite:///{sys.argv[1]}")

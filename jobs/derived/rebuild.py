@@ -1,0 +1,182 @@
+"""Building a derived output's Delta table from the raw table: `exactly derived rebuild`.
+
+A derived output is kept by merging each batch's partial (resources/delta/merge.py), so it holds
+the batches it saw and nothing before them. An output added to a pipeline that already has
+history, or whose table was deleted, would start from the next batch and stay short of its
+recomputation for ever: every count low, every key written before it missing. The
+publisher therefore refuses to merge into an output that holds no batch of an application
+id the raw table holds batches of (jobs/publish/delta_publisher.py `check_not_behind`), before the
+vote and again at the commit, and this module is the way out of that refusal.
+
+`rebuild_output` reads ONE snapshot of the raw table (its rows and its application
+transactions: the live application id's last batch and its backfill's), recomputes the
+output over those rows with the check's own pure functions (jobs/derived/invariants.py: what is
+written is what the check compares against), and writes the table in ONE commit that
+carries the output's application transactions at the raw snapshot's batch ids. From then on
+the output is exactly where the raw table was: the next batch of each application id
+merges on top, a batch the snapshot already held is skipped by the output's version check.
+
+The failure cases it handles:
+- A pipeline running beside the rebuild: its batches are refused at the output until the
+  rebuild commits (the output holds no batch), so nothing is merged into a table the
+  rebuild then overwrites; a batch refused at the commit stays PREPARED (it must finish,
+  invariant 5) and the recovery publishes it once the rebuild landed, on top of the
+  rebuilt table (its id is past the snapshot's, since the raw table is published last).
+- A crash during the rebuild: the table is written in one commit, so it either exists with
+  its application transactions or the output is as it was; running the rebuild again is
+  safe.
+- Two rebuilds at once: both commit to the table's next version; one wins, the other
+  fails its commit and reports it. Its rerun finds the output holding batches and refuses.
+- An output that already holds batches is never rebuilt over: the MERGEs it holds would be
+  overwritten by a snapshot older than them only if the raw table lagged, and a rebuild
+  that silently rewound an output is the one error this module must not make. Delete the
+  table (the pipeline stopped) to rebuild it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from jobs.derived.invariants import latest_records, raw_table_rows, recompute_aggregate
+from ledger.core.errors import CONFIG_PLACEHOLDER, InconsistencyError, RefusedBatchError
+from resources.config.derived_spec import DELETED, AggregateOutput, UpsertOutput
+from resources.delta.table import METADATA_KEY, DeltaTarget
+from resources.delta.window_dates import with_window_dates
+
+
+@dataclass(frozen=True)
+class Rebuilt:
+    """What a rebuild wrote: the output's table version, the raw table's version it was
+    computed from, the batch id it holds per application id, and its row count."""
+
+    name: str
+    version: int
+    raw_version: int
+    holds: dict[str, int]
+    rows: int
+
+
+def behind_reason(
+    spec: AggregateOutput | UpsertOutput,
+    output: DeltaTarget,
+    raw: DeltaTarget,
+    app_id: str,
+) -> str | None:
+    """Why merging a batch of `app_id` into the output would leave it short for ever, or
+    None: the raw table holds batches of `app_id` and the output none (its table is new or
+    was deleted)."""
+    raw_holds = raw.transaction_version(app_id)
+    if raw_holds is None or output.transaction_version(spec.app_id(app_id)) is not None:
+        return None
+    return (
+        f"derived output {spec.name} ({output.uri}) holds no batch of {app_id}, but the raw "
+        f"table holds batches up to {raw_holds}: the output is new on a pipeline with "
+        "history, or its table was deleted, and merging from here would leave it short for "
+        "ever; build it from the raw table first: `exactly derived rebuild -c "
+        f"{CONFIG_PLACEHOLDER} {spec.name}` (batches wait until then, nothing is lost)"
+    )
+
+
+def rebuild_output(
+    spec: AggregateOutput | UpsertOutput,
+    output: DeltaTarget,
+    raw: DeltaTarget,
+    app_ids: Sequence[str],
+    *,
+    topic_id: str | None = None,
+    empty: bool = False,
+) -> Rebuilt:
+    """Write the output's table from one snapshot of the raw table (module docstring); with
+    `empty`, with no row but the same application transactions: the output then holds only
+    what the pipeline publishes from now on, the way an upsert output starts again after its
+    topic was re-created (docs/derived-tables.md "Topic re-created").
+
+    An upsert is refused a full rebuild over a raw table that holds records of another
+    incarnation of the topic than `topic_id`, Kafka's current one (the commits' `topic_id`,
+    invariant 10): the re-created topic's offsets restart at 0, so ordering every raw row by
+    (partition, offset) would let the old topic's records win over the new one's."""
+    held = {a: v for a in app_ids if (v := output.transaction_version(spec.app_id(a))) is not None}
+    if held:
+        holds = ", ".join(f"{a} up to batch {v}" for a, v in held.items())
+        raise InconsistencyError(
+            f"derived output {spec.name} ({output.uri}) already holds batches ({holds}); a "
+            "rebuild only builds an output that holds none. To rebuild it anyway, stop the "
+            "pipeline and delete the table first"
+        )
+    snapshot = raw.load()
+    if snapshot is None:
+        raise RefusedBatchError(
+            f"derived output {spec.name}: the raw table {raw.uri} does not exist yet, so "
+            "there is nothing to build from; the output fills from the first batch"
+        )
+    raw_version = snapshot.version()
+    holds = {a: v for a in app_ids if (v := snapshot.transaction_version(a)) is not None}
+    if empty:
+        rows = snapshot.to_pyarrow_dataset().schema.empty_table()
+    else:
+        if isinstance(spec, UpsertOutput):
+            _check_one_incarnation(spec, raw, app_ids, topic_id)
+        rows = snapshot.to_pyarrow_table()
+    table = _recomputed(rows, spec)
+    # an aggregate partitioned by its window's date is written so, as its MERGEs write it
+    partitions = spec.partition_by if isinstance(spec, AggregateOutput) else []
+    table = with_window_dates(table, partitions)
+    properties = CommitProperties(
+        app_transactions=[Transaction(spec.app_id(a), v) for a, v in holds.items()],
+        custom_metadata={
+            METADATA_KEY: {"rebuild": spec.name, "raw_version": raw_version, "holds": holds}
+        },
+        max_commit_retries=0,
+    )
+    existing = output.load()
+    write_deltalake(
+        output.uri,
+        table,
+        mode="overwrite" if existing is not None else "error",
+        schema_mode="overwrite" if existing is not None else None,
+        partition_by=[c.name for c in partitions] or None,
+        storage_options=output.storage_options or None,
+        commit_properties=properties,
+    )
+    after = output.load()
+    assert after is not None
+    return Rebuilt(spec.name, after.version(), raw_version, holds, table.num_rows)
+
+
+def _check_one_incarnation(
+    spec: UpsertOutput, raw: DeltaTarget, app_ids: Sequence[str], topic_id: str | None
+) -> None:
+    seen = {
+        str(entry.get("topic_id"))
+        for app_id in app_ids
+        for entry in raw.committed_batches(app_id)
+        if entry.get("topic_id")
+    }
+    others = seen - {topic_id} if topic_id is not None else set()
+    if len(seen) > 1 or others:
+        raise InconsistencyError(
+            f"derived output {spec.name}: the raw table holds records of incarnation(s) "
+            f"{', '.join(sorted(others or seen))} of the topic, now {topic_id} (it was "
+            "re-created), and the offsets of each start at 0; "
+            "an upsert rebuilt over all of them would let the old topic's records win. Start "
+            "it empty instead (`exactly derived rebuild --empty`): it then holds the new "
+            "topic's records from the next batch on"
+        )
+
+
+def _recomputed(rows: pa.Table, spec: AggregateOutput | UpsertOutput) -> pa.Table:
+    """The output's rows over the raw rows, in the schema the stage's partials have (every
+    column nullable, as Spark reads Parquet back; an upsert's `_deleted` never null, as the
+    publisher's schema check expects), so the next batch's MERGE finds the table it would
+    have made itself."""
+    if isinstance(spec, AggregateOutput):
+        table = recompute_aggregate(rows, spec)
+    else:
+        table = latest_records(raw_table_rows(rows), spec)
+    upsert = isinstance(spec, UpsertOutput)
+    fields = [f.with_nullable(not (upsert and f.name == DELETED)) for f in table.schema]
+    return table.cast(pa.schema(fields))

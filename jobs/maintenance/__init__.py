@@ -1,0 +1,1 @@
+"""Maintenance: the cleaner of staged files no batch can still need."""

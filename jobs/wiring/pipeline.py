@@ -1,0 +1,216 @@
+"""One pipeline config's coordinators, wired to the edges they share.
+
+A `Pipeline` opens each edge once (the ledger store, the Kafka client, the Spark session, the
+pair of Delta tables) and holds the coordinators that run on them: the live one, and one per
+backfill transform. `close()` disposes of what it opened. The CLI opens one per command and
+the Dagster code location one per process (orchestration/resources.py), so both run the same
+code. `build` and `build_backfill` hand out a single coordinator for short-lived callers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import cached_property
+from types import TracebackType
+from typing import Any
+
+from jobs.publish.delta_publisher import DeltaPublisher
+from jobs.sources.topics_source import offset_source_for
+from jobs.stage.spark_stager import SharedSpark, SparkStager
+from ledger.coordinator.backfill import plan_backfill
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.backfill import BackfillMode, backfill_app_id
+from ledger.core.batch import Batch, BatchKind
+from ledger.core.ports import Incident
+from ledger.store.ledger_store import LedgerStore
+from resources.config.pipeline_config import PipelineConfig
+from resources.kafka.client import KafkaClient
+from resources.object_storage import storage
+from resources.spark.progress import ProgressSink
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+class Pipeline:
+    """The live and backfill coordinators of one pipeline config, on shared edges."""
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        *,
+        spark_factory: Callable[[], Any] | None = None,
+        log: Callable[[str], None] = _quiet,
+        progress: ProgressSink | None = None,
+    ) -> None:
+        self.config = config
+        self.log = log
+        self.progress = progress
+        # a bucket that is missing or refuses us fails here, not after a batch was staged
+        storage.check_buckets([config.delta.table_uri, config.delta.quarantine_uri])
+        self.store = LedgerStore(config.ledger.url)
+        self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
+        self.source = offset_source_for(self.kafka, config.kafka, config.group_id)
+        self.publisher = DeltaPublisher.for_config(config)
+        # a PostgreSQL output's server that refuses us or does not answer fails here too
+        for output in self.publisher.postgres.values():
+            output.check_reachable()
+        self.spark = spark_factory or SharedSpark.for_config(config)
+        self._backfills: dict[str, TwoPhaseCommit] = {}
+        self._lock = threading.Lock()
+
+    @cached_property
+    def live(self) -> TwoPhaseCommit:
+        """The coordinator of the live batches (built on first use, loading the transform)."""
+        return self._coordinator(self.config, self.config.app_id, BatchKind.LIVE)
+
+    def backfill(self, transform: str | None = None) -> TwoPhaseCommit:
+        """The coordinator of the pipeline's backfills through `transform` (default: the
+        pipeline's), built on first use.
+
+        Backfills have an application id of their own, so their Delta transaction versions
+        never collide with the live pipeline's.
+        """
+        spec = transform or self.config.transform
+        with self._lock:
+            if spec not in self._backfills:
+                config = self.config.model_copy(update={"transform": spec})
+                app_id = backfill_app_id(self.config.pipeline)
+                self._backfills[spec] = self._coordinator(config, app_id, BatchKind.BACKFILL)
+            return self._backfills[spec]
+
+    def coordinator_for(self, batch: Batch) -> TwoPhaseCommit:
+        """The coordinator that owns `batch`, so live batches and reprocessing (replace
+        backfill) batches can flow through the same steps."""
+        if batch.kind == BatchKind.BACKFILL:
+            return self.backfill(batch.params.get("transform"))
+        return self.live
+
+    def recover(self, planning: BatchKind = BatchKind.LIVE) -> list[Batch]:
+        """Finish every voted batch of the pipeline, live and backfill alike, and abandon
+        every dead one that did not vote; the batches finished or abandoned. Every start
+        calls this before it plans (invariant 5): `exactly run`, `recover` and `backfill`,
+        the Dagster ops. Each application id rebuilds its own batches from the outputs'
+        logs first, so a lost ledger is rebuilt for both (invariants 7 and 12).
+
+        Order: the application id the caller does not plan on first, without waiting for
+        batches whose owner may be alive (a live run does not wait for a backfill running
+        beside it, nor a backfill for the live run); the one it plans on last, waiting
+        (BusyError) as before. Any order keeps the invariants, because the two never
+        publish the same rows: a live batch takes offsets past the live positions, a fill
+        only offsets before the live start or skipped, a replace only offsets a committed
+        batch holds, and each output applies a batch once by its own application
+        transaction. Finishing the other application id first means a start that must wait
+        for its own still finishes what a dead backfill left (docs/protocol.md).
+        """
+        live, backfills = self.live, self.backfill()
+        first, last = (backfills, live) if planning is BatchKind.LIVE else (live, backfills)
+        finished = first.recover_and_commit(wait=False)
+        return [*finished, *last.recover_and_commit()]
+
+    def recover_backfills(self) -> list[Batch]:
+        """Finish the voted backfill batches whose owner is gone, abandon the dead ones that
+        did not vote: what `recover` does for the backfills' application id, for a
+        continuous run to do between its batches (jobs/wiring/continuous.py `sweep`)."""
+        return self.backfill().recover_and_commit(wait=False)
+
+    def reprocess(self, batch: Batch) -> Batch | None:
+        """Plan a replace backfill of a committed batch's offsets through the pipeline's
+        transform as the config names it now; None if the batch read nothing.
+
+        The same offsets replaced in one Delta commit, not appended again: how a transform
+        fix reaches data that is already published.
+        """
+        ranges = [r for r in batch.ranges if r.span]
+        if not ranges:
+            return None
+        replacement, _ = plan_backfill(
+            self.backfill(),
+            live_app_id=self.config.app_id,
+            mode=BackfillMode.REPLACE,
+            ranges=ranges,
+            transform=self.config.transform,
+            again=True,
+            replace_refusals=self.config.replace_refusals(),
+        )
+        return replacement
+
+    def close(self) -> None:
+        """Dispose of the ledger's engine, the PostgreSQL outputs' and the Kafka client. The
+        Spark session belongs to the process (one per process) and outlives the pipeline."""
+        self.store.dispose()
+        for output in self.publisher.postgres.values():
+            output.dispose()
+        self.kafka.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _coordinator(self, config: PipelineConfig, app_id: str, kind: BatchKind) -> TwoPhaseCommit:
+        return TwoPhaseCommit(
+            self.store,
+            pipeline=config.pipeline,
+            app_id=app_id,
+            kind=kind,
+            source=self.source,
+            stager=SparkStager(config, self.spark, self.progress),
+            publisher=self.publisher,
+            max_records_per_partition=config.batch.max_records_per_partition,
+            lease_seconds=config.batch.lease_seconds,
+            ack_retry_seconds=config.batch.ack_retry_seconds,
+            starting_offsets=config.kafka.starting_offsets,
+            log=self.log,
+            alert=self.alert,
+        )
+
+    def alert(self, incident: Incident) -> None:
+        """Send a coordinator's incident (a vote that lost files, ...) to the pipeline's
+        alert sinks (config `alerts`: the log, and a webhook or Slack when configured), so
+        the CLI and Dagster runs both tell someone. A sink that fails is logged; the
+        batch goes on."""
+        from resources.alerts.webhook import Alert, AlertsResource  # dagster: only when alerting
+
+        settings = self.config.alerts
+        sinks = AlertsResource(
+            webhook_url_env=settings.webhook_url_env,
+            slack_token_env=settings.slack_token_env,
+            slack_channel=settings.slack_channel,
+            slack_api_url=settings.slack_api_url,
+        )
+        alert = Alert(
+            incident.kind, self.config.pipeline, incident.title, incident.text, incident.details
+        )
+        sinks.send(alert, self.log)
+
+
+def build(
+    config: PipelineConfig,
+    *,
+    spark_factory: Callable[[], Any] | None = None,
+    log: Callable[[str], None] = _quiet,
+) -> TwoPhaseCommit:
+    """The live coordinator of a Pipeline nobody closes: for a caller that uses it until its
+    process ends (tests, the benchmark)."""
+    return Pipeline(config, spark_factory=spark_factory, log=log).live
+
+
+def build_backfill(
+    config: PipelineConfig,
+    *,
+    transform: str | None = None,
+    spark_factory: Callable[[], Any] | None = None,
+    log: Callable[[str], None] = _quiet,
+) -> TwoPhaseCommit:
+    """The backfill coordinator (through `transform`, default the pipeline's) of a Pipeline
+    nobody closes, as `build`."""
+    return Pipeline(config, spark_factory=spark_factory, log=log).backfill(transform)

@@ -1,0 +1,128 @@
+"""Recording an operator's decision through the coordinator: the I/O around the pure
+rules of ledger/core/decisions.py, decided again inside the ledger transaction that records
+the decision."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from ledger.coordinator.topics import read_topics, reads_several_topics
+from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.decisions import (
+    Decision,
+    DecisionKind,
+    Request,
+    check_new_topic,
+    lost_offsets_skips,
+    new_decision_id,
+    resume_skips,
+)
+from ledger.core.errors import DecisionError
+from ledger.core.protocol import Available, OffsetRange, Positions
+
+
+def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime) -> Decision:
+    """Check `request` against Kafka, the table and the ledger, and record it; or refuse.
+
+    Voted batches are finished first and dead attempts abandoned (as before any plan), so the
+    decision applies to positions nothing is still reading; a resume-at skips that step,
+    because recovery rebuilds from the Delta log, which is what it stands in for. The rule is
+    decided again inside the ledger transaction that records it, on the positions read there.
+    """
+    if not request.reason.strip():
+        raise DecisionError("--reason must say why: it is recorded with the decision")
+    if request.kind is not DecisionKind.RESUME_AT:
+        tpc.recover_and_commit()
+    topic, current_id, available, several = _decision_topic(tpc, request)
+    reach: Mapping[int, int] = {}
+    floor = None
+    read_before = tpc.store.topic_ids_read(tpc.app_id)
+    if request.kind is DecisionKind.RESUME_AT:
+        reach = tpc.publisher.rows_reach(topic)
+        floor = tpc.publisher.committed_version(tpc.app_id)
+
+    def decide(positions: Positions, after_batch_id: int) -> Decision:
+        skipped: list[OffsetRange] = []
+        resumed: Mapping[int, int] = {}
+        forced = False
+        if request.kind is DecisionKind.LOST_OFFSETS:
+            skipped = lost_offsets_skips(
+                topic, positions, available, current_id,
+                partition=request.partition, to=request.to, force=request.force,
+            )  # fmt: skip
+            forced = any(r.end > available[r.partition].earliest for r in skipped)
+        elif request.kind is DecisionKind.NEW_TOPIC:
+            check_new_topic(
+                topic,
+                positions,
+                current_id,
+                request.topic_id or "",
+                read_before=read_before,
+                force=request.force,
+                upsert_outputs=request.upsert_outputs,
+            )
+            forced = request.force and (positions.topic_id is None or current_id in read_before)
+        elif request.kind is DecisionKind.RESUME_AT:
+            skipped = resume_skips(topic, request.positions, available, reach, force=request.force)
+            resumed = dict(request.positions)
+            forced = request.force
+        else:
+            raise DecisionError(f"{request.kind} is recorded by exactly only")
+        return Decision(
+            id=new_decision_id(),
+            pipeline=tpc.pipeline,
+            app_id=tpc.app_id,
+            kind=request.kind,
+            topic=topic,
+            topic_id=current_id,
+            previous_topic_id=positions.topic_id,
+            after_batch_id=after_batch_id,
+            reason=request.reason.strip(),
+            decided_by=request.decided_by,
+            decided_at=decided_at,
+            skipped=tuple(skipped),
+            positions=resumed,
+            previous_positions=dict(positions),
+            forced=forced,
+        )
+
+    return tpc.store.record_decision(
+        pipeline=tpc.pipeline,
+        app_id=tpc.app_id,
+        decide=decide,
+        floor_batch_id=floor,
+        topic=topic if several else None,
+    )
+
+
+def _decision_topic(
+    tpc: TwoPhaseCommit, request: Request
+) -> tuple[str, str, Mapping[int, Available], bool]:
+    """The topic a decision is about, its id and offsets now, and whether the pipeline reads
+    several topics (then the decision names one, and moves only that topic's positions)."""
+    source = tpc.source
+    if not reads_several_topics(source):
+        topic = source.topic  # type: ignore[union-attr]
+        if request.topic not in (None, topic):
+            raise DecisionError(f"--topic: pipeline {tpc.pipeline} reads topic {topic} only")
+        current_id, available = tpc.read_topic()
+        return topic, current_id, available, False
+    topics = source.topics()  # type: ignore[union-attr]
+    if request.kind is DecisionKind.RESUME_AT:
+        raise DecisionError(
+            f"resume-at: pipeline {tpc.pipeline} reads several topics, and resume-at is "
+            "built for one topic only"
+        )
+    if request.topic is None:
+        raise DecisionError(
+            f"--topic: pipeline {tpc.pipeline} reads several topics ({', '.join(topics)}): "
+            "name the one the decision is about"
+        )
+    if request.topic not in topics:
+        raise DecisionError(
+            f"--topic: pipeline {tpc.pipeline} does not read topic {request.topic} now (it "
+            f"reads {', '.join(topics) or 'none'})"
+        )
+    read = read_topics(source, [request.topic])[request.topic]  # type: ignore[arg-type]
+    return request.topic, read.topic_id, read.available, True

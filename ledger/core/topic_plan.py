@@ -1,0 +1,173 @@
+"""One batch's ranges across every topic a pipeline reads (pure; no I/O).
+
+A batch is one checkpoint (docs/protocol.md): with several topics, every matched topic's
+partitions get their range in the same batch, planned at one instant, each recorded with
+its topic's id (KIP-516). So a re-stage after a crash reads the very ranges the vote was
+planned on, whatever topics a pattern matches by then, and a commit either holds every
+topic's share of the batch or none of it.
+
+The per-topic rules are the single-topic ones of ledger/core/protocol.py, applied topic by
+topic: positions continue where the last batch ended (invariant 1), a re-created topic is
+refused until an operator accepts it (invariant 10), offsets retention deleted are a loud
+error (invariant 8). What is new is only what several topics add:
+
+- a topic the pipeline has no positions for yet (listed, or newly matching the pattern)
+  starts at `starting_offsets`, like a partition added to a single topic;
+- a topic that has positions but is not read any more (deleted, so the pattern no longer
+  finds it, or dropped from `kafka.topics`) stops the plan: its unread records would
+  otherwise be lost without anyone deciding so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ledger.core.decisions import Decision, apply_decisions
+from ledger.core.errors import TopicChangedError
+from ledger.core.protocol import (
+    Available,
+    OffsetRange,
+    Positions,
+    check_contiguous,
+    check_topic_identity,
+    plan_ranges,
+    worth_planning,
+)
+
+
+@dataclass(frozen=True)
+class TopicRead:
+    """One topic as Kafka reports it now: its id and every partition's offsets, the id
+    read before and after the offsets and found the same (protocol.check_topic_steady)."""
+
+    topic_id: str
+    available: Mapping[int, Available]
+
+
+@dataclass(frozen=True)
+class TopicPlan:
+    """The next batch's ranges on every topic, and the id each topic was planned on."""
+
+    ranges: tuple[OffsetRange, ...]
+    topic_ids: Mapping[str, str]
+    #: whether the ranges are worth a batch (protocol.worth_planning, on any topic)
+    worth_planning: bool
+
+
+def positions_by_topic(
+    ranges: Iterable[OffsetRange], topic_ids: Mapping[str, str | None]
+) -> dict[str, Positions]:
+    """The next offset per partition of each topic, from the ranges of the newest batch
+    that holds a range, each topic with the id its ranges were recorded with (None for
+    ranges recorded before exactly stored topic ids)."""
+    offsets: dict[str, dict[int, int]] = {}
+    for rng in ranges:
+        offsets.setdefault(rng.topic, {})[rng.partition] = rng.end
+    return {
+        topic: Positions(by_partition, topic=topic, topic_id=topic_ids.get(topic))
+        for topic, by_partition in offsets.items()
+    }
+
+
+def apply_topic_decisions(
+    held: Mapping[str, Positions], last_batch_id: int | None, decisions: Iterable[Decision]
+) -> dict[str, Positions]:
+    """Each topic's positions once the decisions taken about it since the last batch apply
+    (ledger/core/decisions.py apply_decisions, topic by topic: a decision names its topic, and
+    moves only that topic's positions). A topic only a decision knows (accepted before it
+    was ever read) gets the positions the decision leaves."""
+    decisions = list(decisions)
+    topics = sorted(set(held) | {d.topic for d in decisions if d.topic})
+    return {
+        topic: apply_decisions(
+            held.get(topic) or Positions(topic=topic),
+            last_batch_id,
+            [d for d in decisions if d.topic == topic],
+        )
+        for topic in topics
+    }
+
+
+def decisions_of(positions: Mapping[str, Positions]) -> list[Decision]:
+    """Every decision the positions were moved by, oldest first: the batch planned on them
+    records them and its commit carries them (invariant 15)."""
+    found = {d.id: d for p in positions.values() for d in p.decisions}
+    return sorted(found.values(), key=lambda d: (d.after_batch_id, d.decided_at))
+
+
+def check_contiguous_by_topic(
+    positions: Mapping[str, Positions], ranges: Sequence[OffsetRange], batch: str
+) -> None:
+    """protocol.check_contiguous, topic by topic: partition 0 of one topic and partition 0
+    of another are two positions (invariant 1)."""
+    for topic in sorted({r.topic for r in ranges}):
+        held = positions.get(topic) or Positions(topic=topic)
+        check_contiguous(held, [r for r in ranges if r.topic == topic], batch)
+
+
+def plan_topics(
+    topics: Sequence[str],
+    positions: Mapping[str, Positions],
+    reads: Mapping[str, TopicRead],
+    *,
+    max_records_per_partition: int,
+    starting_offsets: str = "earliest",
+) -> TopicPlan:
+    """Fix the next batch's range for every partition of every topic in `topics` (the
+    selection resolved now, resources/kafka/topic_selection.py), from `positions` (per topic)
+    and what Kafka reported (`reads`, per topic, read at one planning instant).
+
+    Raises TopicChangedError naming the topic when one of them cannot be continued, and
+    DataLossError (from protocol.plan_ranges) naming the partition whose offsets are gone.
+    """
+    check_nothing_left_behind(topics, positions)
+    ranges: list[OffsetRange] = []
+    worth = False
+    for topic in topics:
+        read = reads[topic]
+        held = positions.get(topic) or Positions(topic=topic)
+        check_topic_identity(topic, held, read.topic_id, name_topic=True)
+        planned = plan_ranges(
+            topic,
+            held,
+            read.available,
+            max_records_per_partition,
+            starting_offsets,
+            name_topic=True,
+        )
+        worth = worth or worth_planning(planned, held, starting_offsets)
+        ranges.extend(planned)
+    return TopicPlan(tuple(ranges), {topic: reads[topic].topic_id for topic in topics}, worth)
+
+
+def check_nothing_left_behind(topics: Sequence[str], positions: Mapping[str, Positions]) -> None:
+    """Every topic with stored positions must still be read: one that is not (deleted, so a
+    pattern no longer finds it; or dropped from the config's list) would leave its unread
+    records behind silently (invariant 8)."""
+    for topic in sorted(set(positions) - set(topics)):
+        held = positions[topic]
+        raise TopicChangedError(
+            f"topic {topic}: the ledger holds positions on it ({_where(held)}, id "
+            f"{held.topic_id or 'not recorded'}) but the pipeline no longer reads it (the "
+            "topic was deleted, or the config no longer names it); nothing was planned. "
+            "Re-create the topic or restore the config to read it on"
+        )
+
+
+def check_one_topic(app_id: str, ranges: Iterable[OffsetRange]) -> None:
+    """One-topic positions (partition -> offset) may only be read from a batch on one
+    topic: merging several topics' partitions would take one topic's end for another's
+    (records read twice or skipped), and the batch's ids for 'none recorded' (adopted
+    silently). A config back on `kafka.topic` after a batch on several topics stops here."""
+    topics = sorted({r.topic for r in ranges})
+    if len(topics) > 1:
+        raise TopicChangedError(
+            f"the ledger's last batch of {app_id} read topics {', '.join(topics)}, but the "
+            "config reads one topic (kafka.topic); nothing was planned. Read them on with "
+            f"kafka.topics: [{', '.join(topics)}]"
+        )
+
+
+def _where(positions: Positions) -> str:
+    return ", ".join(f"partition {p} at {o}" for p, o in sorted(positions.items()))

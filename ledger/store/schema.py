@@ -1,0 +1,234 @@
+"""The ledger's tables and how to connect to them: SQLite file or PostgreSQL.
+
+Apart from the store so the database layout can be read (and versioned) on its own, and so
+the engine settings that the store's guarantees rest on (durable SQLite commits, writers
+that queue, errors that never show a password) sit in one place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from ledger.core.errors import ConfigError, UnreachableError
+
+#: Bump with every schema change; a ledger written by a newer exactly is refused, an older
+#: one is migrated in place (`_migrate`).
+#: 2: topic ids on ranges, the decisions a batch was planned on, the decisions table.
+#: 3: a voted file's target holds `derived:<name>` (a derived output's, name up to 128).
+SCHEMA_VERSION = 3
+
+metadata = sa.MetaData()
+
+meta_table = sa.Table(
+    "exactly_meta",
+    metadata,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.String(256), nullable=False),
+)
+
+batches_table = sa.Table(
+    "exactly_batches",
+    metadata,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("pipeline", sa.String(255), nullable=False, index=True),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("attempt", sa.Integer, nullable=False),
+    sa.Column("token", sa.String(32), nullable=False),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("prepared_at", sa.DateTime(timezone=True)),
+    sa.Column("committed_at", sa.DateTime(timezone=True)),
+    sa.Column("table_version", sa.BigInteger),
+    sa.Column("error", sa.Text),
+    sa.Column("schemas", sa.JSON),
+    sa.Column("metrics", sa.JSON),
+    sa.Column("params", sa.JSON),
+    # version 2: the operator decisions the batch was planned on, as its commit carries them
+    sa.Column("decisions", sa.JSON),
+)
+
+ranges_table = sa.Table(
+    "exactly_ranges",
+    metadata,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("topic", sa.String(255), primary_key=True),
+    sa.Column("partition", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("start_offset", sa.BigInteger, nullable=False),
+    sa.Column("end_offset", sa.BigInteger, nullable=False),
+    # version 2: Kafka's id of the topic incarnation (KIP-516); NULL = recorded before ids
+    sa.Column("topic_id", sa.String(64)),
+    sa.ForeignKeyConstraint(
+        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
+    ),
+)
+
+files_table = sa.Table(
+    "exactly_files",
+    metadata,
+    sa.Column("app_id", sa.String(255), primary_key=True),
+    sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    # `table`, `quarantine` or `derived:<name>` (jobs/stage/staging.py derived_target)
+    sa.Column("target", sa.String(255), primary_key=True),
+    sa.Column("path", sa.String(1024), primary_key=True),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("records", sa.BigInteger, nullable=False),
+    sa.Column("modification_time", sa.BigInteger, nullable=False),
+    sa.Column("stats", sa.Text, nullable=False),
+    sa.ForeignKeyConstraint(
+        ["app_id", "batch_id"], ["exactly_batches.app_id", "exactly_batches.batch_id"]
+    ),
+)
+
+
+decisions_table = sa.Table(
+    "exactly_decisions",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(32), nullable=False, unique=True),
+    sa.Column("pipeline", sa.String(255), nullable=False),
+    sa.Column("app_id", sa.String(255), nullable=False, index=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("topic", sa.String(255), nullable=False),
+    sa.Column("topic_id", sa.String(64)),
+    sa.Column("previous_topic_id", sa.String(64)),
+    sa.Column("after_batch_id", sa.BigInteger, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("decided_by", sa.String(255), nullable=False),
+    sa.Column("decided_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("forced", sa.Boolean, nullable=False),
+    # the whole decision as ledger/core/decisions.py Decision.as_dict() writes it
+    sa.Column("body", sa.JSON, nullable=False),
+)
+
+#: Columns added to tables that existed before the version named, for `_migrate`.
+_ADDED_COLUMNS: dict[int, list[tuple[sa.Table, str]]] = {
+    2: [(ranges_table, "topic_id"), (batches_table, "decisions")],
+}
+#: Columns of existing tables whose type grew at the version named, for `_migrate`.
+_WIDENED_COLUMNS: dict[int, list[tuple[sa.Table, str]]] = {
+    3: [(files_table, "target")],
+}
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL for concurrent readers, FULL sync so a vote survives power loss, and
+    BEGIN IMMEDIATE so two writers queue instead of failing to upgrade a read lock."""
+
+    @sa.event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=FULL")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.close()
+
+    @sa.event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _mask_password(url: str) -> str:
+    """Hide `user:password@` in a URL that may not even parse: errors must not leak it."""
+    return re.sub(r"(://[^:/@]*):[^@]*@", r"\1:***@", url)
+
+
+def create_ledger_engine(url: str) -> Engine:
+    """An engine for `ledger.url`; a URL that cannot be used is a ConfigError naming it
+    (without its password) rather than a driver traceback."""
+    try:
+        parsed = sa.engine.make_url(url)
+    except Exception:
+        raise ConfigError(f"ledger.url {_mask_password(url)!r} is not a database URL") from None
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(parsed.database)), exist_ok=True)
+        engine = sa.create_engine(parsed, connect_args={"timeout": 30})
+        _configure_sqlite(engine)
+        return engine
+    try:
+        return sa.create_engine(parsed, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+    except (ImportError, sa.exc.ArgumentError) as exc:
+        raise ConfigError(f"ledger.url {parsed!r}: unsupported database: {exc}") from exc
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Create the tables if they are missing and record SCHEMA_VERSION; refuse a ledger
+    written by a newer exactly, whose rows this one might misread."""
+    safe_url = engine.url.render_as_string(hide_password=True)
+    try:
+        with engine.begin() as conn:
+            _lock_schema(conn)
+            metadata.create_all(conn)
+            row = conn.execute(
+                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
+            ).scalar_one_or_none()
+            if row is None:
+                conn.execute(
+                    meta_table.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
+                )
+            elif int(row) > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"ledger at {safe_url} has schema version {row}, newer than "
+                    f"this exactly supports ({SCHEMA_VERSION}); upgrade exactly"
+                )
+            elif int(row) < SCHEMA_VERSION:
+                _migrate(conn, int(row))
+    except IntegrityError:
+        # two processes created the schema at once; the other one won, which is fine
+        return
+    except OperationalError as exc:
+        raise UnreachableError(f"ledger database {safe_url} is unreachable: {exc.orig}") from exc
+
+
+def _lock_schema(conn: Connection) -> None:
+    """Serialise schema set-up and migration between processes opening one ledger.
+
+    SQLite already does (BEGIN IMMEDIATE); on PostgreSQL two processes would otherwise both
+    add the same column and one would fail.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended('exactly.schema', 0))"))
+
+
+def _migrate(conn: Connection, version: int) -> None:
+    """Bring a ledger written by an older exactly to SCHEMA_VERSION, in the caller's
+    transaction: new tables are already created (create_all); new columns of existing
+    tables are added here and grown ones widened (PostgreSQL; SQLite ignores lengths), new
+    columns NULL in existing rows (for a range's topic id: unknown, adopted
+    on the next plan and recorded as a decision, ledger/core/protocol.py check_topic_identity).
+    Columns that exist already are left alone, so an interrupted migration can run again.
+    """
+    inspector = sa.inspect(conn)
+    for step in range(version + 1, SCHEMA_VERSION + 1):
+        for table, name in _ADDED_COLUMNS.get(step, []):
+            present = {c["name"] for c in inspector.get_columns(table.name)}
+            if name in present:
+                continue
+            column = table.c[name]
+            kind = column.type.compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}")
+        for table, name in _WIDENED_COLUMNS.get(step, []):
+            # SQLite keeps whatever length it is given; widening again is harmless
+            if conn.dialect.name == "postgresql":
+                kind = table.c[name].type.compile(dialect=conn.dialect)
+                conn.exec_driver_sql(f"ALTER TABLE {table.name} ALTER COLUMN {name} TYPE {kind}")
+    conn.execute(
+        meta_table.update()
+        .where(meta_table.c.key == "schema_version")
+        .values(value=str(SCHEMA_VERSION))
+    )

@@ -1,0 +1,1 @@
+"""Dagster jobs and schedules for cleaning and compaction."""

@@ -1,0 +1,1 @@
+"""Alert sinks: the webhook an operator is told through when a batch is stuck."""

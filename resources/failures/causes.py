@@ -1,0 +1,429 @@
+"""What went wrong, in one line: known causes of a failure found in an exception chain.
+
+Why: a disk that fills up under a Spark write ends in a Py4J error whose text is the Java
+stack of every retry (hundreds of lines); the cause (`No space left on device`, `Mkdirs
+failed to create ...`) is one line somewhere in it. An operator, a script or an alert rule
+needs that line: the cause, and the path or the service it concerns. `classify` finds it in
+the texts of the whole chain (Python exceptions, py4j's Py4JJavaError and pyspark's captured
+or Spark Connect errors, whose text carries the Java exceptions, delta-rs errors, OSErrors,
+librdkafka errors), so the command line (exactly_cli) and Dagster's run view
+(orchestration/health/failures.py) say the same thing; what it does not know is written whole to a
+log file (`write_traceback`) and named in one line instead.
+
+`classify` is a pure function of the exception and of what the caller says it knows
+(`FailureContext`: the pipeline's locations and services). One question the texts cannot
+answer: Hadoop says `Mkdirs failed to create <path>` for a read-only file system, a folder
+not writable by this user, and a full one alike. The caller may pass a `probe` that asks the
+file system (`local_folder_problem`); without one the line says the folder could not be
+created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from resources.config.pipeline_config import PipelineConfig
+
+#: The longest part of an error's text a line quotes.
+QUOTED_CHARS = 300
+
+NO_SPACE = "no space left on device"
+READ_ONLY = "read-only file system"
+NOT_WRITABLE = "permission denied"
+CANNOT_CREATE = "cannot create folder"
+NOT_DELTA = "not a Delta table"
+SPARK_OOM = "Spark ran out of memory"
+PYTHON_OOM = "out of memory"
+EXECUTOR_LOST = "a Spark executor was lost"
+SPARK_GONE = "the Spark driver (JVM) stopped"
+KAFKA_AUTHORIZATION = "Kafka refused authorization"
+
+#: What each cause asks of the operator; every line ends with it.
+ADVICE: dict[str, str] = {
+    NO_SPACE: "free space there, then run again (nothing is lost: the batch is taken up again)",
+    READ_ONLY: "make it writable, then run again (nothing is lost: the batch is taken up again)",
+    NOT_WRITABLE: (
+        "give this user access there, then run again (nothing is lost: the batch is taken up again)"
+    ),
+    CANNOT_CREATE: (
+        "check that the folder is writable and has space, then run again (nothing is lost: "
+        "the batch is taken up again)"
+    ),
+    NOT_DELTA: "point the config at a Delta table's folder, or at a new or empty one",
+    SPARK_OOM: (
+        "give Spark more memory (spark.conf: spark.driver.memory, spark.executor.memory) or "
+        "read fewer records per batch (batch.max_records_per_partition), then run again"
+    ),
+    PYTHON_OOM: (
+        "read fewer records per batch (batch.max_records_per_partition) or give the process "
+        "more memory, then run again"
+    ),
+    EXECUTOR_LOST: (
+        "see the Spark cluster's logs for why (often memory); the batch is taken up again by "
+        "the next run"
+    ),
+    SPARK_GONE: (
+        "see the Spark log for why (often memory: the kernel's OOM killer); the batch is "
+        "taken up again by the next run"
+    ),
+    KAFKA_AUTHORIZATION: (
+        "grant the pipeline's principal the ACLs it needs (read on the topic, read on its "
+        "consumer group, describe on the cluster)"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class FailureContext:
+    """What the caller knows that an error's text may not say: where the pipeline writes
+    and which services it talks to. Every field is optional."""
+
+    #: the folders the command writes under (tables, quarantine, derived tables)
+    locations: Sequence[str] = ()
+    kafka: str | None = None
+    spark: str | None = None
+
+
+@dataclass(frozen=True)
+class KnownCause:
+    """A failure whose cause is known: the cause, where (a path or a service), what to do."""
+
+    cause: str
+    where: str
+    detail: str = ""
+
+    def line(self) -> str:
+        """`<cause>: <where> (<detail>); <advice>`: what scripts and alert rules read."""
+        detail = f" ({self.detail})" if self.detail else ""
+        advice = ADVICE.get(self.cause)
+        return f"{self.cause}: {self.where}{detail}" + (f"; {advice}" if advice else "")
+
+
+def context_of(config: PipelineConfig) -> FailureContext:
+    """The locations and services of a pipeline, for errors whose text does not name them."""
+    locations = [config.delta.table_uri, config.delta.quarantine_uri]
+    locations += [uri for d in config.derived if (uri := getattr(d, "table_uri", None))]
+    return FailureContext(
+        locations=locations, kafka=config.kafka.bootstrap_servers, spark=config.spark.master
+    )
+
+
+def chain(exc: BaseException) -> Iterator[BaseException]:
+    """`exc` and its causes and contexts, each once, outermost first."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen or len(seen) >= 32:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+
+
+def java_stack(exc: BaseException) -> str | None:
+    """The Java stack (its causes included) that pyspark keeps beside a captured or Spark
+    Connect error's text, which holds only the outermost message unless
+    spark.sql.pyspark.jvmStacktrace.enabled is set."""
+    stack = getattr(exc, "_stackTrace", None) or getattr(exc, "_stacktrace", None)
+    return stack if isinstance(stack, str) and stack.strip() else None
+
+
+def text_of(exc: BaseException) -> str:
+    """Everything an exception says: its text, which for py4j's errors holds the Java
+    exceptions and their causes too, and the Java stack pyspark keeps beside its own."""
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except Exception:  # a py4j error whose JVM is gone cannot always print itself
+        text = type(exc).__name__
+    stack = java_stack(exc)
+    return f"{text}\n{stack}" if stack and stack not in text else text
+
+
+#: An OSError's errno that names a cause on its own.
+_ERRNO_CAUSES = {
+    errno.ENOSPC: NO_SPACE,
+    errno.EDQUOT: NO_SPACE,
+    errno.EROFS: READ_ONLY,
+    errno.EACCES: NOT_WRITABLE,
+    errno.EPERM: NOT_WRITABLE,
+}
+
+#: Texts that name a cause, most specific first; the first that matches anywhere in the
+#: chain wins. Java's, Hadoop's, delta-rs's (Rust's `os error N`) and librdkafka's. (The
+#: ledger's own full or read-only SQLite file is said by ledger/store/ledger_store.py, naming the
+# ledger.)
+_TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    (
+        NO_SPACE,
+        re.compile(
+            r"No space left on device|os error 28\b|Disk quota exceeded",
+            re.I,
+        ),
+    ),
+    (
+        READ_ONLY,
+        re.compile(
+            r"Read-only file system|os error 30\b",
+            re.I,
+        ),
+    ),
+    (SPARK_OOM, re.compile(r"java\.lang\.OutOfMemoryError(?::\s*(?P<detail>[^\n]+))?")),
+    (PYTHON_OOM, re.compile(r"\bMemoryError\b[^\n]*")),
+    (
+        EXECUTOR_LOST,
+        re.compile(
+            r"ExecutorLostFailure[^\n]*|Executor heartbeat timed out[^\n]*|"
+            r"Python worker exited unexpectedly[^\n]*"
+        ),
+    ),
+    (
+        SPARK_GONE,
+        re.compile(
+            r"Answer from Java side is empty|Error while sending or "
+            r"receiving|SparkContext was shut down|Py4JNetworkError|"
+            r"Cannot call methods on a stopped SparkContext"
+        ),
+    ),
+    (
+        KAFKA_AUTHORIZATION,
+        re.compile(
+            r"(?:Topic|Group|Cluster|TransactionalId)AuthorizationException[^\n]*|"
+            r"(?:TOPIC|GROUP|CLUSTER|TRANSACTIONAL_ID)_AUTHORIZATION_FAILED[^\n]*|"
+            r"Not authorized to access (?:topics|group)[^\n]*"
+        ),
+    ),
+    (
+        NOT_DELTA,
+        re.compile(
+            r"DELTA_MISSING_DELTA_TABLE[^\n]*|DELTA_TABLE_NOT_FOUND[^\n]*|"
+            r"is not a Delta table[^\n]*|"
+            r"No files in log segment|TableNotFoundError"
+        ),
+    ),
+    (
+        NOT_WRITABLE,
+        re.compile(
+            r"Permission denied|os error 13\b|AccessDeniedException: "
+            r"(?!s3a://)"
+        ),
+    ),
+    (CANNOT_CREATE, re.compile(r"Mkdirs failed to create (?P<path>\S+)")),
+)
+
+#: Where a text names the path it failed on: Hadoop's folder, Spark's write, delta-rs's file.
+_PATHS = (
+    re.compile(r"Mkdirs failed to create (?P<path>\S+)"),
+    re.compile(r"Task failed while writing rows to (?P<path>\S+?)\.?(?:\s|$)"),
+    re.compile(
+        r"(?:Unable to (?:open|create|copy data to|rename) file|Unable to access)\s+"
+        r"(?P<path>/[^\s:]+)"
+    ),
+    re.compile(r"\bPath does not exist: (?P<path>\S+)"),
+    re.compile(r"`(?P<path>[^`]+)` (?:is not a Delta table|doesn't exist)"),
+    re.compile(r"(?P<path>file:/[^\s:,;'\"()]+)"),
+)
+#: Hadoop's commit protocol writes under `<folder>/_temporary/...`: the folder is the news.
+_TEMPORARY = re.compile(r"/_temporary(?:/.*)?$")
+_SPARK_SERVICES = (SPARK_OOM, EXECUTOR_LOST, SPARK_GONE)
+#: The causes that are a folder's, not a service's: each names a path.
+STORAGE_CAUSES = (NO_SPACE, READ_ONLY, NOT_WRITABLE, CANNOT_CREATE)
+
+
+def local_path(path: str) -> str:
+    """`file:/x` as `/x`, without Hadoop's `_temporary/...` tail."""
+    plain = re.sub(r"^file:(?://)?(?=/)", "", path)
+    return _TEMPORARY.sub("", plain).rstrip(".")
+
+
+def _path_in(texts: Sequence[str]) -> str | None:
+    for pattern in _PATHS:
+        for text in texts:
+            found = pattern.search(text)
+            if found:
+                return local_path(found.group("path"))
+    return None
+
+
+def classify(
+    exc: BaseException,
+    context: FailureContext = FailureContext(),
+    probe: Callable[[str], str | None] | None = None,
+) -> KnownCause | None:
+    """The known cause of `exc` (searched through its whole chain), or None if unforeseen.
+
+    `probe`, given a path, says which storage cause the file system shows there (or None):
+    it turns Hadoop's `Mkdirs failed` into read-only, permission denied or no space.
+    """
+    errors = list(chain(exc))
+    texts = [text_of(e) for e in errors]
+    for error in errors:
+        if isinstance(error, OSError) and error.errno in _ERRNO_CAUSES:
+            cause = _ERRNO_CAUSES[error.errno]
+            path = error.filename or _path_in(texts) or _located(context)
+            return KnownCause(cause, str(path))
+    for cause, pattern in _TEXT_CAUSES:
+        found = next((m for t in texts if (m := pattern.search(t))), None)
+        if found is None:
+            continue
+        if cause in STORAGE_CAUSES:
+            path = _path_in(texts) or _located(context)
+            if cause == CANNOT_CREATE and probe is not None:
+                cause = probe(path) or cause
+            return KnownCause(cause, path)
+        quoted = found.group(0).strip()[:QUOTED_CHARS]
+        if cause == PYTHON_OOM:
+            return KnownCause(cause, "a Python process (this one, or a Spark Python worker)")
+        if cause in _SPARK_SERVICES:
+            where = f"Spark at {context.spark}" if context.spark else "Spark"
+            detail = (found.groupdict().get("detail") or quoted).strip()[:QUOTED_CHARS]
+            return KnownCause(cause, where, detail)
+        if cause == KAFKA_AUTHORIZATION:
+            where = f"Kafka at {context.kafka}" if context.kafka else "Kafka"
+            return KnownCause(cause, where, quoted)
+        if cause == NOT_DELTA:
+            return KnownCause(cause, _path_in(texts) or _located(context), quoted)
+    return None
+
+
+def _located(context: FailureContext) -> str:
+    """The place a path-less storage error is about: the pipeline's locations."""
+    if context.locations:
+        return "under " + ", ".join(dict.fromkeys(local_path(p) for p in context.locations))
+    return "a path the error does not name"
+
+
+def local_folder_problem(path: str) -> str | None:
+    """The storage cause the local file system shows at `path` (its nearest existing folder):
+    read-only, not writable by this user, or full; None if none of these, or not local.
+
+    `os.access` asks the kernel as this user would write, so a read-only mount is seen even
+    by root, whom permission bits do not stop.
+    """
+    if "://" in path:
+        return None
+    folder = Path(path)
+    while not folder.exists():
+        if folder.parent == folder:
+            return None
+        folder = folder.parent
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return None
+    if stats.f_flag & os.ST_RDONLY:
+        return READ_ONLY
+    if not os.access(folder, os.W_OK):
+        return NOT_WRITABLE
+    if stats.f_bavail == 0 or stats.f_favail == 0:
+        return NO_SPACE
+    return None
+
+
+def first_line(exc: BaseException) -> str:
+    """What an unforeseen error says first, for the one line that names its log file: the
+    Java exception for py4j's errors (their own first line is `An error occurred while
+    calling o262.parquet.`), else the exception's first line."""
+    lines = [ln.strip() for ln in text_of(exc).splitlines() if ln.strip()]
+    if not lines:
+        return type(exc).__name__
+    java = next((ln for ln in lines[1:3] if ln.startswith(": ")), None)
+    head = f"{type(exc).__name__}: {java.removeprefix(': ')}" if java else lines[0]
+    return head[:QUOTED_CHARS]
+
+
+def logs_dir() -> Path:
+    """Where full tracebacks and the Spark driver's own output go: `logs/` under the state
+    folder (EXACTLY_STATE_DIR, else XDG's state home; resources/spark/shared_server.py)."""
+    from resources.spark.shared_server import state_dir
+
+    return state_dir() / "logs"
+
+
+#: Log files kept per kind: every Dagster run and every CLI start that uses Spark writes one,
+#: so the oldest beyond these go when a new one is made.
+KEEP_LOGS = 200
+
+
+def log_file(kind: str, keep: int = KEEP_LOGS) -> Path:
+    """A new log file's path for `kind` (`error`, `spark`), unique to this process; older
+    files of the kind beyond the `keep` newest are deleted (a file a live process still
+    writes only loses its name)."""
+    folder = logs_dir()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    older = sorted(folder.glob(f"{kind}-*.log"), key=_modified) if folder.is_dir() else []
+    for stale in older[: max(len(older) - keep + 1, 0)]:
+        with contextlib.suppress(OSError):
+            stale.unlink()
+    return folder / f"{kind}-{stamp}-{os.getpid()}.log"
+
+
+def _modified(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def write_traceback(exc: BaseException, what: str) -> Path | None:
+    """Write `exc`'s full traceback (its Java stack included) to a new log file; returns
+    its path, or None when no log file could be written (then the line says so)."""
+    path = log_file("error")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = "".join(traceback.format_exception(exc))
+        for error in chain(exc):
+            if (stack := java_stack(error)) is not None and stack not in text:
+                text += f"\nJVM stack of {type(error).__name__}:\n{stack}"
+        path.write_text(f"{what} failed at {datetime.now(UTC).isoformat()}\n\n{text}")
+    except OSError:
+        return None
+    return path
+
+
+def unforeseen_line(exc: BaseException, what: str, log: Path | None) -> str:
+    """One line for an error no known cause explains: what failed, what it said first, and
+    where its full traceback is."""
+    where = f"full traceback in {log}" if log else "no log file could be written"
+    return f"{what} failed: {first_line(exc)} ({where})"
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: its non-blank lines joined by a space."""
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+#: The cause a failure no known cause explains is reported under.
+UNFORESEEN = "unforeseen"
+
+
+@dataclass(frozen=True)
+class FailureLine:
+    """What the CLI prints and Dagster's run view shows for an error that is not an
+    ExactlyError: the line, the known cause's name (or UNFORESEEN), and for an unforeseen
+    one the log file holding its traceback (None when none could be written)."""
+
+    line: str
+    cause: str
+    log: Path | None = None
+
+
+def describe_failure(exc: BaseException, what: str, context: FailureContext) -> FailureLine:
+    """The one line for `exc`, raised by `what`: its known cause with the path or service,
+    or, for anything else, what failed and where its full traceback was written (the file
+    is written here). The CLI and the Dagster ops both say failures through this."""
+    known = classify(exc, context, probe=local_folder_problem)
+    if known is not None:
+        return FailureLine(one_line(known.line()), known.cause)
+    log = write_traceback(exc, what)
+    return FailureLine(one_line(unforeseen_line(exc, what, log)), UNFORESEEN, log)

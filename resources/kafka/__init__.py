@@ -1,0 +1,5 @@
+"""Kafka: the admin and consumer-group client, topic selection by list or pattern, and the
+embedded KRaft broker (with its test CA) started on loopback as the default cluster.
+
+An edge: may import `ledger.core` and `resources.jvm`; never a job or the coordinator.
+"""

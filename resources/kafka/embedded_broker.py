@@ -1,0 +1,516 @@
+"""The embedded single-node KRaft broker, run as a detached JVM and managed from Python.
+
+Everything the broker owns lives in one data directory:
+
+    server.properties    written on first start; the controller port is chosen once and kept
+    log4j2.properties    broker logging, INFO to stdout (which is broker.log)
+    broker.log           the JVM's stdout and stderr, appended across starts
+    broker.pid           the pid of the running JVM (absent when stopped)
+    kafka-logs/          the formatted KRaft storage: metadata log and topic data
+    .broker.lock         serialises start/stop of this data dir across processes
+
+The invariant this module protects: at most one JVM per data directory. A process counts as
+"our broker" only if its command line runs `kafka.Kafka` with this directory's
+server.properties, so a stale pid file, or a reused pid now owned by something else, is never
+mistaken for a running broker and never signalled.
+
+How the JVM is launched, quoted and stopped is `resources.jvm.process`'s, shared with the Spark
+Connect server; this module owns the data directory, the broker's configuration and readiness.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from ledger.core.errors import ConfigError, ExactlyError, UnreachableError
+from resources.jvm.jars import kafka_classpath
+from resources.jvm.process import (
+    HOST,
+    accepts_connections,
+    free_port,
+    is_informative,
+    java_executable,
+    launch_detached,
+    log_lines_since,
+    port_in_use,
+    process_args,
+    terminate_group,
+    wait_child,
+    wait_gone,
+)
+from resources.kafka.client import KafkaClient
+
+SERVER_PROPERTIES = "server.properties"
+LOG4J_PROPERTIES = "log4j2.properties"
+BROKER_LOG = "broker.log"
+PID_FILE = "broker.pid"
+LOCK_FILE = ".broker.lock"
+STORAGE_DIR = "kafka-logs"
+MAIN_CLASS = "kafka.Kafka"
+
+# Sized for a 2-core, 24 GiB machine shared with Spark: a 1 GiB heap is plenty for a test and
+# demo broker, and G1 with short pauses keeps request latency flat.
+JVM_OPTIONS = (
+    "-Xms256m",
+    "-Xmx1g",
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:+ExitOnOutOfMemoryError",
+    "-Djava.awt.headless=true",
+)
+
+LOG4J2 = """\
+# Written by exactly on every broker start; edits are overwritten.
+status = warn
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+"""
+
+FORMAT_TIMEOUT = 180.0
+LOG_TAIL_LINES = 6
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    """What the data directory's pid file says, checked against the live process table."""
+
+    running: bool
+    pid: int | None
+    bootstrap: str | None
+    data_dir: Path
+
+    def describe(self) -> str:
+        if self.running:
+            return f"running at {self.bootstrap} (pid {self.pid}, data dir {self.data_dir})"
+        return f"not running (data dir {self.data_dir})"
+
+
+class AlreadyRunningError(ExactlyError):
+    """A broker already runs on this data dir; starting a second JVM would corrupt it."""
+
+    def __init__(self, status: BrokerStatus) -> None:
+        super().__init__(
+            f"broker already running at {status.bootstrap} "
+            f"(pid {status.pid}, data dir {status.data_dir})"
+        )
+        self.status = status
+
+
+def cluster_id() -> str:
+    """A KRaft cluster id: the 16 bytes of a uuid4, base64url without padding.
+
+    Never one that starts with '-' (1 in 64 would): kafka-storage's argument parser takes
+    it for an option and formatting fails. Kafka's own Uuid.randomUuid skips those too.
+    """
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not text.startswith("-"):
+            return text
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """The `key=value` lines of a properties file we wrote (no continuations or escapes)."""
+    result: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith(("#", "!")) and "=" in stripped:
+            key, value = stripped.split("=", 1)
+            result[key.strip()] = value.strip()
+    return result
+
+
+def update_properties(path: Path, updates: dict[str, str]) -> None:
+    """Rewrite only the given keys, keeping every other line (and hand edits) as it was."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    pending = dict(updates)
+    for index, line in enumerate(lines):
+        key = line.split("=", 1)[0].strip()
+        if "=" in line and key in pending:
+            lines[index] = f"{key}={pending.pop(key)}"
+    lines.extend(f"{key}={value}" for key, value in pending.items())
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class SecureListener:
+    """A second listener, SASL_SSL with SCRAM-SHA-512, as a managed cluster offers: TLS with
+    the key and certificate in `key_store` (PEM: unencrypted PKCS#8 key, then certificate;
+    resources/kafka/tls.py makes one) and the SCRAM `users` (name -> password) written into the
+    storage when it is formatted. Inter-broker and controller traffic stay on loopback
+    plaintext listeners."""
+
+    port: int
+    key_store: Path
+    users: tuple[tuple[str, str], ...]
+    mechanism: str = "SCRAM-SHA-512"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+class EmbeddedBroker:
+    """One KRaft node (broker and controller in one JVM) on 127.0.0.1:`port`, and on
+    `secure.port` too with a `SecureListener`.
+
+    The JVM outlives this object and the Python process (it runs in its own session), so
+    `exactly kafka start` can return; `status` and `stop` find it again from the data dir.
+    """
+
+    def __init__(
+        self, data_dir: Path | str, port: int = 9092, secure: SecureListener | None = None
+    ) -> None:
+        if not 0 < port < 65536:
+            raise ConfigError(f"broker port must be between 1 and 65535, not {port}")
+        self.data_dir = Path(data_dir).expanduser().resolve()
+        self.port = port
+        self.secure = secure
+        self._process: subprocess.Popen[bytes] | None = None
+
+    # -- paths -------------------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def properties_path(self) -> Path:
+        return self.data_dir / SERVER_PROPERTIES
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / BROKER_LOG
+
+    @property
+    def pid_path(self) -> Path:
+        return self.data_dir / PID_FILE
+
+    @property
+    def storage_dir(self) -> Path:
+        return self.data_dir / STORAGE_DIR
+
+    # -- status ------------------------------------------------------------------------------
+
+    def status(self) -> BrokerStatus:
+        """Running only if the pid file names a live JVM running this dir's server.properties."""
+        pid = self._read_pid()
+        if pid is None or not self._is_our_broker(pid):
+            return BrokerStatus(False, None, None, self.data_dir)
+        return BrokerStatus(True, pid, self._configured_bootstrap(), self.data_dir)
+
+    def _read_pid(self) -> int | None:
+        try:
+            return int(self.pid_path.read_text(encoding="ascii").strip())
+        except (OSError, ValueError):
+            return None
+
+    def _is_our_broker(self, pid: int) -> bool:
+        args = process_args(pid)
+        return MAIN_CLASS in args and str(self.properties_path) in args
+
+    def _configured_bootstrap(self) -> str | None:
+        try:
+            advertised = read_properties(self.properties_path).get("advertised.listeners", "")
+        except OSError:
+            return None
+        return advertised.removeprefix("PLAINTEXT://") or None
+
+    # -- start -------------------------------------------------------------------------------
+
+    def start(self, timeout: float = 60) -> str:
+        """Start the broker and return its bootstrap address once it answers metadata requests.
+
+        Raises AlreadyRunningError rather than starting a second JVM on the same storage, and
+        UnreachableError (quoting broker.log) if the JVM exits or stays silent for `timeout`
+        seconds; in the latter case the JVM is stopped, so a failed start leaves nothing behind.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            status = self.status()
+            if status.running:
+                raise AlreadyRunningError(status)
+            self.pid_path.unlink(missing_ok=True)  # stale: its process is gone
+            self._require_free_port(self.port, "choose another with --port")
+            self._write_config()
+            if not (self.storage_dir / "meta.properties").is_file():
+                self._format_storage()
+            log_offset = self._launch()
+        self._await_ready(timeout, log_offset)
+        return self.bootstrap
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the data dir's lock so concurrent start/stop calls cannot interleave."""
+        with open(self.data_dir / LOCK_FILE, "a+b") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _require_free_port(self, port: int, hint: str) -> None:
+        if port_in_use(port):
+            raise ExactlyError(
+                f"cannot start the broker for {self.data_dir}: port {port} on {HOST} is "
+                f"already in use by another process ({hint})"
+            )
+
+    def _write_config(self) -> None:
+        """Write server.properties once; later starts only move ports that have to move.
+
+        The controller port is kept across restarts, and re-chosen only if something else has
+        taken it meanwhile: with a static single-voter quorum the endpoint is not recorded in
+        the metadata log, so moving it is safe.
+        """
+        (self.data_dir / LOG4J_PROPERTIES).write_text(LOG4J2, encoding="utf-8")
+        if not self.properties_path.is_file():
+            self.properties_path.write_text(self._initial_properties(), encoding="utf-8")
+        current = read_properties(self.properties_path)
+        controller_port = int(current["controller.quorum.voters"].rsplit(":", 1)[1])
+        if port_in_use(controller_port) or controller_port == self.port:
+            controller_port = self._pick_controller_port()
+        update_properties(self.properties_path, self._listener_properties(controller_port))
+
+    def _pick_controller_port(self) -> int:
+        while (port := free_port()) == self.port:
+            continue
+        return port
+
+    def _listener_properties(self, controller_port: int) -> dict[str, str]:
+        listeners = [f"PLAINTEXT://{HOST}:{self.port}", f"CONTROLLER://{HOST}:{controller_port}"]
+        advertised = [f"PLAINTEXT://{HOST}:{self.port}"]
+        if self.secure is not None:
+            listeners.append(f"SASL_SSL://{self.secure.bootstrap}")
+            advertised.append(f"SASL_SSL://{self.secure.bootstrap}")
+        return {
+            "listeners": ",".join(listeners),
+            "advertised.listeners": ",".join(advertised),
+            "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        }
+
+    def _security_properties(self) -> dict[str, str]:
+        if self.secure is None:
+            return {"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"}
+        mechanism = self.secure.mechanism.lower()
+        prefix = "listener.name.sasl_ssl"
+        return {
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
+            ),
+            "sasl.enabled.mechanisms": self.secure.mechanism,
+            f"{prefix}.{mechanism}.sasl.jaas.config": (
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            ),
+            f"{prefix}.ssl.keystore.type": "PEM",
+            f"{prefix}.ssl.keystore.location": str(self.secure.key_store),
+        }
+
+    def _initial_properties(self) -> str:
+        listeners = self._listener_properties(self._pick_controller_port())
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            **listeners,
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            **self._security_properties(),
+            "log.dirs": str(self.storage_dir),
+            # One node: every internal topic has exactly one replica, or transactions and
+            # group commits would wait forever for replicas that cannot exist.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "10",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "10",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "min.insync.replicas": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Topics exist because someone created them with a partition count on purpose;
+            # a typo in a topic name must fail, not create an empty one-partition topic.
+            "auto.create.topics.enable": "false",
+            # Two cores: fewer threads than Kafka's defaults (3 network, 8 I/O).
+            "num.network.threads": "2",
+            "num.io.threads": "4",
+            "num.recovery.threads.per.data.dir": "1",
+            "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),
+        }
+        body = "\n".join(f"{key}={value}" for key, value in settings.items())
+        return (
+            "# Written by `exactly kafka start` on first start. Ports are rewritten when\n"
+            "# --port changes; other edits are kept.\n" + body + "\n"
+        )
+
+    def _format_storage(self) -> None:
+        """Format KRaft storage once; a formatted dir is never formatted again (that is data)."""
+        command = [
+            java_executable(),
+            f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_PROPERTIES}",
+            "-cp",
+            kafka_classpath(),
+            "kafka.tools.StorageTool",
+            "format",
+            "-t",
+            cluster_id(),
+            "-c",
+            str(self.properties_path),
+        ]
+        if self.secure is not None:
+            for name, password in self.secure.users:
+                credential = f"name={name},password={password}"
+                command += ["--add-scram", f"{self.secure.mechanism}=[{credential}]"]
+        try:
+            result = subprocess.run(
+                command,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=FORMAT_TIMEOUT,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise UnreachableError(
+                f"formatting broker storage in {self.storage_dir} took over {FORMAT_TIMEOUT:g}s"
+            ) from None
+        output = (result.stdout + result.stderr).decode(errors="replace")
+        self._append_log(f"== exactly: formatted storage (exit {result.returncode})\n{output}")
+        if result.returncode != 0:
+            last = [line for line in output.splitlines() if is_informative(line)][-3:]
+            raise ExactlyError(
+                f"formatting broker storage in {self.storage_dir} failed "
+                f"(exit {result.returncode}): {' | '.join(last) or 'no output'}"
+            )
+
+    def _append_log(self, text: str) -> None:
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            log.write(text if text.endswith("\n") else text + "\n")
+
+    def _launch(self) -> int:
+        """Start the JVM detached and record its pid; return where its log output begins."""
+        command = [
+            java_executable(),
+            *JVM_OPTIONS,
+            f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_PROPERTIES}",
+            f"-Dkafka.logs.dir={self.data_dir}",
+            "-cp",
+            kafka_classpath(),
+            MAIN_CLASS,
+            str(self.properties_path),
+        ]
+        self._process, log_offset = launch_detached(
+            command,
+            self.log_path,
+            f"== exactly: starting broker on {self.bootstrap} at {time.ctime()}",
+            cwd=self.data_dir,
+        )
+        self.pid_path.write_text(f"{self._process.pid}\n", encoding="ascii")
+        return log_offset
+
+    def _await_ready(self, timeout: float, log_offset: int) -> None:
+        """Return once the broker answers; otherwise stop what we launched and raise."""
+        assert self._process is not None
+        deadline = time.monotonic() + timeout
+        client = KafkaClient(self.bootstrap, timeout=10)
+        while True:
+            code = self._process.poll()
+            if code is not None:
+                self.pid_path.unlink(missing_ok=True)
+                raise UnreachableError(
+                    f"broker for {self.data_dir} exited with code {code} before answering on "
+                    f"{self.bootstrap}; {self._log_tail(log_offset)}"
+                )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.stop()
+                raise UnreachableError(
+                    f"broker for {self.data_dir} did not answer on {self.bootstrap} within "
+                    f"{timeout:g}s, so it was stopped; {self._log_tail(log_offset)}"
+                )
+            if self._answers(client, min(left, 5.0)):
+                return
+            time.sleep(0.2)
+
+    def _answers(self, client: KafkaClient, timeout: float) -> bool:
+        """True once the listener accepts and the broker lists itself in cluster metadata."""
+        if not accepts_connections(self.port, timeout=1):
+            return False
+        try:
+            client.check_reachable(timeout=timeout)
+        except UnreachableError:
+            return False
+        return True
+
+    def _log_tail(self, offset: int) -> str:
+        """The last informative lines the JVM wrote since `offset`, on one line."""
+        lines = log_lines_since(self.log_path, offset) or []
+        broker_lines = [line for line in lines if not line.startswith("SLF4J:")]
+        if broker_lines:
+            return f"last lines of {self.log_path}: " + " | ".join(broker_lines[-LOG_TAIL_LINES:])
+        if any("no-operation (NOP) logger" in line for line in lines):
+            return (
+                f"{self.log_path} has no broker output because SLF4J found no logging binding "
+                "on the kafka classpath (slf4j-api 1.x next to log4j-slf4j2-impl?)"
+            )
+        return f"{self.log_path} has no output from this start"
+
+    # -- stop --------------------------------------------------------------------------------
+
+    def stop(self, timeout: float = 30) -> bool:
+        """Stop the broker; True if one was running, False if there was nothing to stop.
+
+        SIGTERM first, so Kafka closes its logs cleanly and the next start skips recovery;
+        SIGKILL only after `timeout` seconds. Only a process verified to be this data dir's
+        broker is ever signalled.
+        """
+        with self._locked():
+            status = self.status()
+            pid = status.pid
+            if not status.running or pid is None:
+                self.pid_path.unlink(missing_ok=True)
+                return False
+            terminate_group(
+                pid, lambda seconds: self._wait_exit(pid, seconds), timeout, kill_timeout=30
+            )
+            self.pid_path.unlink(missing_ok=True)
+            return True
+
+    def _wait_exit(self, pid: int, timeout: float) -> bool:
+        """Wait for `pid` to exit: reap it if this object launched it, else watch /proc."""
+        if self._process is not None and self._process.pid == pid:
+            if not wait_child(self._process, timeout):
+                return False
+            self._process = None
+            return True
+        return wait_gone(lambda: self._is_our_broker(pid), timeout)
+
+    # -- context manager (tests) -------------------------------------------------------------
+
+    def __enter__(self) -> EmbeddedBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
