@@ -66,8 +66,8 @@ class KafkaTopicsSource:
 def offset_source_for(
     client: KafkaClient, kafka: KafkaSettings, group_id: str
 ) -> KafkaOffsetSource | KafkaTopicsSource:
-    """The source a pipeline's config asks for: `kafka.topic` keeps the one-topic source,
-    exactly as before; `kafka.topics` or `kafka.pattern` reads several topics."""
+    """The source a pipeline's config asks for: `kafka.topic` the one-topic source;
+    `kafka.topics` or `kafka.pattern` reads several topics."""
     if kafka.topic is not None:
         return KafkaOffsetSource(client, kafka.topic, group_id)
     return KafkaTopicsSource(client, kafka.selection(), group_id)

@@ -98,7 +98,7 @@ class Pipeline:
         Order: the application id the caller does not plan on first, without waiting for
         batches whose owner may be alive (a live run does not wait for a backfill running
         beside it, nor a backfill for the live run); the one it plans on last, waiting
-        (BusyError) as before. Any order keeps the invariants, because the two never
+        (BusyError). Any order keeps the invariants, because the two never
         publish the same rows: a live batch takes offsets past the live positions, a fill
         only offsets before the live start or skipped, a replace only offsets a committed
         batch holds, and each output applies a batch once by its own application

@@ -7,7 +7,7 @@ boot) and the boot it started in (/proc/sys/kernel/random/boot_id): a later proc
 got the pid, in this boot or after a reboot, is not taken for the owner (invariant 16).
 
 Without procfs (not Linux) owners are recorded as host and pid, and a pid that answers
-kill(pid, 0) is taken for the owner, as it was before owners carried start times.
+kill(pid, 0) is taken for the owner: without a start time a reused pid cannot be told apart.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ sensor alerts with the line; retries stay allowed. A `dg.Failure` raised inside 
 among them) passes unchanged.
 
 Ops take it as a decorator under `@dg.op` (`one_line_failures(pipeline)`), which keeps the
-op function's signature and annotations, so Dagster reads its inputs and config as before.
+op function's signature and annotations, so Dagster reads its inputs and config from the op itself.
 """
 
 from __future__ import annotations

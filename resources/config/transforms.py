@@ -2,9 +2,8 @@
 
 A config names its transform as `module.path:function` (found on the import path, plus the
 config's `python_path` folders) or as `path/to/file.py:function` (a file beside the config).
-Why this module exists: the only way to reach a user's folder used to be PYTHONPATH, and in
-Dagster that reaches every process: a `gql.py` in the folder replaced the `gql` package the
-webserver imports and took it down. So:
+Why not PYTHONPATH: in Dagster it reaches every process, so a `gql.py` in the user's folder
+would replace the `gql` package the webserver imports and take it down. So:
 
 - the user's folders are *appended* to this process's `sys.path`, never put first and never
   exported to child processes: an installed module always wins over a user's file of the

@@ -272,7 +272,7 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
     failure on stderr (exactly_cli), so those go to `logs/spark-<when>-<pid>.log` under the
     state folder (resources/failures/causes.py) instead; the error that reaches Python still
     carries the Java exceptions, which is what the one line is made from. Where the state
-    folder cannot be written (a read-only home), the JVM is started as before: a session
+    folder cannot be written (a read-only home), the JVM is started without the log file: a session
     that cannot log is better than none. The JVM is
     started as pyspark's builder would start it (spark-submit with the same settings); the
     builder then finds it running and uses it.
