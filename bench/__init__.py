@@ -6,7 +6,7 @@ figures move with its load). Modules:
 
     data.py      the embedded broker's topic: a fixed page-view data set
     product.py   this product, through the CLI code path and through a Dagster run
-    cached_plan.py  the former cached stage plan, which product.py compares with the current one
+    cached_plan.py  a stage plan cached across batches, compared with the one in use
     peer.py      Spark Structured Streaming, Kafka source to Delta sink, trigger AvailableNow
     limits.py    the raw consume rate of the topic and pyarrow's Parquet write rate
     commits.py   delta-rs commit latency against file count and against table history

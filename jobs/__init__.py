@@ -1,5 +1,7 @@
-"""What runs a batch's work: the Spark stage job, the edge adapters the protocol core talks to
-(Kafka offsets, the Spark stager, the Delta publisher), and their assembly per pipeline config
-(`jobs/wiring/pipeline.py`). The CLI and Dagster both go through `Pipeline`, so they run one code
-path.
+"""The batch's jobs: the Spark stage (`stage/`, with the `format:` decoders in `formats/`), the
+offset sources (`sources/`), the publisher of the table, the quarantine and derived outputs
+(`publish/`, `derived/`), the cleaner (`maintenance/`), and the pipeline's wiring shared by
+the CLI and Dagster (`wiring/`, `Pipeline`), plus example transforms (`examples/`).
+
+May import `resources` and `ledger`; never `orchestration` or the CLI.
 """
