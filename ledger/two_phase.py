@@ -145,6 +145,10 @@ class Publisher(Protocol):
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
         """Raise RefusedBatchError if a table cannot take its staged schema (invariant 14)."""
 
+    def rows_reach(self, topic: str) -> dict[int, int]:
+        """Per partition, one past the highest offset of `topic` in the published rows: the
+        resume-at hint when the log no longer holds the newest batch (`rebuild_from_log`)."""
+
 
 @dataclass(frozen=True)
 class Incident:
@@ -159,9 +163,6 @@ class Incident:
 
 def _never(_batch: Batch) -> bool:
     return False
-
-    def rows_reach(self, topic: str) -> dict[int, int]:
-        """Per partition, one past the highest offset of `topic` in the published rows."""
 
 
 class TwoPhaseCommit:
