@@ -1,0 +1,1 @@
+"""Alembic revisions of the ledger (ledger/migrations); Alembic skips this file."""
