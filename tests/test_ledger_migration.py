@@ -1,6 +1,11 @@
 """A ledger written by an older exactly (schema version 1) opens, is migrated in place and
 keeps every batch, on SQLite and PostgreSQL; its positions, which predate topic ids, adopt
-the topic's current id on the next plan, and that adoption is recorded."""
+the topic's current id on the next plan, and that adoption is recorded.
+
+Migrations are Alembic revisions (ledger/store/migrations): a ledger from before them, at any
+schema version, is stamped at its version's revision and upgraded; a fresh one is built by
+the revisions alone and must equal ledger/store/schema.py's tables; a newer one is refused in one
+line, whether its exactly_meta or its revision says so."""
 
 from __future__ import annotations
 
@@ -8,12 +13,15 @@ from datetime import UTC, datetime
 
 import pytest
 import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
 
 from ledger.coordinator.two_phase import TwoPhaseCommit
-from ledger.core.errors import TopicChangedError
+from ledger.core.errors import ConfigError, TopicChangedError
 from ledger.core.protocol import Available, BatchState
 from ledger.store.ledger_store import LedgerStore
-from ledger.store.schema import SCHEMA_VERSION, files_table
+from ledger.store.schema import SCHEMA_VERSION, VERSION_TABLE, _migrations, files_table, metadata
 from tests.fixtures.fakes import FakeSource, wired
 
 APP = "pageviews"
@@ -203,5 +211,155 @@ def test_a_version_1_ledger_is_migrated_in_place_and_keeps_its_batches(ledger_ur
         finally:
             engine.dispose()
         assert target in {f.target for f in store.files(APP, 2)}
+    finally:
+        store.dispose()
+
+
+# -- Alembic ------------------------------------------------------------------------------
+
+
+def engine_of(url: str) -> sa.Engine:
+    return sa.create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1))
+
+
+def revision_of(url: str) -> tuple[str, ...]:
+    engine = engine_of(url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+            return context.get_current_heads()
+    finally:
+        engine.dispose()
+
+
+def as_before_alembic(url: str, version: int) -> None:
+    """A ledger at schema `version` as an exactly from before Alembic left it: the layout
+    the revisions up to `version` build (each spells out its version's tables), without
+    Alembic's version table."""
+    engine = engine_of(url)
+    scripts = _migrations()
+    try:
+        with engine.begin() as conn:
+            context = MigrationContext.configure(
+                conn,
+                opts={
+                    "version_table": VERSION_TABLE,
+                    "fn": lambda heads, _c: scripts._upgrade_revs(f"{version:04d}", heads),
+                },
+            )
+            with Operations.context(context):
+                context.run_migrations()
+            conn.exec_driver_sql(f"DROP TABLE {VERSION_TABLE}")
+    finally:
+        engine.dispose()
+
+
+def test_a_new_ledger_is_built_by_the_revisions_as_the_tables_say(ledger_url: str) -> None:
+    """The revisions alone build what ledger/store/schema.py declares: a table, column, index or
+    type one of them lacks is a difference here (lengths only where the database keeps
+    them: SQLite ignores them, and revision 0003 leaves them so)."""
+    LedgerStore(ledger_url).dispose()
+    assert revision_of(ledger_url) == (f"{SCHEMA_VERSION:04d}",)
+    engine = engine_of(ledger_url)
+    try:
+        with engine.connect() as conn:
+            postgres = conn.dialect.name == "postgresql"
+            context = MigrationContext.configure(
+                conn, opts={"compare_type": postgres, "version_table": VERSION_TABLE}
+            )
+            assert compare_metadata(context, metadata) == []
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_a_ledger_from_before_alembic_is_stamped_and_upgraded(
+    ledger_url: str, version: int
+) -> None:
+    as_before_alembic(ledger_url, version)
+    assert revision_of(ledger_url) == ()
+    store = LedgerStore(ledger_url)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert revision_of(ledger_url) == (f"{SCHEMA_VERSION:04d}",)
+        # version 3's longer target, on a column that version 1 or 2 made 16 long
+        engine = engine_of(ledger_url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    sa.text(
+                        "INSERT INTO exactly_batches (app_id, batch_id, pipeline, kind, state, "
+                        "attempt, token, owner, heartbeat_at, created_at, updated_at) VALUES "
+                        "('pageviews', 1, 'pv', 'live', 'PLANNED', 1, 't', 'h:1', "
+                        ":now, :now, :now)"
+                    ),
+                    {"now": datetime(2026, 11, 1, tzinfo=UTC)},
+                )
+                conn.execute(
+                    files_table.insert().values(
+                        app_id=APP,
+                        batch_id=1,
+                        target="derived:" + "x" * 128,
+                        path="p.parquet",
+                        size=1,
+                        records=1,
+                        modification_time=0,
+                        stats="{}",
+                    )
+                )
+        finally:
+            engine.dispose()
+        assert [f.target for f in store.files(APP, 1)] == ["derived:" + "x" * 128]
+    finally:
+        store.dispose()
+    LedgerStore(ledger_url).dispose()  # at the newest revision: nothing runs again
+    assert revision_of(ledger_url) == (f"{SCHEMA_VERSION:04d}",)
+
+
+def test_a_ledger_at_a_revision_this_exactly_lacks_is_refused_in_one_line(
+    ledger_url: str,
+) -> None:
+    """A newer exactly's revision, even with an exactly_meta this one could read."""
+    LedgerStore(ledger_url).dispose()
+    engine = engine_of(ledger_url)
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(f"UPDATE {VERSION_TABLE} SET version_num = '0099'")
+    finally:
+        engine.dispose()
+    with pytest.raises(ConfigError) as info:
+        LedgerStore(ledger_url)
+    text = str(info.value)
+    assert "\n" not in text
+    assert "revision 0099, newer than this exactly supports" in text
+    assert revision_of(ledger_url) == ("0099",)  # left as it was
+
+
+def test_a_migration_that_fails_half_way_leaves_the_ledger_as_it_was(
+    ledger_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every revision a ledger lacks runs in the transaction that opens it: one that fails
+    (a full disk, a lost connection) undoes the ones before it and the stamp, and the next
+    open starts again from the version the ledger still has."""
+    as_before_alembic(ledger_url, 1)
+
+    def fails() -> None:
+        raise RuntimeError("the disk filled up")
+
+    monkeypatch.setattr(_migrations().get_revision("0003").module, "upgrade", fails)
+    with pytest.raises(RuntimeError, match="disk filled up"):
+        LedgerStore(ledger_url)
+    assert revision_of(ledger_url) == ()
+    engine = engine_of(ledger_url)
+    try:
+        assert not sa.inspect(engine).has_table("exactly_decisions")  # 0002's, undone
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("SELECT value FROM exactly_meta").scalar() == "1"
+    finally:
+        engine.dispose()
+    monkeypatch.undo()
+    store = LedgerStore(ledger_url)
+    try:
+        assert store.schema_version() == SCHEMA_VERSION
     finally:
         store.dispose()

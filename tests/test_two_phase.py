@@ -152,8 +152,8 @@ def test_run_batch_walks_every_state(
     # exactly the voted files were published, once, and the group acked the batch's ranges
     voted_paths = [f.path for f in store.files(APP, 1)]
     assert voted_paths == [
-        "staging/batch=1/attempt=1/part-0.parquet",
-        "staging/batch=1/attempt=1/part-1.parquet",
+        f"staging/{APP}/batch=1/attempt=1-{batch.token}/part-0.parquet",
+        f"staging/{APP}/batch=1/attempt=1-{batch.token}/part-1.parquet",
     ]
     assert [(c["batch_id"], c["files"]) for c in publisher.commits] == [(1, voted_paths)]
     assert source.acks == [list(batch.ranges)]
@@ -627,7 +627,7 @@ def test_backfill_history_the_log_lost_refuses_backfills_only(
     assert {b.batch_id for b in store.batches()} == {1, 2}  # what the log still has
     with pytest.raises(InconsistencyError, match="no longer in the Delta log"):
         backfills.recover_and_commit()  # a backfill start
-    live = coordinator(store, source, stager, publisher, app_id="pv.other")
+    live = coordinator(store, source, stager, publisher)
     with pytest.raises(InconsistencyError, match="no longer in the Delta log"):
         live.recover_and_commit(wait=False)
 
@@ -892,7 +892,7 @@ def test_an_output_that_already_holds_the_batch_is_not_checked(
     voted(tpc)
     # the quarantine was published before a crash (between the two commits), then its
     # staged files were cleaned up: they are the quarantine's now, not missing
-    publisher.held["quarantine"] = 1
+    publisher.hold(APP, "quarantine", 1)
     for f in store.files(APP, 1):
         if f.target == "quarantine":
             del disk[f.path]
@@ -972,7 +972,7 @@ def test_a_voted_batch_a_start_cannot_finish_is_one_line_naming_the_outputs_hold
     the batch and the outputs that hold it; a re-drive says the same."""
     prepared = voted(tpc)
     disk.clear()
-    publisher.held["quarantine"] = 1  # the quarantine was published, the table not
+    publisher.hold(APP, "quarantine", 1)  # the quarantine was published, the table not
     source.offsets[0] = Available(3, 25)
     with pytest.raises(DataLossError) as info:
         coordinator(store, source, stager, publisher).recover_and_commit()
@@ -983,7 +983,7 @@ def test_a_voted_batch_a_start_cannot_finish_is_one_line_naming_the_outputs_hold
     assert "quarantine hold(s) it and the other outputs do not" in text
     with pytest.raises(DataLossError, match="quarantine hold"):
         tpc.redrive(prepared.batch_id)
-    publisher.held.clear()
+    del publisher.versions[APP, "quarantine"]
     with pytest.raises(DataLossError, match="no output holds it yet"):
         tpc.redrive(prepared.batch_id)
 
@@ -1103,7 +1103,7 @@ def test_a_publish_refused_as_out_of_order_alerts_and_leaves_the_batch_prepared(
     assert batch is not None and batch.state is S.PREPARED
 
 
-@pytest.mark.parametrize("held_rows", [17, 16])
+@pytest.mark.parametrize("held_rows", [9, 8])
 def test_a_restage_must_split_records_as_the_output_that_holds_the_batch_did(
     store: LedgerStore,
     source: FakeSource,
@@ -1114,17 +1114,18 @@ def test_a_restage_must_split_records_as_the_output_that_holds_the_batch_did(
     stager = FakeStager(disk=disk, outputs=("table", "quarantine"))
     tpc = coordinator(store, source, stager, publisher)
     voted(tpc)
-    # a crash between the commits: the quarantine holds the batch's 17 rows; then a table
+    # a crash between the commits: the quarantine holds the batch's 9 rows (the fake stager
+    # quarantines the odd offsets of [0, 10) and [5, 12)); then a table
     # file of the vote is lost, so the batch is staged again, and the quarantine part of the
     # new stage must be what the quarantine holds, or the table would get a different split
-    publisher.held["quarantine"] = 1
+    publisher.hold(APP, "quarantine", 1)
     publisher.rows["quarantine"] = held_rows
     del disk[next(f.path for f in store.files(APP, 1) if f.target == "table")]
-    if held_rows == 17:
+    if held_rows == 9:
         assert tpc.recover_and_commit()[0].state is S.ACKED
         assert all(p.startswith("staging/") for p in publisher.commits[0]["files"])
         return
-    with pytest.raises(InconsistencyError, match=r"quarantine holds 16 .* staged 17"):
+    with pytest.raises(InconsistencyError, match=r"quarantine holds 8 .* staged 9"):
         tpc.recover_and_commit()
     assert publisher.commits == []
     batch = store.get(APP, 1)

@@ -7,21 +7,31 @@ that queue, errors that never show a password) sit in one place.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from alembic.operations import Operations
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError as AlembicError
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ledger.core.errors import ConfigError, UnreachableError
 
-#: Bump with every schema change; a ledger written by a newer exactly is refused, an older
-#: one is migrated in place (`_migrate`).
+#: Bump with every schema change, with an Alembic revision `000N` in ledger/store/migrations that
+#: makes it (and writes N to exactly_meta); a ledger written by a newer exactly is refused, an
+#: older one is upgraded by the revisions it lacks (`ensure_schema`).
 #: 2: topic ids on ranges, the decisions a batch was planned on, the decisions table.
 #: 3: a voted file's target holds `derived:<name>` (a derived output's, name up to 128).
 SCHEMA_VERSION = 3
+#: Alembic's record of the ledger's revision, named for exactly: a ledger may share its
+#: PostgreSQL database with another Alembic user (Dagster's storage keeps `alembic_version`).
+VERSION_TABLE = "exactly_alembic_version"
 
 metadata = sa.MetaData()
 
@@ -111,15 +121,6 @@ decisions_table = sa.Table(
     sa.Column("body", sa.JSON, nullable=False),
 )
 
-#: Columns added to tables that existed before the version named, for `_migrate`.
-_ADDED_COLUMNS: dict[int, list[tuple[sa.Table, str]]] = {
-    2: [(ranges_table, "topic_id"), (batches_table, "decisions")],
-}
-#: Columns of existing tables whose type grew at the version named, for `_migrate`.
-_WIDENED_COLUMNS: dict[int, list[tuple[sa.Table, str]]] = {
-    3: [(files_table, "target")],
-}
-
 
 def _configure_sqlite(engine: Engine) -> None:
     """WAL for concurrent readers, FULL sync so a vote survives power loss, and
@@ -167,32 +168,78 @@ def create_ledger_engine(url: str) -> Engine:
 
 
 def ensure_schema(engine: Engine) -> None:
-    """Create the tables if they are missing and record SCHEMA_VERSION; refuse a ledger
-    written by a newer exactly, whose rows this one might misread."""
+    """Bring the ledger to SCHEMA_VERSION with the Alembic revisions (ledger/store/migrations):
+    create it if it is empty, upgrade it if an older exactly wrote it; refuse, in one line,
+    a ledger written by a newer exactly, whose rows this one might misread.
+
+    Runs in one transaction, under a lock that serialises the processes opening the same
+    ledger (`_lock_schema`), so a migration is all done or not at all, and done once: the
+    first open that finds the ledger behind runs it, every later one (any process) finds it
+    at the newest revision, which costs a few reads; the revisions are read from disk once
+    per process.
+    """
     safe_url = engine.url.render_as_string(hide_password=True)
     try:
         with engine.begin() as conn:
             _lock_schema(conn)
-            metadata.create_all(conn)
-            row = conn.execute(
-                sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
-            ).scalar_one_or_none()
-            if row is None:
-                conn.execute(
-                    meta_table.insert().values(key="schema_version", value=str(SCHEMA_VERSION))
-                )
-            elif int(row) > SCHEMA_VERSION:
-                raise ConfigError(
-                    f"ledger at {safe_url} has schema version {row}, newer than "
-                    f"this exactly supports ({SCHEMA_VERSION}); upgrade exactly"
-                )
-            elif int(row) < SCHEMA_VERSION:
-                _migrate(conn, int(row))
+            _upgrade(conn, safe_url)
     except IntegrityError:
         # two processes created the schema at once; the other one won, which is fine
         return
     except OperationalError as exc:
         raise UnreachableError(f"ledger database {safe_url} is unreachable: {exc.orig}") from exc
+
+
+def _newer(safe_url: str, version: object) -> ConfigError:
+    return ConfigError(
+        f"ledger at {safe_url} has schema version {version}, newer than this exactly "
+        f"supports ({SCHEMA_VERSION}); upgrade exactly"
+    )
+
+
+@functools.cache
+def _migrations() -> ScriptDirectory:
+    """The revisions, read from disk once per process."""
+    return ScriptDirectory(str(Path(__file__).parent / "migrations"))
+
+
+def _known(scripts: ScriptDirectory, revision: str) -> bool:
+    try:
+        return scripts.get_revision(revision) is not None
+    except AlembicError:  # a revision a newer exactly wrote
+        return False
+
+
+def _upgrade(conn: Connection, safe_url: str) -> None:
+    """Refuse a newer ledger; stamp a ledger from before Alembic at the revision of its
+    schema version (`000N`); then run the revisions it lacks, in the caller's transaction."""
+    legacy = None
+    if sa.inspect(conn).has_table(meta_table.name):
+        legacy = conn.execute(
+            sa.select(meta_table.c.value).where(meta_table.c.key == "schema_version")
+        ).scalar_one_or_none()
+    if legacy is not None and int(legacy) > SCHEMA_VERSION:
+        raise _newer(safe_url, legacy)
+    scripts = _migrations()
+    context = MigrationContext.configure(
+        conn,
+        opts={
+            "version_table": VERSION_TABLE,
+            "script": scripts,
+            # what `alembic upgrade head` runs (alembic/command.py), without an env.py
+            "fn": lambda heads, _context: scripts._upgrade_revs("head", heads),
+        },
+    )
+    heads = context.get_current_heads()
+    unknown = [h for h in heads if not _known(scripts, h)]
+    if unknown:
+        raise _newer(safe_url, f"revision {', '.join(unknown)}")
+    if not heads and legacy is not None:
+        context.stamp(scripts, f"{int(legacy):04d}")
+    if context.get_current_heads() == (scripts.get_current_head(),):
+        return
+    with Operations.context(context):
+        context.run_migrations()
 
 
 def _lock_schema(conn: Connection) -> None:
@@ -203,32 +250,3 @@ def _lock_schema(conn: Connection) -> None:
     """
     if conn.dialect.name == "postgresql":
         conn.execute(sa.text("SELECT pg_advisory_xact_lock(hashtextextended('exactly.schema', 0))"))
-
-
-def _migrate(conn: Connection, version: int) -> None:
-    """Bring a ledger written by an older exactly to SCHEMA_VERSION, in the caller's
-    transaction: new tables are already created (create_all); new columns of existing
-    tables are added here and grown ones widened (PostgreSQL; SQLite ignores lengths), new
-    columns NULL in existing rows (for a range's topic id: unknown, adopted
-    on the next plan and recorded as a decision, ledger/core/protocol.py check_topic_identity).
-    Columns that exist already are left alone, so an interrupted migration can run again.
-    """
-    inspector = sa.inspect(conn)
-    for step in range(version + 1, SCHEMA_VERSION + 1):
-        for table, name in _ADDED_COLUMNS.get(step, []):
-            present = {c["name"] for c in inspector.get_columns(table.name)}
-            if name in present:
-                continue
-            column = table.c[name]
-            kind = column.type.compile(dialect=conn.dialect)
-            conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {name} {kind}")
-        for table, name in _WIDENED_COLUMNS.get(step, []):
-            # SQLite keeps whatever length it is given; widening again is harmless
-            if conn.dialect.name == "postgresql":
-                kind = table.c[name].type.compile(dialect=conn.dialect)
-                conn.exec_driver_sql(f"ALTER TABLE {table.name} ALTER COLUMN {name} TYPE {kind}")
-    conn.execute(
-        meta_table.update()
-        .where(meta_table.c.key == "schema_version")
-        .values(value=str(SCHEMA_VERSION))
-    )

@@ -1,0 +1,1 @@
+"""Alembic revisions of the ledger (ledger/store/migrations); Alembic skips this file."""
