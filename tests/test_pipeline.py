@@ -485,7 +485,7 @@ def test_a_fill_updates_derived_outputs_like_a_live_batch(
         mode=BackfillMode.FILL,
         ranges=[OffsetRange(topic, 0, 0, 120)],
         transform=TRANSFORM,
-        derived=config.derived,
+        replace_refusals=config.replace_refusals(),
     )
     assert planned
     assert fills.finish(batch).batch.state is BatchState.ACKED
