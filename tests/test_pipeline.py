@@ -519,7 +519,7 @@ def test_an_output_added_to_a_pipeline_with_history_waits_for_its_rebuild(
     import shutil
 
     from ledger.core.errors import RefusedBatchError
-    from resources.config.pipeline_config import load_config
+    from resources.config.loading import load_config
     from tests.fixtures.derived import (
         TRANSFORM,
         assert_derived_match,

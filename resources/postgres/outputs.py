@@ -50,7 +50,7 @@ from ledger.core.errors import (
     UnreachableError,
 )
 from resources.config.derived_spec import PostgresOutput
-from resources.config.pipeline_config import resolve_options
+from resources.config.env_values import resolve_options
 from resources.delta.table import MAX_UNKNOWN_OUTCOMES, METADATA_KEY
 
 STATE_TABLE = "exactly_output_state"
