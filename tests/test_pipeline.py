@@ -427,7 +427,7 @@ def test_derived_outputs_equal_their_recomputation_batch_after_batch(
     import sqlalchemy as sa
 
     from ledger.core.errors import InconsistencyError
-    from resources.postgres.outputs import STATE_TABLE
+    from resources.postgres.tables import STATE_TABLE
 
     engine = sa.create_engine(postgres_url)
     with engine.begin() as conn:
