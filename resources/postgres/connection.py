@@ -1,7 +1,7 @@
-"""Reaching a PostgreSQL output's database: the engine for the output's URL, its
-`{env: NAME}` read from the environment only now, and how errors name the output and say
-a failure in one line, never with the URL's password (a start check's error is shown in a
-terminal, a log and the Dagster UI).
+"""Reaching a PostgreSQL output's database: the engine for the output's URL (its
+`{env: NAME}` read from the environment when the engine is made), and how errors name the
+output and say a failure in one line, never with the URL's password, since they are shown
+in a terminal, a log and the Dagster UI.
 """
 
 from __future__ import annotations
