@@ -430,7 +430,7 @@ def daemon_runs(
 
 
 def _reload(path: Path) -> Any:
-    from resources.config.pipeline_config import load_config
+    from resources.config.loading import load_config
 
     return load_config(path)
 

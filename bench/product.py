@@ -20,7 +20,8 @@ from bench.cached_plan import CachedStager
 from jobs.wiring.pipeline import build
 from ledger.coordinator.two_phase import BatchReport
 from ledger.core.errors import ExactlyError
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 
 #: The phases of one batch, as BatchReport.seconds names them.
 PHASES = ("plan", "stage", "prepare", "commit", "ack")

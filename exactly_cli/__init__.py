@@ -87,7 +87,7 @@ def failure_context(args: argparse.Namespace) -> FailureContext:
     if not config_file:
         return FailureContext()
     try:
-        from resources.config.pipeline_config import load_config
+        from resources.config.loading import load_config
 
         return context_of(load_config(config_file))
     except Exception:

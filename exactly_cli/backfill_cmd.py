@@ -10,7 +10,7 @@ from ledger.core.backfill import BackfillMode
 from ledger.core.batch import BatchKind
 from ledger.core.errors import ConfigError
 from ledger.core.protocol import OffsetRange
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 from resources.config.transforms import absolute_spec
 
 

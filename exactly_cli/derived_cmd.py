@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:

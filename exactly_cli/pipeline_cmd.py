@@ -18,7 +18,8 @@ from ledger.core.batch import Batch
 from ledger.core.errors import BusyError, ExactlyError
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.spark.progress import ProgressSink
 
 #: States whose batches published what they were planned on.

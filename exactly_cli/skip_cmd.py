@@ -22,7 +22,7 @@ from ledger.coordinator.decisions import record_decision
 from ledger.core.decisions import DecisionKind, Request
 from ledger.core.errors import ConfigError
 from resources.config.derived_spec import UpsertOutput
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 
 
 def _default_user() -> str:

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "pipelines"
 

@@ -27,7 +27,9 @@ from pydantic import Field
 from jobs.wiring.pipeline import Pipeline
 from ledger.core.errors import with_config
 from resources.alerts.webhook import AlertsResource
-from resources.config.pipeline_config import AlertSettings, PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
+from resources.config.sections import AlertSettings
 
 _open: dict[str, Pipeline] = {}
 _open_lock = threading.Lock()

@@ -23,7 +23,8 @@ from jobs.wiring.pipeline import build
 from ledger.core.errors import InconsistencyError
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_cli import exactly
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from orchestration.assets import topic_spec
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
 

@@ -1,5 +1,5 @@
-"""resources/config/pipeline_config.py: the pipeline YAML, validated with errors that name the
-field."""
+"""resources/config/pipeline_config.py and loading.py: the pipeline YAML, validated with errors
+that name the field."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import PipelineConfig, load_config, parse_config
+from resources.config.loading import load_config, parse_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.config.transforms import load_transform
 
 REPO = Path(__file__).resolve().parents[1]

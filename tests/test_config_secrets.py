@@ -13,7 +13,7 @@ import yaml
 
 from jobs.stage.spark_stager import SharedSpark
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 
 SECRET = "s3cr3t-planted-9f1c"
 

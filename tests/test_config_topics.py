@@ -1,4 +1,4 @@
-"""resources/config/pipeline_config.py: `kafka.topic`, `kafka.topics` and `kafka.pattern` (one of
+"""resources/config/kafka_settings.py: `kafka.topic`, `kafka.topics` and `kafka.pattern` (one of
 them).
 
 A pipeline reads one topic, a list of topics, or every topic a pattern matches at each
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from resources.config.pipeline_config import parse_config
+from resources.config.loading import parse_config
 from tests.test_config import config_error, config_with
 
 

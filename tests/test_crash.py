@@ -29,7 +29,8 @@ from ledger.coordinator.crash import POINTS
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
 from resources.config.derived_spec import PostgresOutput
-from resources.postgres.outputs import STATE_TABLE, create_output_engine
+from resources.postgres.connection import create_output_engine
+from resources.postgres.tables import STATE_TABLE
 from tests.fixtures.derived import (
     TRANSFORM,
     assert_derived_match,

@@ -26,7 +26,7 @@ from ledger.core.protocol import Available, BatchState, OffsetRange, Owner
 from ledger.store.ledger_store import LedgerStore
 from orchestration.health.stuck_sensor import evaluate_stuck
 from resources.alerts.webhook import AlertsResource
-from resources.config.pipeline_config import parse_config
+from resources.config.loading import parse_config
 from tests.fixtures.fakes import FakeSource, wired
 
 APP = "pageviews"

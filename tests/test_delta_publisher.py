@@ -283,7 +283,7 @@ def test_a_postgres_output_s_previous_batch_is_the_data_table_s_version(
     it holds it, nothing is applied and the output must hold it too."""
     import jobs.publish.delta_publisher as publisher_module
     from ledger.core.errors import InconsistencyError
-    from resources.postgres.outputs import PostgresOutcome
+    from resources.postgres.apply import PostgresOutcome
 
     calls: list[tuple[str, int, int | None]] = []
 

@@ -418,7 +418,8 @@ def test_the_postgres_check_compares_when_the_state_holds_the_raw_tables_batches
 
     from orchestration.health.derived_checks import postgres_verdict
     from resources.config.derived_spec import PostgresOutput
-    from resources.postgres.outputs import PostgresTarget, apply_partial
+    from resources.postgres.apply import apply_partial
+    from resources.postgres.target import PostgresTarget
 
     raw_uri = tmp_path / "raw"
     table = f"per_app_{uuid.uuid4().hex[:12]}"

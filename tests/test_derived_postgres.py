@@ -1,5 +1,4 @@
-"""resources/postgres/outputs.py: a batch's partial aggregate applied to a real PostgreSQL table
-exactly
+"""resources/postgres/: a batch's partial aggregate applied to a real PostgreSQL table exactly
 once, by the batch-id compare-and-set of docs/derived-tables.md.
 
 Every integration test runs against the suite's PostgreSQL server (`postgres_url`), each on a
@@ -30,7 +29,10 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
-import resources.postgres.outputs as pg
+import resources.postgres.apply as pg
+import resources.postgres.connection as pg_connection
+import resources.postgres.tables as pg_tables
+import resources.postgres.target as pg_target
 from jobs.derived.invariants import aggregate_differences, recompute_aggregate
 from ledger.coordinator.crash import CRASH_EXIT_CODE
 from ledger.core.errors import (
@@ -41,16 +43,10 @@ from ledger.core.errors import (
     UnreachableError,
 )
 from resources.config.derived_spec import AggregateOutput, PostgresOutput, parse_output
-from resources.postgres.outputs import (
-    CRASH_POINTS,
-    Decision,
-    apply_partial,
-    check_server_version,
-    create_output_engine,
-    decide,
-    ensure_tables,
-    held_batch,
-)
+from resources.postgres.apply import CRASH_POINTS, apply_partial
+from resources.postgres.connection import create_output_engine
+from resources.postgres.state import Decision, decide, held_batch
+from resources.postgres.tables import check_server_version, ensure_tables
 
 APP = "pageviews.derived.views_dashboard"
 MEASURES = [
@@ -195,7 +191,7 @@ def test_the_url_comes_from_the_environment_and_is_never_shown() -> None:
         create_output_engine(spec, env={})
     engine = create_output_engine(spec, env={"DASH_URL": "postgresql://u:s3cret@db:5432/m"})
     assert engine.url.drivername == "postgresql+psycopg"
-    assert "s3cret" not in pg._where(engine, spec)
+    assert "s3cret" not in pg_connection._where(engine, spec)
 
 
 # -- against PostgreSQL -------------------------------------------------------------------
@@ -219,7 +215,7 @@ def test_a_batch_is_applied_once_and_re_drives_change_nothing(
     assert held_batch(engine, spec, APP) == 2
     with engine.connect() as conn:
         info = conn.execute(
-            sa.text(f"SELECT metadata FROM {pg._state(spec)} WHERE output = :o"),
+            sa.text(f"SELECT metadata FROM {pg_tables._state(spec)} WHERE output = :o"),
             {"o": spec.table},
         ).scalar_one()
     assert info["exactly"] == {"app_id": APP, "batch_id": 2}  # invariant 7: the commit info
@@ -542,14 +538,14 @@ def test_a_refused_or_unreachable_server_fails_the_start_in_one_line(
     refused password or a server that does not answer is one line, exit code 2 (an
     ExactlyError), never the URL's password."""
     spec = make_spec({"env": "DASHBOARD_URL"}, "views")
-    target = pg.PostgresTarget(
+    target = pg_target.PostgresTarget(
         spec, "/tables/raw", {"DASHBOARD_URL": "postgresql://exactly:s3cret@db.invalid/x"}
     )
 
     def fails(engine: Engine, spec: PostgresOutput, schema: Any = None) -> None:
-        raise UnreachableError(f"{pg._where(engine, spec)}: connection failed: {cause}")
+        raise UnreachableError(f"{pg_connection._where(engine, spec)}: connection failed: {cause}")
 
-    monkeypatch.setattr(pg, "ensure_tables", fails)
+    monkeypatch.setattr(pg_target, "ensure_tables", fails)
     with pytest.raises(error) as info:
         target.check_reachable()
     message = str(info.value)

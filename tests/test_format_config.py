@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import load_config, parse_config
+from resources.config.loading import load_config, parse_config
 from tests.test_cli import exactly, one_error_line
 
 MINIMAL: dict[str, Any] = {

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import KafkaSettings, parse_config
+from resources.config.kafka_settings import KafkaSettings
+from resources.config.loading import parse_config
 
 
 def settings(**fields: Any) -> KafkaSettings:

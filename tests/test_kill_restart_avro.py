@@ -27,7 +27,7 @@ import yaml
 from deltalake import DeltaTable
 
 from ledger.store.ledger_store import LedgerStore
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 from resources.kafka.client import KafkaClient
 from tests.fixtures.derived import assert_derived_match
 from tests.fixtures.pipeline import assert_exactly_once, config_path

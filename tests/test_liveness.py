@@ -22,7 +22,7 @@ from ledger.core.errors import ConfigError, ExactlyError
 from ledger.core.protocol import Available, BatchState, OffsetRange, Owner
 from ledger.store.ledger_store import LedgerStore
 from orchestration.health.stuck_sensor import Cursor, decide_ack, decide_blocked, decide_stuck
-from resources.config.pipeline_config import parse_config
+from resources.config.loading import parse_config
 from tests.fixtures.batches import a_batch
 from tests.fixtures.fakes import FakePublisher, FakeSource, FakeStager
 from tests.test_two_phase import dead_pid, plan_as

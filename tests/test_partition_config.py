@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ledger.core.errors import ConfigError
+from resources.config.loading import parse_config
 from resources.config.partitioning import PartitionColumn, generation_expression, partition_values
-from resources.config.pipeline_config import parse_config
 
 MINIMAL: dict[str, Any] = {
     "pipeline": "orders",

@@ -16,7 +16,7 @@ from deltalake import DeltaTable
 
 from jobs.derived.invariants import aggregate_differences, recompute_aggregate
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import load_config, parse_config
+from resources.config.loading import load_config, parse_config
 from tests.fixtures.partitioned import paris_day, produce, run_until_caught_up
 from tests.fixtures.pipeline import config_path
 

@@ -16,7 +16,7 @@ from jobs.wiring.pipeline import build_backfill
 from ledger.coordinator.backfill import plan_backfill
 from ledger.core.backfill import BackfillMode
 from ledger.core.protocol import OffsetRange
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 from tests.fixtures.partitioned import check_partitions, paris_day, produce, run_until_caught_up
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 

@@ -13,7 +13,7 @@ from jobs.stage.staging import QUARANTINE, TABLE
 from jobs.wiring.pipeline import Pipeline
 from orchestration.health.derived_checks import derived_verdicts
 from orchestration.health.table_checks import judge_rows, last_committed
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 from tests.fixtures.partitioned import produce, run_until_caught_up
 from tests.fixtures.pipeline import config_path
 

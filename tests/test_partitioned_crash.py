@@ -14,7 +14,7 @@ import yaml
 from deltalake import DeltaTable
 
 from jobs.derived.invariants import aggregate_differences, recompute_aggregate
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 from tests.fixtures.partitioned import check_partitions, paris_day, produce, run_until_caught_up
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 

@@ -89,7 +89,7 @@ def test_a_row_without_an_event_time_lands_in_the_null_partition(
     windowed aggregate partitioned by its window date keep it."""
     import yaml
 
-    from resources.config.pipeline_config import load_config
+    from resources.config.loading import load_config
     from tests.fixtures.pipeline import config_path
 
     config = partitioned_factory(1)

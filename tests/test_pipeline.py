@@ -427,7 +427,7 @@ def test_derived_outputs_equal_their_recomputation_batch_after_batch(
     import sqlalchemy as sa
 
     from ledger.core.errors import InconsistencyError
-    from resources.postgres.outputs import STATE_TABLE
+    from resources.postgres.tables import STATE_TABLE
 
     engine = sa.create_engine(postgres_url)
     with engine.begin() as conn:
@@ -519,7 +519,7 @@ def test_an_output_added_to_a_pipeline_with_history_waits_for_its_rebuild(
     import shutil
 
     from ledger.core.errors import RefusedBatchError
-    from resources.config.pipeline_config import load_config
+    from resources.config.loading import load_config
     from tests.fixtures.derived import (
         TRANSFORM,
         assert_derived_match,

@@ -24,7 +24,8 @@ from deltalake import DeltaTable
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
 from ledger.store.ledger_store import LedgerStore
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from tests.fixtures.pipeline import crash_run, produced_coordinates
 from tests.fixtures.topic_admin import recreate_topic
 

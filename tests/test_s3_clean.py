@@ -17,7 +17,8 @@ from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
 from ledger.core.batch import Batch, StagedFile
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.delta.table import DeltaTarget
 from resources.object_storage import storage
 from tests.fixtures.s3 import put_object

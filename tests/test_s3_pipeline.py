@@ -26,7 +26,8 @@ import pytest
 import yaml
 
 from jobs.examples.sample_data import pageviews
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.object_storage.embedded_s3 import S3Server
 from resources.object_storage.s3 import S3Access
 from tests.fixtures.pipeline import assert_exactly_once, coordinates
@@ -41,7 +42,7 @@ READ_BACK = """
 import json, sys
 from jobs.stage.spark_stager import SharedSpark
 from resources.object_storage import storage
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 
 config = load_config(sys.argv[1])
 spark = SharedSpark.for_config(config)()

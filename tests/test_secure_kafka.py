@@ -18,7 +18,8 @@ from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
 from ledger.store.ledger_store import LedgerStore
 from orchestration.pipeline_definitions import pipeline_definitions
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.kafka.client import KafkaClient
 from tests.fixtures.pipeline import assert_exactly_once
 from tests.fixtures.secure_kafka import SecureKafka

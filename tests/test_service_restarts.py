@@ -26,7 +26,8 @@ import yaml
 from jobs.examples.sample_data import pageviews
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.delta.table import DeltaTarget
 from resources.jvm.process import free_port
 from resources.kafka.client import KafkaClient

@@ -23,7 +23,8 @@ import yaml
 from jobs.examples.sample_data import pageviews
 from ledger.core.errors import ConfigError
 from ledger.store.ledger_store import LedgerStore
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.jvm.process import free_port, process_args
 from resources.kafka.client import KafkaClient
 from resources.spark.shared_server import (

@@ -20,7 +20,7 @@ from jobs.stage.spark_stager import SparkStager, stage_failure
 from ledger.core.errors import AuthenticationError, UnreachableError
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.host.process import this_owner
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 from tests.fixtures.batches import a_batch
 
 BOOTSTRAP = "127.0.0.1:9"

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ledger.core.errors import ConfigError
-from resources.config.pipeline_config import load_config
+from resources.config.loading import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -99,7 +99,7 @@ def test_a_transform_file_beside_the_config_loads_with_its_sibling_modules(
     result = _in_subprocess(
         f"""
         import json, sys
-        from resources.config.pipeline_config import load_config
+        from resources.config.loading import load_config
         config = load_config({str(path)!r})
         function = config.load_transform()
         print(json.dumps({{
@@ -129,7 +129,7 @@ def test_python_path_beside_the_config_makes_a_module_transform_importable(
     result = _in_subprocess(
         f"""
         import json
-        from resources.config.pipeline_config import load_config
+        from resources.config.loading import load_config
         function = load_config({str(path)!r}).load_transform()
         print(json.dumps({{"module": function.pandas_function.__module__}}))
         """,
@@ -151,7 +151,7 @@ def test_a_folder_with_a_file_named_like_an_installed_package_shadows_nothing(
     result = _in_subprocess(
         f"""
         import json, os
-        from resources.config.pipeline_config import load_config
+        from resources.config.loading import load_config
         load_config({str(path)!r}).load_transform()
         import gql
         print(json.dumps({{"gql": gql.__file__, "env": os.environ.get("PYTHONPATH")}}))
@@ -250,7 +250,7 @@ def test_the_transform_reaches_a_python_that_cannot_import_its_folder(tmp_path: 
         f"""
         import json
         from pyspark import cloudpickle
-        from resources.config.pipeline_config import load_config
+        from resources.config.loading import load_config
         function = load_config({str(path)!r}).load_transform().pandas_function
         open({str(pickled)!r}, "wb").write(cloudpickle.dumps(function))
         print(json.dumps({{}}))

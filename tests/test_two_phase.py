@@ -1085,7 +1085,7 @@ def test_a_publish_refused_as_out_of_order_alerts_and_leaves_the_batch_prepared(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An output that refuses the batch (a PostgreSQL output's compare-and-set: out of order,
-    resources/postgres/outputs.py) is a protocol violation: the pipeline stops with an alert and the
+    resources/postgres/apply.py) is a protocol violation: the pipeline stops with an alert and the
     batch waits PREPARED, never skipped."""
     voted(tpc)
 

@@ -43,7 +43,8 @@ from ledger.coordinator.crash import CRASH_EXIT_CODE
 from ledger.core.protocol import PUBLISHED
 from ledger.store.ledger_store import LedgerStore
 from orchestration.tags import BATCH_TAG, REJECTED_TAG
-from resources.config.pipeline_config import PipelineConfig, load_config
+from resources.config.loading import load_config
+from resources.config.pipeline_config import PipelineConfig
 from resources.kafka.client import KafkaClient
 from tests.fixtures.dagster_ui import (
     ARTIFACTS,

@@ -43,7 +43,9 @@ from resources.config.pipeline_config import PipelineConfig
 from resources.delta.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
 from resources.delta.table import Compaction, DeltaTarget, TableLayout, TableStats, decode_schema
 from resources.object_storage import storage
-from resources.postgres.outputs import PostgresOutcome, PostgresTarget, apply_partial, held_state
+from resources.postgres.apply import PostgresOutcome, apply_partial
+from resources.postgres.state import held_state
+from resources.postgres.target import PostgresTarget
 
 #: The batch metrics key of what each derived output's commit did (`merge_outcome`).
 DERIVED_METRICS = "derived"

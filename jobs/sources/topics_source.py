@@ -18,7 +18,7 @@ from resources.kafka.client import KafkaClient
 from resources.kafka.topic_selection import TopicSelection
 
 if TYPE_CHECKING:
-    from resources.config.pipeline_config import KafkaSettings
+    from resources.config.kafka_settings import KafkaSettings
 
 
 class KafkaTopicsSource:

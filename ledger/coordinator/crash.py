@@ -29,7 +29,7 @@ POINTS = (
     "after_stage",
     "after_prepare",
     "between_derived_commits",
-    # resources/postgres/outputs.py: a PostgreSQL output's transaction, before and after its COMMIT
+    # resources/postgres/apply.py: a PostgreSQL output's transaction, before and after its COMMIT
     "postgres_before_commit",
     "postgres_after_commit",
     "between_table_commits",

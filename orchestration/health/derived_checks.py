@@ -44,7 +44,7 @@ from orchestration.health.verdict import Verdict
 from resources.config.derived_spec import DELETED, OFFSET, PARTITION, AggregateOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
 from resources.delta.table import DeltaTarget
-from resources.postgres.outputs import PostgresTarget, read_output
+from resources.postgres.target import PostgresTarget, read_output
 
 #: The application transactions a pair of versions must agree on: (live, backfill) batch ids.
 Apps = tuple[int | None, int | None]

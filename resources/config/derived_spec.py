@@ -1,9 +1,8 @@
 """What a derived output is: an aggregate or an upsert by key, kept beside the raw table.
 
-Validated the way the pipeline config is (resources/config/pipeline_config.py): unknown keys and
-bad values
-are errors naming the field, in one line, because an output that silently aggregates the
-wrong column is as bad as a lost record.
+Validated the way the pipeline config is (resources/config/pipeline_config.py): unknown keys
+and bad values are errors naming the field, in one line, because an output that silently
+aggregates the wrong column is as bad as a lost record.
 """
 
 from __future__ import annotations
@@ -15,8 +14,9 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from sqlalchemy.engine import make_url
 
 from ledger.core.errors import ConfigError, RefusedBatchError
+from resources.config.env_values import EnvValue, OptionValue
 from resources.config.partitioning import PartitionColumn, check_unique
-from resources.config.strict import _NAME, EnvValue, OptionValue, _Strict
+from resources.config.strict import _NAME, _Strict
 
 #: A column name the MERGE's SQL can name without surprises (quoted with backticks there).
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
@@ -229,12 +229,12 @@ class PostgresOutput(_Named, _Aggregation):
     """An aggregate kept in a PostgreSQL table, for dashboards that read a database.
 
     Each batch's partial is applied in one SQL transaction together with the batch id in
-    `exactly_output_state`, a compare-and-set on the batch id (resources/postgres/outputs.py).
+    `exactly_output_state`, a compare-and-set on the batch id (resources/postgres/apply.py).
 
     `url` is a SQLAlchemy URL. A URL that holds a password must be given as `{env: NAME}`
-    (resources/config/pipeline_config.py `EnvValue`), so the config, the Dagster UI, the logs and
-    the ledger
-    never hold it; a URL without one (trust, peer or a `.pgpass`) may be written out.
+    (resources/config/env_values.py `EnvValue`), so the config, the Dagster UI, the logs and
+    the ledger never hold it; a URL without one (trust, peer or a `.pgpass`) may be written
+    out.
     """
 
     kind: Literal["postgres"]
