@@ -8,12 +8,12 @@ publisher by contract tests. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
-from ledger.core.batch import Batch, Owner, StagedFile
+from ledger.core.batch import Batch, BatchKind, Owner, StagedFile
 from ledger.core.decisions import Decision
 from ledger.core.protocol import Available, BatchState, OffsetRange, Positions
 
@@ -133,6 +133,14 @@ class TopicsSource(Protocol):
         """Move the consumer group to the ranges' ends, on every topic (advisory)."""
 
 
+#: What `Ledger.plan` asks for the new batch's ranges: given the positions read under the
+#: planning lock (per topic when the batch reads several), the ranges, or None to plan nothing.
+RangesFor: TypeAlias = (
+    Callable[[Positions], Iterable[OffsetRange] | None]
+    | Callable[[Mapping[str, Positions]], Iterable[OffsetRange] | None]
+)
+
+
 class Ledger(Protocol):
     """The commit ledger as the coordinator uses it (ledger/store/ledger_store.py
     `LedgerStore`): every write fenced by the batch's (state, attempt) token, every
@@ -168,11 +176,40 @@ class Ledger(Protocol):
     def positions(self, app_id: str) -> Positions:
         """The next offset per partition, moved by the decisions taken since."""
 
-    def positions_by_topic(self, app_id: str) -> Any:
+    def positions_by_topic(self, app_id: str) -> dict[str, Positions]:
         """The same, per topic, for a pipeline on several topics."""
 
-    def plan(self, **kwargs: Any) -> Batch:
-        """Plan the next batch in one transaction under the in-flight guard."""
+    def topic_ids_read(self, app_id: str) -> set[str]:
+        """Every topic id a batch of `app_id` that was not abandoned was planned on."""
+
+    def plan(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: BatchKind,
+        ranges_for: RangesFor,
+        owner: Owner | None = None,
+        params: Mapping[str, Any] | None = None,
+        batch_id: int | None = None,
+        contiguous: bool = True,
+        check: Callable[[Sequence[Batch]], None] | None = None,
+        topic_id: str | None = None,
+        topic_ids: Mapping[str, str] | None = None,
+    ) -> Batch | None:
+        """Plan the next batch in one transaction under the in-flight guard; None when
+        `ranges_for` proposes nothing."""
+
+    def record_decision(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        decide: Callable[[Positions, int], Decision],
+        floor_batch_id: int | None = None,
+        topic: str | None = None,
+    ) -> Decision:
+        """Record an operator decision built on the positions read under the planning lock."""
 
     def transition(
         self,
@@ -202,11 +239,37 @@ class Ledger(Protocol):
     def record_metrics(self, batch: Batch, metrics: Mapping[str, Any]) -> Batch:
         """Merge metrics without changing state; fenced."""
 
-    def insert_committed(self, **kwargs: Any) -> bool:
-        """Re-create a COMMITTED batch found in a Delta log (ledger rebuild)."""
+    def insert_committed(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: BatchKind,
+        batch_id: int,
+        ranges: Iterable[OffsetRange],
+        table_version: int | None,
+        committed_at: datetime | None = None,
+        params: Mapping[str, Any] | None = None,
+        topic_id: str | None = None,
+        decisions: Iterable[Decision] = (),
+    ) -> bool:
+        """Re-create a COMMITTED batch found in a Delta log (ledger rebuild). Idempotent."""
 
-    def insert_unfinished(self, **kwargs: Any) -> bool:
-        """Re-create a batch some outputs hold and others not (ledger rebuild)."""
+    def insert_unfinished(
+        self,
+        *,
+        pipeline: str,
+        app_id: str,
+        kind: BatchKind,
+        batch_id: int,
+        ranges: Iterable[OffsetRange],
+        params: Mapping[str, Any] | None,
+        reason: str,
+        metrics: Mapping[str, Any],
+        topic_id: str | None = None,
+        decisions: Iterable[Decision] = (),
+    ) -> bool:
+        """Re-create a batch some outputs hold and others not (ledger rebuild). Idempotent."""
 
     def insert_decision(self, decision: Decision) -> bool:
         """Re-create a decision found in a Delta log's commit metadata. Idempotent."""

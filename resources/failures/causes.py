@@ -161,7 +161,7 @@ _ERRNO_CAUSES = {
 
 #: Texts that name a cause, most specific first; the first that matches anywhere in the
 #: chain wins. Java's, Hadoop's, delta-rs's (Rust's `os error N`) and librdkafka's. (The
-#: ledger's own full or read-only SQLite file is said by ledger/store/ledger_store.py, naming the
+#: ledger's own full or read-only SQLite file is said by ledger/store/connection.py, naming the
 # ledger.)
 _TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
