@@ -4,8 +4,7 @@ Each sub-command lives in a module of this package with a `register(subparsers)`
 `main` turns every failure into one line on stderr, so scripts and operators get the problem,
 not a traceback: an `ExactlyError`, or an error whose cause is known (a full disk, a read-only
 folder, Spark out of memory, ...: resources/failures/causes.py), is one line naming the cause and
-the
-path or service, exit code 2; anything unforeseen is one line naming the log file (under the
+the path or service, exit code 2; anything unforeseen is one line naming the log file (under the
 state folder) that holds its full traceback, exit code 1.
 """
 

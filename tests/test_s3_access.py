@@ -1,6 +1,5 @@
 """resources/object_storage/s3.py: one S3Access from the standard AWS variables or a profile, the
-same for
-boto3, pyarrow and delta-rs, and never showing its secrets."""
+same for boto3, pyarrow and delta-rs, and never showing its secrets."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """The orphan cleaner (jobs/maintenance/cleaner.py) on S3: it lists an aborted attempt's objects
-with
-boto3 and deletes them, Spark's markers included, and leaves a committed batch's files,
+with boto3 and deletes them, Spark's markers included, and leaves a committed batch's files,
 which its table reads, alone."""
 
 from __future__ import annotations

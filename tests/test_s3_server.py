@@ -1,6 +1,6 @@
 """resources/object_storage/embedded_s3.py: the loopback S3 server starts, honours conditional
-writes (which
-delta-rs's commits on S3 rely on), serves every client through the standard AWS variables,
+writes (which delta-rs's commits on S3 rely on), serves every client through the standard AWS
+variables,
 and stops."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """resources/object_storage/storage.py on S3, and what reads and writes through it: the staged
-files'
-descriptions for the vote, the commit's existence and size checks, Parquet read for the
+files' descriptions for the vote, the commit's existence and size checks, Parquet read for the
 replace backfill's rewrites, and delta-rs commits, all against the loopback S3 server with
 nothing but the standard AWS variables set."""
 

@@ -5,8 +5,7 @@ with one `exactly: error:` line and exit code 2 (never a traceback), the next ru
 what was left, and every record is in the tables once.
 
 The run is held at a pause point (ledger/coordinator/crash.py) while the test stops the service, so
-the
-restart lands where the protocol is most exposed, not wherever a timer happens to fall. Each
+the restart lands where the protocol is most exposed, not wherever a timer happens to fall. Each
 test owns its service (a broker, a PostgreSQL cluster): the session's are shared.
 """
 

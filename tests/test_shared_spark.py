@@ -1,6 +1,5 @@
 """The shared Spark Connect server (`spark.server: shared`, resources/spark/shared_server.py): runs
-in
-separate processes stage on one server, a server that died is replaced, a pid that now
+in separate processes stage on one server, a server that died is replaced, a pid that now
 belongs to another process is not taken for the server, and racing starts start one.
 
 Real broker, real Spark Connect servers started by the product itself, real Delta tables;

@@ -256,8 +256,7 @@ def test_a_vote_records_a_derived_output_s_files_under_its_long_target(
 ) -> None:
     """A derived output votes as `derived:<name>`, its name up to 128 characters
     (resources/config/derived_spec.py): the vote's target column must hold it on every database,
-    not only
-    on SQLite, which ignores declared lengths."""
+    not only on SQLite, which ignores declared lengths."""
     target = "derived:" + "views_per_app_and_minute".ljust(128, "x")
     batch = walk_to(store, plan(store), S.STAGED)
     files = [staged_file("a"), staged_file("p", target=target)]

@@ -1,6 +1,5 @@
 """ledger/store/ledger_store.py with several topics: one batch records every topic's ranges, each
-with
-its own topic id, and reads positions back per topic; a ledger written for one topic by
+with its own topic id, and reads positions back per topic; a ledger written for one topic by
 exactly before several topics existed reads the same (tests/ledger_fixtures/: the script
 that wrote it with the code of commit 804554c, and its dump)."""
 

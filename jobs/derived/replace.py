@@ -48,8 +48,8 @@ from resources.delta.table import in_ranges as rows_in_ranges
 def in_ranges(rows: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
     """Per row: do its coordinates (topic, partition, offset) fall in one of `ranges`? The
     same rule as the raw table's replace (resources/delta/table.py `in_ranges`, called), so the
-    rows taken
-    out of a derived output are exactly the rows the raw table's commit removes (invariant
+    rows taken out of a derived output are exactly the rows the raw table's commit removes
+    (invariant
     1: a row counted twice, or not taken out, is a record held twice or lost)."""
     missing = [c for c in (TOPIC, PARTITION, OFFSET) if c not in rows.column_names]
     if missing:

@@ -1,6 +1,5 @@
 """The protocol's publisher (ledger/coordinator/two_phase.py `Publisher`): a pipeline's data table,
-its
-quarantine table and its derived outputs (derived/), published together, batch by batch,
+its quarantine table and its derived outputs (derived/), published together, batch by batch,
 with delta-rs.
 
 Every commit carries the batch's offsets in its metadata, so any output's log can rebuild a
@@ -466,8 +465,7 @@ class DeltaPublisher:
           past the table (`_postgres_batches`) is re-driven and skipped by the state's id;
         - a backfill (fill) batch: its app id (`<pipeline>.backfill`) has its own version
           in the data table and its own state row (resources/config/derived_spec.py `app_id`), so
-          live and
-          backfill ids never meet; a replace is refused before it is planned;
+          live and backfill ids never meet; a replace is refused before it is planned;
         - a racing committer that read the table's version before the other finished: the
           row lock serialises them and the state's id (at or past the batch) skips it.
 

@@ -1,6 +1,5 @@
 """The protocol's stager (ledger/coordinator/two_phase.py `Stager`): the Spark stage job
-(jobs/stage/staging.py)
-run for one batch, in the process's one Spark session.
+(jobs/stage/staging.py) run for one batch, in the process's one Spark session.
 """
 
 from __future__ import annotations
@@ -186,8 +185,7 @@ class SparkStager:
 
         Nothing is lost by failing here: the batch has not voted, so the next run abandons
         this attempt and plans the same range again (ledger/coordinator/two_phase.py, `recover`).
-        The
-        translation only changes what the operator reads: one line and exit code 2, where
+        The translation only changes what the operator reads: one line and exit code 2, where
         Spark would print the Java stack trace of every retry.
         """
         try:

@@ -1,10 +1,8 @@
 """The commit protocol's pure core: batch states, legal transitions, and offset planning.
 
 Nothing here does I/O. The store (ledger/store/ledger_store.py) persists what this module decides,
-the
-coordinator (ledger/coordinator/two_phase.py) calls the edges (Kafka, Spark, Delta) in the order
-this
-module allows, and each rule below is tested on its own in tests/test_protocol.py.
+the coordinator (ledger/coordinator/two_phase.py) calls the edges (Kafka, Spark, Delta) in the order
+this module allows, and each rule below is tested on its own in tests/test_protocol.py.
 
 A batch is one checkpoint in the sense of Flink's two-phase commit (see
 docs/protocol.md):

@@ -1,6 +1,5 @@
 """The `<pipeline>_clean` job: delete the pipeline's staged orphans (jobs/maintenance/cleaner.py),
-the
-same code as `exactly clean`, on the process's shared ledger and tables.
+the same code as `exactly clean`, on the process's shared ledger and tables.
 
 Its own concurrency key (`<pipeline>.clean`): a clean never waits behind micro-batches nor
 holds them up, and two cleans of one pipeline never run at once. Running beside batches is

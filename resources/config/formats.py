@@ -1,7 +1,6 @@
 """`format:` in a pipeline config: records in Avro, decoded by Spark's own `from_avro`
 (jobs/formats/avro_decode.py), or in Protobuf (jobs/formats/protobuf_decode.py; schema: a .proto or
-a
-descriptor set, resources/config/proto_schema.py), so a pipeline needs no hand-written transform.
+a descriptor set, resources/config/proto_schema.py), so a pipeline needs no hand-written transform.
 
 Two wire formats. `plain`: each Kafka value is one Avro binary datum written with the schema
 in `schema_file`. `confluent`: the Confluent wire format, one magic byte 0, a 4-byte

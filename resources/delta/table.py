@@ -588,8 +588,7 @@ class DeltaTarget:
         a mixture, as any reader of that table could.
 
         delta-rs retries the store itself (resources/object_storage/s3.py sizes its budget); a
-        failure
-        that outlasts it is an UnreachableError naming the table, one line.
+        failure that outlasts it is an UnreachableError naming the table, one line.
         """
         kept: _Kept | None = getattr(self._local, "kept", None)
         if kept is not None:

@@ -1,8 +1,7 @@
 """Which topics a pipeline reads: one name, a list of names, or a pattern.
 
 The config (resources/config/pipeline_config.py `KafkaSettings.selection`) gives one of the three.
-A pattern
-is resolved against the topics Kafka lists at each plan, never once at start-up: a topic
+A pattern is resolved against the topics Kafka lists at each plan, never once at start-up: a topic
 created later that matches is read from `kafka.starting_offsets` from the first batch
 planned after it exists, as Structured Streaming's `subscribePattern` and Kafka Connect's
 `topics.regex` do. The set a batch was planned on is recorded with its ranges (one range per

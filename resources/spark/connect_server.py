@@ -1,8 +1,7 @@
 """A Spark Connect server for tests and development, run from pyspark's own Spark distribution.
 
 It gets the project's jars and the same settings as a local session (`resources.spark.session`), so
-a
-remote session reads Kafka and writes Delta exactly as a local one does. A production run
+a remote session reads Kafka and writes Delta exactly as a local one does. A production run
 connects to a server someone else operates (an `sc://` spark.master) and never starts one,
 which is why this launcher lives here and not in `resources/`.
 

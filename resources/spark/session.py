@@ -6,8 +6,8 @@ Spark's default INT96.
 
 Tables in object storage (`s3://`) are written through Hadoop's s3a filesystem: a session
 given an `S3Access` (resources/object_storage/s3.py, the same endpoint and credentials boto3,
-pyarrow and
-delta-rs use) loads the s3a jars and points s3a at that endpoint; `s3://` is mapped to s3a as
+pyarrow and delta-rs use) loads the s3a jars and points s3a at that endpoint; `s3://` is mapped to
+s3a as
 well, so Spark reads the URIs the config holds. Credentials the JVM can read from its own
 environment (the standard AWS variables it inherits) stay out of Spark's settings.
 
