@@ -37,7 +37,7 @@ from ledger.core.errors import ConfigError, InconsistencyError
 from ledger.core.protocol import BatchState, OffsetRange, Owner
 from ledger.store.ledger_store import LedgerStore
 from resources.config.pipeline_config import PipelineConfig, load_config
-from resources.delta.table import encode_schema
+from resources.delta.schema import encode_schema
 from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 

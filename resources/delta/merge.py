@@ -1,6 +1,6 @@
 """Applying a batch's partial to a derived output's Delta table, idempotently (delta-rs MERGE).
 
-The same compare-and-set as the raw table's commit (resources/delta/table.py `_commit`, invariant
+The same compare-and-set as the raw table's commit (resources/delta/commit.py, invariant
 2), on the output's own application id: read the table's app-transaction version, skip if it
 is at or past the batch id, else MERGE with the app transaction (app id, batch id) and no
 automatic retry. Two writers of one batch race for one table version: one commits, the
@@ -38,14 +38,11 @@ from resources.config.derived_spec import (
     correction_count,
 )
 from resources.config.partitioning import check_layout
-from resources.delta.table import (
-    MAX_UNKNOWN_OUTCOMES,
-    METADATA_KEY,
-    DeltaTarget,
-    store_failure,
-    user_metadata,
-    widen_schema,
-)
+from resources.delta.commit import MAX_UNKNOWN_OUTCOMES
+from resources.delta.log import METADATA_KEY, user_metadata
+from resources.delta.options import store_failure
+from resources.delta.schema import widen_schema
+from resources.delta.table import DeltaTarget
 from resources.delta.window_dates import with_window_dates
 
 SOURCE, TARGET = "s", "t"
@@ -233,7 +230,7 @@ def merge_upsert(
 
 def _in_ranges(alias: str, ranges: Sequence[OffsetRange]) -> str:
     """SQL: the row's coordinates fall in one of `ranges` (false for none); the same rule
-    as the raw table's replace (resources/delta/table.py `in_ranges`)."""
+    as the raw table's replace (resources/delta/rewrite.py `in_ranges`)."""
     if not ranges:
         return "FALSE"
     parts = []

@@ -51,7 +51,8 @@ from ledger.core.errors import (
 )
 from resources.config.derived_spec import PostgresOutput
 from resources.config.pipeline_config import resolve_options
-from resources.delta.table import MAX_UNKNOWN_OUTCOMES, METADATA_KEY
+from resources.delta.commit import MAX_UNKNOWN_OUTCOMES
+from resources.delta.log import METADATA_KEY
 
 STATE_TABLE = "exactly_output_state"
 #: NULLS NOT DISTINCT unique indexes (a null group key is one group, as in the Delta
