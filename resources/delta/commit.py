@@ -58,7 +58,8 @@ MAX_UNKNOWN_OUTCOMES = 5
 
 @dataclass(frozen=True)
 class CommitOutcome:
-    """What one publish did. `published` is False when the table already had the batch."""
+    """What one publish or replace did. `published` is False when the table already had the
+    batch (a MERGE reports it as merge.py's MergeOutcome)."""
 
     published: bool
     table_version: int
