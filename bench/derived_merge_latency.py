@@ -29,7 +29,8 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from ledger.core.batch import StagedFile
 from resources.config.derived_spec import AggregateOutput, parse_output
 from resources.delta.merge import merge_aggregate
-from resources.delta.table import DeltaTarget, delta_stats
+from resources.delta.stats import delta_stats
+from resources.delta.table import DeltaTarget
 
 
 def partial(first: int, rows: int) -> pa.Table:

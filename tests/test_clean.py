@@ -38,7 +38,7 @@ from ledger.core.protocol import BatchState, OffsetRange, Owner
 from ledger.store.ledger_store import LedgerStore
 from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
-from resources.delta.table import encode_schema
+from resources.delta.schema import encode_schema
 from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 

@@ -30,7 +30,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from ledger.core.batch import StagedFile
 from ledger.core.protocol import OffsetRange
-from resources.delta.table import CommitOutcome, DeltaTarget, delta_stats, stats_json
+from resources.delta.commit import CommitOutcome
+from resources.delta.stats import delta_stats, stats_json
+from resources.delta.table import DeltaTarget
 from resources.object_storage import storage
 
 TOPIC = "pageviews"

@@ -15,7 +15,8 @@ from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
 from ledger.core.batch import Batch, StagedFile
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.host.process import this_owner
-from resources.delta.table import DeltaTarget, encode_schema
+from resources.delta.schema import encode_schema
+from resources.delta.table import DeltaTarget
 from tests.fixtures.batches import a_batch
 
 APP = "pageviews"

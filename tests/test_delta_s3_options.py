@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ledger.core.errors import ConfigError
-from resources.delta.table import DeltaTarget, storage_options_for
+from resources.delta.options import storage_options_for
+from resources.delta.table import DeltaTarget
 
 S3_ENV = {
     "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",

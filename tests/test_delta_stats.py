@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.stage import parquet_files
-from resources.delta.table import delta_stats, nan_columns, stats_json
+from resources.delta.stats import delta_stats, nan_columns, stats_json
 
 
 def _written(tmp_path: Path, table: pa.Table, **options: Any) -> pq.FileMetaData:

@@ -25,7 +25,8 @@ from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, derived_target
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.protocol import BatchState, OffsetRange
 from resources.config.derived_spec import AggregateOutput, UpsertOutput, parse_output
-from resources.delta.table import DeltaTarget, encode_schema
+from resources.delta.schema import encode_schema
+from resources.delta.table import DeltaTarget
 from tests.fixtures.batches import a_batch
 
 TOPIC = "pv"

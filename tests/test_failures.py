@@ -281,7 +281,7 @@ def test_an_op_s_failure_is_the_cli_s_line_without_frames(
 def test_delta_rs_on_a_full_local_disk_is_not_called_an_object_store_failure() -> None:
     from deltalake.exceptions import DeltaError
 
-    from resources.delta.table import store_failure
+    from resources.delta.options import store_failure
 
     full = store_failure("/data/pv/table", DeltaError(DELTA_RS_NO_SPACE))
     assert str(full).startswith("no space left on device: /data/pv/table; free space there")

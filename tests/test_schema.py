@@ -24,7 +24,8 @@ from jobs.wiring.pipeline import build
 from ledger.core.errors import InconsistencyError
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
-from resources.delta.table import DeltaTarget, encode_schema
+from resources.delta.schema import encode_schema
+from resources.delta.table import DeltaTarget
 from tests.fixtures.pipeline import assert_exactly_once
 
 NORMAL = "jobs.examples.pageviews:transform"

@@ -20,7 +20,7 @@ from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import Pipeline, build
 from orchestration.health.stuck_sensor import evaluate
 from resources.alerts.webhook import AlertsResource
-from resources.delta.table import METADATA_KEY
+from resources.delta.log import METADATA_KEY
 from tests.fixtures.pipeline import (
     assert_exactly_once,
     config_path,

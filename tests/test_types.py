@@ -33,7 +33,8 @@ from pyspark.sql import functions as F
 from jobs.derived.invariants import aggregate_differences, recompute_aggregate
 from jobs.wiring.pipeline import build
 from resources.config.loading import load_config
-from resources.delta.table import Compaction, DeltaTarget
+from resources.delta.compaction import Compaction
+from resources.delta.table import DeltaTarget
 from tests.fixtures.pipeline import assert_exactly_once
 
 TRANSFORM = "tests.transforms:every_type"

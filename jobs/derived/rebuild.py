@@ -44,7 +44,8 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 from jobs.derived.invariants import latest_records, raw_table_rows, recompute_aggregate
 from ledger.core.errors import CONFIG_PLACEHOLDER, InconsistencyError, RefusedBatchError
 from resources.config.derived_spec import DELETED, AggregateOutput, UpsertOutput
-from resources.delta.table import METADATA_KEY, DeltaTarget
+from resources.delta.log import METADATA_KEY
+from resources.delta.table import DeltaTarget
 from resources.delta.window_dates import with_window_dates
 
 

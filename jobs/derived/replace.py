@@ -42,12 +42,12 @@ from resources.config.derived_spec import (
     UpsertOutput,
     correction_count,
 )
-from resources.delta.table import in_ranges as rows_in_ranges
+from resources.delta.rewrite import in_ranges as rows_in_ranges
 
 
 def in_ranges(rows: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
     """Per row: do its coordinates (topic, partition, offset) fall in one of `ranges`? The
-    same rule as the raw table's replace (resources/delta/table.py `in_ranges`, called), so the
+    same rule as the raw table's replace (resources/delta/rewrite.py `in_ranges`, called), so the
     rows taken out of a derived output are exactly the rows the raw table's commit removes
     (invariant
     1: a row counted twice, or not taken out, is a record held twice or lost)."""

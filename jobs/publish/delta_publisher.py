@@ -39,8 +39,10 @@ from resources.config.derived_spec import (
     UpsertOutput,
 )
 from resources.config.pipeline_config import PipelineConfig
+from resources.delta.compaction import Compaction
 from resources.delta.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
-from resources.delta.table import Compaction, DeltaTarget, TableLayout, TableStats, decode_schema
+from resources.delta.schema import decode_schema
+from resources.delta.table import DeltaTarget, TableLayout, TableStats
 from resources.object_storage import storage
 from resources.postgres.apply import PostgresOutcome, apply_partial
 from resources.postgres.state import held_state

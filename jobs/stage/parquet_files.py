@@ -1,7 +1,7 @@
 """Describe staged Parquet files for the prepare vote: size, record count, Delta statistics.
 
 Each footer is read once, here, and a file's float columns once if it has any (a footer's
-min/max may leave NaN out: resources/delta/table.py `_json_value`); the vote stores the result and
+min/max may leave NaN out: resources/delta/stats.py `_json_value`); the vote stores the result and
 the commit reuses it, so publishing never touches the data files again.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ledger.core.batch import StagedFile
-from resources.delta.table import delta_stats, float_columns, nan_columns, stats_json
+from resources.delta.stats import delta_stats, float_columns, nan_columns, stats_json
 from resources.object_storage import storage
 
 

@@ -28,7 +28,7 @@ from ledger.core.ports import StageOutput
 from ledger.core.protocol import OffsetRange
 from resources.config.derived_spec import DELETED, AnyOutput, UpsertOutput
 from resources.config.partitioning import PartitionColumn
-from resources.delta.table import encode_schema
+from resources.delta.schema import encode_schema
 from resources.object_storage import storage
 
 COORDINATES = ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_batch_id")

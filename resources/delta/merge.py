@@ -1,28 +1,28 @@
 """Applying a batch's partial to a derived output's Delta table, idempotently (delta-rs MERGE).
 
-The same compare-and-set as the raw table's commit (resources/delta/table.py `_commit`, invariant
-2), on the output's own application id: read the table's app-transaction version, skip if it
-is at or past the batch id, else MERGE with the app transaction (app id, batch id) and no
-automatic retry. Two writers of one batch race for one table version: one commits, the
-other fails with CommitFailedError, re-reads, finds the batch applied, and adds nothing.
+Through the raw table's compare-and-set loop (resources/delta/commit.py, invariant 2), on the
+output's own application id: read the table's app-transaction version, skip if it is at or
+past the batch id, else MERGE with the app transaction (app id, batch id) and no automatic
+retry. Two writers of one batch race for one table version: one commits, the other fails
+with CommitFailedError, re-reads, finds the batch applied, and adds nothing.
 
 Retries must stay off: delta-rs retrying a MERGE rebases it onto the newer version, and the
 MERGE it re-runs was planned before the other commit, so a batch's counts could be added
 twice (the app transaction is checked by delta-rs only against a concurrent commit of the
 same app id, never against the stored version). Every decision is ours, on a fresh read.
+This module owns what is the MERGE's own: its SQL per output kind, the schema rule for a
+partial, and the commit of a MERGE that changed no row.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake import CommitProperties, DeltaTable
 from deltalake.table import TableMerger
 
 from ledger.core.errors import InconsistencyError, RefusedBatchError
@@ -38,14 +38,10 @@ from resources.config.derived_spec import (
     correction_count,
 )
 from resources.config.partitioning import check_layout
-from resources.delta.table import (
-    MAX_UNKNOWN_OUTCOMES,
-    METADATA_KEY,
-    DeltaTarget,
-    store_failure,
-    user_metadata,
-    widen_schema,
-)
+from resources.delta.commit import Try, commit_batch
+from resources.delta.options import store_failure
+from resources.delta.schema import widen_schema
+from resources.delta.table import DeltaTarget
 from resources.delta.window_dates import with_window_dates
 
 SOURCE, TARGET = "s", "t"
@@ -177,26 +173,8 @@ def merge_upsert(
     batch can commit in between: fills and replaces share the backfill app id, one batch
     in flight at a time.
     """
-    if DELETED not in partial.column_names:
-        raise InconsistencyError(
-            f"derived output {spec.name}: the partial has no {DELETED} column "
-            "(jobs/derived/partials.py latest_per_key adds it)"
-        )
     replace = replaced is not None
-    # invariant 1 on the output: an ordinary batch merged as a replace would overwrite
-    # newer rows, a replace merged as a batch would keep the replaced records
-    if replace != (ABSENT in partial.column_names):
-        raise InconsistencyError(
-            f"derived output {spec.name}: a {'replace' if replace else 'batch'} partial "
-            f"{'without' if replace else 'with'} an {ABSENT} column (jobs/derived/replace.py "
-            "upsert_replacement adds it, and only a replace merges it)"
-        )
-    # a null flag would make a row neither live nor deleted for readers
-    partial = partial.set_column(
-        partial.schema.get_field_index(DELETED),
-        pa.field(DELETED, pa.bool_(), nullable=False),
-        pc.fill_null(partial[DELETED].cast(pa.bool_()), False),
-    )
+    partial = _upsert_partial(spec, partial, replace)
     schema = partial.schema
     if replace:
         schema = schema.remove(schema.get_field_index(ABSENT))
@@ -231,9 +209,33 @@ def merge_upsert(
     )  # fmt: skip
 
 
+def _upsert_partial(spec: UpsertOutput, partial: pa.Table, replace: bool) -> pa.Table:
+    """`partial` with a `_deleted` flag that is never null, once it is checked to be the
+    kind of partial this merge takes: a replace's, or an ordinary batch's."""
+    if DELETED not in partial.column_names:
+        raise InconsistencyError(
+            f"derived output {spec.name}: the partial has no {DELETED} column "
+            "(jobs/derived/partials.py latest_per_key adds it)"
+        )
+    # invariant 1 on the output: an ordinary batch merged as a replace would overwrite
+    # newer rows, a replace merged as a batch would keep the replaced records
+    if replace != (ABSENT in partial.column_names):
+        raise InconsistencyError(
+            f"derived output {spec.name}: a {'replace' if replace else 'batch'} partial "
+            f"{'without' if replace else 'with'} an {ABSENT} column (jobs/derived/replace.py "
+            "upsert_replacement adds it, and only a replace merges it)"
+        )
+    # a null flag would make a row neither live nor deleted for readers
+    return partial.set_column(
+        partial.schema.get_field_index(DELETED),
+        pa.field(DELETED, pa.bool_(), nullable=False),
+        pc.fill_null(partial[DELETED].cast(pa.bool_()), False),
+    )
+
+
 def _in_ranges(alias: str, ranges: Sequence[OffsetRange]) -> str:
     """SQL: the row's coordinates fall in one of `ranges` (false for none); the same rule
-    as the raw table's replace (resources/delta/table.py `in_ranges`)."""
+    as the raw table's replace (resources/delta/rewrite.py `in_ranges`)."""
     if not ranges:
         return "FALSE"
     parts = []
@@ -270,64 +272,53 @@ def _apply(
     max_tries: int,
     before_commit: Callable[[], None] | None,
 ) -> MergeOutcome:
-    """The compare-and-set loop (module docstring).
+    """The MERGE through the one compare-and-set loop (resources/delta/commit.py).
 
     A try whose outcome is unknown (a DeltaError other than a lost race, an OSError: the
     store may have written the entry and lost the answer) is decided the same way, by the
     next read of the app-transaction version, which lands in the same commit as the MERGE's
-    rows: the version says whether the rows are there. `before_commit` runs between the
-    read and the MERGE (tests use it to make two writers race).
+    rows: the version says whether the rows are there. A MERGE names no files before it
+    runs, so a batch found in the table is never this call's (`applied` False). Each try
+    checks the partial's schema against the table as read, then runs `before_commit`
+    between the read and the MERGE (tests use it to make two writers race).
     """
-    started = time.perf_counter()
-    last_error: Exception | None = None
-    unknown = 0
-    ours = {**(metadata or {}), "app_id": app_id, "batch_id": batch_id}
-    custom = {METADATA_KEY: ours, "userMetadata": user_metadata(ours)}
-    for tries in range(1, max_tries + 1):
-        table = target.load()
-        if table is None:
-            target.ensure_table(schema)
-            continue
-        version = table.transaction_version(app_id)
-        if version is not None and version >= batch_id:
-            return MergeOutcome(False, table.version(), tries, time.perf_counter() - started)
+
+    def planned(table: DeltaTable, _try: int) -> Try:
         before = table.version()
         _check_schema(table, schema, target.uri, name)
-        properties = CommitProperties(
-            app_transactions=[Transaction(app_id, batch_id)],
-            custom_metadata=custom,
-            max_commit_retries=0,
-        )
         if before_commit is not None:
             before_commit()
-        try:
-            with target.commit_scope():
-                metrics = plan(table, properties).execute()
-                if table.version() == before:
-                    _record_only(table, properties)
-        except CommitFailedError as exc:
-            last_error = exc
-            time.sleep(min(0.05 * tries, 1.0))
-            continue
-        except (DeltaError, OSError) as exc:
-            unknown += 1
-            if unknown > MAX_UNKNOWN_OUTCOMES:
-                if isinstance(exc, OSError):
-                    raise store_failure(target.uri, exc) from exc
-                # a MERGE that cannot be planned fails the same way every time
-                raise InconsistencyError(
-                    f"derived output {name}: the MERGE of batch {app_id}/{batch_id} failed "
-                    f"{unknown} times in a row: {store_failure(target.uri, exc)}"
-                ) from exc
-            last_error = exc
-            time.sleep(min(0.05 * tries, 1.0))
-            continue
-        return MergeOutcome(
-            True, table.version(), tries, time.perf_counter() - started, dict(metrics)
+
+        def commit(properties: CommitProperties) -> Mapping[str, Any]:
+            metrics = plan(table, properties).execute()
+            if table.version() == before:
+                _record_only(table, properties)
+            return dict(metrics)
+
+        return Try(frozenset(), commit)
+
+    def give_up(exc: Exception, unknown: int) -> Exception:
+        if isinstance(exc, OSError):
+            return store_failure(target.uri, exc)
+        # a MERGE that cannot be planned fails the same way every time: not the store
+        return InconsistencyError(
+            f"derived output {name}: the MERGE of batch {app_id}/{batch_id} failed "
+            f"{unknown} times in a row: {store_failure(target.uri, exc)}"
         )
-    raise InconsistencyError(
-        f"{target.uri}: derived output {name}, batch {app_id}/{batch_id}, lost {max_tries} "
-        f"commit races in a row; last error: {last_error}"
+
+    outcome, metrics = commit_batch(
+        target,
+        app_id=app_id,
+        batch_id=batch_id,
+        schema=schema,
+        metadata={**(metadata or {}), "app_id": app_id, "batch_id": batch_id},
+        plan=planned,
+        max_tries=max_tries,
+        subject=f"derived output {name}, batch {app_id}/{batch_id},",
+        give_up=give_up,
+    )
+    return MergeOutcome(
+        outcome.published, outcome.table_version, outcome.tries, outcome.seconds, dict(metrics)
     )
 
 

@@ -31,7 +31,8 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from ledger.coordinator.crash import crashpoint
 from ledger.core.errors import InconsistencyError, UnreachableError
 from resources.config.derived_spec import PostgresOutput
-from resources.delta.table import MAX_UNKNOWN_OUTCOMES, METADATA_KEY
+from resources.delta.commit import MAX_UNKNOWN_OUTCOMES
+from resources.delta.log import METADATA_KEY
 from resources.postgres.connection import _where
 from resources.postgres.state import Decision, _advance, _ensure_row, _read_state, decide
 from resources.postgres.tables import _quote, _table, ensure_tables

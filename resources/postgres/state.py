@@ -32,7 +32,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from ledger.core.errors import InconsistencyError, UnreachableError
 from resources.config.derived_spec import PostgresOutput
-from resources.delta.table import METADATA_KEY
+from resources.delta.log import METADATA_KEY
 from resources.postgres.connection import _one_line, _where
 from resources.postgres.tables import _state
 

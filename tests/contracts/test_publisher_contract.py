@@ -36,7 +36,8 @@ from ledger.core.batch import Batch, BatchKind, StagedFile
 from ledger.core.errors import RefusedBatchError
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.host.process import this_owner
-from resources.delta.table import DeltaTarget, encode_schema
+from resources.delta.schema import encode_schema
+from resources.delta.table import DeltaTarget
 from tests.fixtures.batches import a_batch
 from tests.fixtures.fakes import FakePublisher
 

@@ -30,7 +30,7 @@ from ledger.core.batch import Batch, StagedFile
 from ledger.core.ports import StageOutput, Stager
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.host.process import this_owner
-from resources.delta.table import decode_schema
+from resources.delta.schema import decode_schema
 from tests.fixtures.batches import a_batch
 from tests.fixtures.fake_topics import TopicsStager
 from tests.fixtures.fakes import TOPIC, FakeStager

@@ -1,0 +1,118 @@
+"""Reading a Delta table's log for what exactly wrote there: the commit info every batch's
+commit carries (written by resources/delta/commit.py), the batches an application committed,
+the files the log still names, and how far a topic's offsets reach in the table's rows.
+
+Their own module because these are the reads that rebuild or check the ledger from the
+table (invariant 7, the cleaner, an operator's recovery), never part of a commit's decision.
+Each takes a table as DeltaTarget.load returned it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from resources.object_storage import storage
+
+#: The key under which every exactly commit stores its batch in the commit info.
+METADATA_KEY = "exactly"
+
+
+def user_metadata(metadata: Mapping[str, Any]) -> str:
+    """A batch's commit as one line in the commit info's `userMetadata`, the field
+    delta-spark's DESCRIBE HISTORY shows as a column (our own key, METADATA_KEY, is kept
+    for the ledger's rebuild but DESCRIBE HISTORY does not show it): the batch, its kind or
+    backfill mode, and its ranges."""
+    ranges = " ".join(
+        f"{r['topic']}-{r['partition']}[{r['start']},{r['end']})"
+        for r in metadata.get("ranges") or ()
+    )
+    kind = (metadata.get("params") or {}).get("mode") or metadata.get("kind") or "batch"
+    return f"exactly {metadata.get('app_id')}/{metadata.get('batch_id')} {kind}: {ranges}".strip()
+
+
+def committed_batches(table: DeltaTable, app_id: str) -> list[dict[str, Any]]:
+    """The exactly metadata of every commit by `app_id` still in the log, oldest first.
+
+    Enough to rebuild the ledger's committed history (invariant 7).
+    """
+    found = []
+    for entry in table.history():
+        meta = entry.get(METADATA_KEY)
+        if isinstance(meta, str):
+            meta = json.loads(meta)
+        if isinstance(meta, dict) and meta.get("app_id") == app_id:
+            found.append({**meta, "table_version": entry.get("version")})
+    found.sort(key=lambda m: m["batch_id"])
+    return found
+
+
+def named_files(table: DeltaTable, uri: str) -> set[str]:
+    """Every data file the table's log still names, '/'-separated and relative to the
+    table's root (`uri`): the current snapshot's files and the files later commits removed
+    whose tombstones the log still holds (time travel may read those).
+
+    delta-rs has no call that lists tombstones, so they come from its own VACUUM's dry run
+    with zero retention in "lite" mode, which lists exactly the tombstoned files present
+    in storage and deletes nothing. A tombstone stamped in the future by a committer
+    whose clock runs ahead is missed by that dry run; callers keep such files by other
+    means (the ledger's votes).
+    """
+    current = pa.table(table.get_add_actions(flatten=True)).column("path").to_pylist()
+    removed = table.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False)
+    # Delta %-encodes paths; whether a reader decodes them varies, so keep both forms
+    return {
+        _relative_log_path(form, uri)
+        for path in [*current, *removed]
+        for form in (path, unquote(path))
+    }
+
+
+def _relative_log_path(path: str, uri: str) -> str:
+    """A log's path as the ledger records it: relative to the root, '/'-separated."""
+    if "://" in path or path.startswith("/"):
+        try:
+            return storage.relative(path.removeprefix("file://"), uri)
+        except ValueError:
+            return path  # outside the table's root: never under its staged/ folder
+    return path
+
+
+def offset_reach(table: DeltaTable, uri: str, topic: str) -> dict[int, int]:
+    """Per partition, one past the highest `_kafka_offset` of `topic` in the table's rows.
+
+    From the files' statistics where a file holds one partition of this topic only;
+    other files are read (their coordinate columns only). For an operator deciding
+    where to continue when the log no longer says (ledger/core/decisions.py).
+    """
+    reach: dict[int, int] = {}
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    for row in actions:
+        t_lo, t_hi = row.get("min._kafka_topic"), row.get("max._kafka_topic")
+        p_lo, p_hi = row.get("min._kafka_partition"), row.get("max._kafka_partition")
+        o_hi = row.get("max._kafka_offset")
+        # Only a file whose statistics say exactly this topic is judged by them: string
+        # statistics may be truncated (a long topic name), so a range test could skip a
+        # file that holds the topic, and the reach would come out short.
+        if t_lo == t_hi == topic and p_lo is not None and p_lo == p_hi and o_hi is not None:
+            reach[p_lo] = max(reach.get(p_lo, 0), o_hi + 1)
+            continue
+        data = storage.read_parquet(
+            storage.join(uri, row["path"]),
+            columns=["_kafka_topic", "_kafka_partition", "_kafka_offset"],
+        )
+        data = data.filter(pc.fill_null(pc.equal(data["_kafka_topic"], topic), False))
+        for p, o in zip(
+            data.column("_kafka_partition").to_pylist(),
+            data.column("_kafka_offset").to_pylist(),
+            strict=True,
+        ):
+            if p is not None and o is not None:
+                reach[p] = max(reach.get(p, 0), o + 1)
+    return reach
