@@ -257,7 +257,7 @@ def test_the_continuous_job_materializes_every_batch_it_commits_in_one_run(
     kafka_client.produce(config.kafka.topic, pageviews(900, malformed_every=30))
     jobs = pipeline_definitions(config_path(config))
     with dg.instance_for_test() as instance:
-        result = jobs.wiring.continuous.execute_in_process(
+        result = jobs.continuous.execute_in_process(
             instance=instance,
             run_config={
                 "ops": {
