@@ -40,6 +40,10 @@ from tests.fixtures.pipeline import assert_exactly_once, config_path
 RUN_TIMEOUT = 900
 #: How long a run may go on after its server died (generous; the default client waits 10+ min).
 STALL_LIMIT = 180
+#: Records of the batch whose stage the server dies under: enough that its write job still
+#: runs when the test sees the job's first folder (killed then, at once), few enough that
+#: the run after it stages them again in seconds.
+STAGED_RECORDS = 30_000
 
 
 @pytest.fixture(scope="module")
@@ -141,8 +145,9 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     topic = shared_config.kafka.topic
     kafka_client.produce(topic, pageviews(100))
     run(shared_config, state)  # a warm server; batch 1
-    kafka_client.produce(topic, pageviews(150_000, start=100))
+    kafka_client.produce(topic, pageviews(STAGED_RECORDS, start=100))
     store = LedgerStore(shared_config.ledger.url)
+    staged = Path(shared_config.delta.table_uri).parent
     try:
         doomed = subprocess.Popen(
             [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(shared_config))],
@@ -154,7 +159,12 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
         deadline = time.monotonic() + RUN_TIMEOUT
         while store.get(shared_config.app_id, 2) is None and time.monotonic() < deadline:
             time.sleep(0.2)  # planned: its stage is being sent to the server
-        time.sleep(2)
+        # the server made batch 2's attempt folder: its write job runs (the one job that
+        # reads and writes every record) and the stage waits on the server's answer
+        while not any(staged.rglob("batch-000000000002-attempt-*")):
+            assert doomed.poll() is None, doomed.communicate()
+            assert time.monotonic() < deadline, "batch 2 never started staging"
+            time.sleep(0.05)
         server = only_server(state)
         os.killpg(server.pid, signal.SIGKILL)
         try:
@@ -170,7 +180,7 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     finally:
         store.dispose()
     run(shared_config, state, "--until-caught-up")
-    assert sum(assert_exactly_once(shared_config, kafka_client)) == 150_100
+    assert sum(assert_exactly_once(shared_config, kafka_client)) == 100 + STAGED_RECORDS
 
 
 @pytest.mark.integration
