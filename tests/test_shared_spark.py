@@ -141,7 +141,13 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     """The server dies while a run's stage waits on it. Spark Connect's client would retry
     an unavailable server for over ten minutes, holding the batch PLANNED by a live owner:
     instead the run fails in one line (exit 2), and the next run starts a server and lands
-    the batch once."""
+    the batch once. With `spark.connect_retries: 4` (about 4 s of retries per call, not the
+    default's 45 s: the same bound, sooner; the process retries more than one call on its
+    way out)."""
+    path = config_path(shared_config)
+    doc = yaml.safe_load(path.read_text())
+    doc["spark"]["connect_retries"] = 4
+    path.write_text(yaml.safe_dump(doc))
     topic = shared_config.kafka.topic
     kafka_client.produce(topic, pageviews(100))
     run(shared_config, state)  # a warm server; batch 1
@@ -260,3 +266,27 @@ def test_other_credentials_or_settings_get_a_server_of_their_own() -> None:
     assert key({"spark.sql.shuffle.partitions": "8"}, "old-secret").digest != base.digest
     assert ServerKey.of("local[2]", {}, None).digest != base.digest
     assert "old-secret" not in base.credentials
+
+
+def test_connect_retries_come_from_the_config(tmp_path: Path) -> None:
+    """`spark.connect_retries` reaches the stager's sessions; unset, the default's ~45 s."""
+    from jobs.stage.spark_stager import SharedSpark
+    from resources.spark.session import CONNECT_RETRIES
+
+    doc = {
+        "pipeline": "retries",
+        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "t"},
+        "delta": {"table_uri": str(tmp_path / "t"), "quarantine_uri": str(tmp_path / "q")},
+        "ledger": {"url": f"sqlite:///{tmp_path / 'l.db'}"},
+        "spark": {"master": "local[1]", "server": "shared"},
+    }
+    path = tmp_path / "retries.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert SharedSpark.for_config(load_config(path)).connect_retries == CONNECT_RETRIES == 8
+    doc["spark"]["connect_retries"] = 3
+    path.write_text(yaml.safe_dump(doc))
+    assert SharedSpark.for_config(load_config(path)).connect_retries == 3
+    doc["spark"]["connect_retries"] = -1
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="connect_retries"):
+        load_config(path)
