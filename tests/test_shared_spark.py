@@ -173,12 +173,14 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
             time.sleep(0.05)
         server = only_server(state)
         os.killpg(server.pid, signal.SIGKILL)
+        killed = time.monotonic()
         try:
             _, err = doomed.communicate(timeout=STALL_LIMIT)
         except subprocess.TimeoutExpired:
             doomed.kill()
             doomed.communicate()
             pytest.fail(f"the run still waited on the dead server {STALL_LIMIT} s later")
+        print(f"server killed under a stage: the run exited {time.monotonic() - killed:.1f}s later")
         assert doomed.returncode == 2, err
         lines = [line for line in err.splitlines() if line.strip()]
         assert len(lines) == 1 and "Spark Connect server" in lines[0], err
