@@ -41,28 +41,34 @@ def _starts_a_server(item: pytest.Item) -> bool:
     return callspec is not None and callspec.params.get("ledger_url") == "postgresql"
 
 
-#: The files that take longest on one worker (CI of 2026-11-25, seconds: storage faults ~700,
-#: crash matrix ~600, kill/restart ~400, S3 pipeline ~270, service restarts ~250, ...), run
-#: first: `make test` gives each of its two workers a whole file at a time, in collection
-#: order, so a long file collected last keeps one worker busy while the other idles.
+#: The files that take longest on one worker (estimates from the CI of 2026-11-26, seconds:
+#: crash matrix ~600, storage faults ~500, S3 pipeline ~270, shared Spark ~250, service
+#: restarts ~200, ...), run first, longest first: `make test` gives each of its two workers
+#: a whole file at a time in this order (`--no-loadscope-reorder`: xdist's default sends
+#: the files with most tests first, and a long file with few tests sent last keeps one
+#: worker busy while the other idles).
 LONGEST_FIRST = (
-    "test_storage_faults.py",
     "test_crash.py",
+    "test_storage_faults.py",
     "test_crash_backfill.py",
+    "test_s3_pipeline.py",
+    "test_shared_spark.py",
+    "test_service_restarts.py",
     "test_kill_restart.py",
+    "test_bench_smoke.py",
     "test_kill_restart_avro.py",
+    "test_clean.py",
+    "test_failure_lines.py",
+    "test_ui.py",
     "test_avro_sessions.py",
     "test_partitioned_crash.py",
     "test_avro_format.py",
     "test_pipeline_topics.py",
-    "test_s3_pipeline.py",
-    "test_service_restarts.py",
-    "test_shared_spark.py",
     "test_backfill.py",
-    "test_clean.py",
-    "test_ui.py",
+    "test_continuous.py",
+    "test_spark_cluster.py",
+    "test_compaction.py",
     "test_types.py",
-    "test_bench_smoke.py",
 )
 
 

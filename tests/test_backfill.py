@@ -22,7 +22,7 @@ from ledger.core.backfill import BackfillError, BackfillMode
 from ledger.core.errors import DataLossError
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
-from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
+from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run, shared_spark_env
 
 V2 = "tests.transforms:pageviews_v2"
 COLUMNS = ["_kafka_partition", "_kafka_offset", "event_id", "app", "user", "url", "ts"]
@@ -59,12 +59,14 @@ def apps_by_coordinate(config: Any) -> dict[tuple[int, int], str]:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`exactly` in a child, staging on this worker's shared Spark server: these tests are
+    about backfills, not the local session (no JVM start per child)."""
     return subprocess.run(
         [sys.executable, "-m", "exactly_cli", *args],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **shared_spark_env(), **(env or {})},
     )
 
 
@@ -128,6 +130,7 @@ def test_replace_while_the_live_pipeline_keeps_committing(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env={**os.environ, **shared_spark_env()},
     )
     try:
         replaced = backfill(config, spark, "replace", OffsetRange(topic, 1, 50, 250))

@@ -22,7 +22,12 @@ from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.tags import BATCH_TAG
-from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.pipeline import (
+    assert_exactly_once,
+    config_path,
+    crash_env,
+    shared_spark_env,
+)
 from tests.test_cli import EXACTLY, REPO
 from tests.test_history import evaluate_history, materializations
 
@@ -190,7 +195,9 @@ def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_
             cwd=REPO,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env={**os.environ},
+            # the loop stages on this worker's shared Spark server, as a Dagster-launched
+            # run would: the point is the loop and its stop, not the local session
+            env={**os.environ, **shared_spark_env()},
         )
         producer.start()
         try:
@@ -207,7 +214,7 @@ def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_
                 cwd=REPO,
                 capture_output=True,
                 text=True,
-                env={**os.environ, "EXACTLY_CRASH_AT": "after_prepare"},
+                env={**os.environ, **crash_env("after_prepare")},
                 check=False,
             )
             assert crashed.returncode == 137, crashed.stdout + crashed.stderr

@@ -4,6 +4,7 @@ partition column whose source is not an instant is one line naming the field, ex
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import Any
@@ -12,7 +13,7 @@ import yaml
 from deltalake import DeltaTable
 
 from tests.fixtures.partitioned import check_partitions, produce, run_until_caught_up
-from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
 
 ADDS_A_COLUMN = "tests.transforms:pageviews_with_referrer"
 TS_AS_STRING = "tests.transforms:pageviews_ts_as_string"
@@ -39,11 +40,14 @@ def test_a_batch_that_adds_a_column_widens_the_partitioned_table(
 
 
 def exactly_run(config: Any) -> subprocess.CompletedProcess[str]:
+    """`exactly run` in a child staging on this worker's shared Spark server: these tests
+    are about the config's refusals and the runs after them, not the local session."""
     return subprocess.run(
         [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(config))],
         capture_output=True,
         text=True,
         timeout=600,
+        env={**os.environ, **shared_spark_env()},
     )
 
 

@@ -10,6 +10,7 @@ after the vote on a two-topic batch is recovered exactly once.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -26,7 +27,7 @@ from jobs.wiring.pipeline import build
 from ledger.store.ledger_store import LedgerStore
 from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
-from tests.fixtures.pipeline import crash_run, produced_coordinates
+from tests.fixtures.pipeline import crash_run, produced_coordinates, shared_spark_env
 from tests.fixtures.topic_admin import recreate_topic
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
@@ -91,8 +92,15 @@ def run_until_caught_up(tpc: Any) -> list[Any]:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`exactly` in a child, staging on this worker's shared Spark server (where the crash
+    tests' children staged): these tests are about topics, not the local session."""
     return subprocess.run(
-        [*EXACTLY, *args], capture_output=True, text=True, timeout=600, check=False
+        [*EXACTLY, *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, **shared_spark_env()},
     )
 
 

@@ -40,6 +40,10 @@ from tests.fixtures.pipeline import assert_exactly_once, config_path
 RUN_TIMEOUT = 900
 #: How long a run may go on after its server died (generous; the default client waits 10+ min).
 STALL_LIMIT = 180
+#: Records of the batch whose stage the server dies under: enough that its write job still
+#: runs when the test sees the job's first folder (killed then, at once), few enough that
+#: the run after it stages them again in seconds.
+STAGED_RECORDS = 30_000
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +141,19 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     """The server dies while a run's stage waits on it. Spark Connect's client would retry
     an unavailable server for over ten minutes, holding the batch PLANNED by a live owner:
     instead the run fails in one line (exit 2), and the next run starts a server and lands
-    the batch once."""
+    the batch once. With `spark.connect_retries: 4` (about 4 s of retries per call, not the
+    default's 45 s: the same bound, sooner; the process retries more than one call on its
+    way out)."""
+    path = config_path(shared_config)
+    doc = yaml.safe_load(path.read_text())
+    doc["spark"]["connect_retries"] = 4
+    path.write_text(yaml.safe_dump(doc))
     topic = shared_config.kafka.topic
     kafka_client.produce(topic, pageviews(100))
     run(shared_config, state)  # a warm server; batch 1
-    kafka_client.produce(topic, pageviews(150_000, start=100))
+    kafka_client.produce(topic, pageviews(STAGED_RECORDS, start=100))
     store = LedgerStore(shared_config.ledger.url)
+    staged = Path(shared_config.delta.table_uri).parent
     try:
         doomed = subprocess.Popen(
             [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(shared_config))],
@@ -154,15 +165,22 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
         deadline = time.monotonic() + RUN_TIMEOUT
         while store.get(shared_config.app_id, 2) is None and time.monotonic() < deadline:
             time.sleep(0.2)  # planned: its stage is being sent to the server
-        time.sleep(2)
+        # the server made batch 2's attempt folder: its write job runs (the one job that
+        # reads and writes every record) and the stage waits on the server's answer
+        while not any(staged.rglob("batch-000000000002-attempt-*")):
+            assert doomed.poll() is None, doomed.communicate()
+            assert time.monotonic() < deadline, "batch 2 never started staging"
+            time.sleep(0.05)
         server = only_server(state)
         os.killpg(server.pid, signal.SIGKILL)
+        killed = time.monotonic()
         try:
             _, err = doomed.communicate(timeout=STALL_LIMIT)
         except subprocess.TimeoutExpired:
             doomed.kill()
             doomed.communicate()
             pytest.fail(f"the run still waited on the dead server {STALL_LIMIT} s later")
+        print(f"server killed under a stage: the run exited {time.monotonic() - killed:.1f}s later")
         assert doomed.returncode == 2, err
         lines = [line for line in err.splitlines() if line.strip()]
         assert len(lines) == 1 and "Spark Connect server" in lines[0], err
@@ -170,7 +188,7 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
     finally:
         store.dispose()
     run(shared_config, state, "--until-caught-up")
-    assert sum(assert_exactly_once(shared_config, kafka_client)) == 150_100
+    assert sum(assert_exactly_once(shared_config, kafka_client)) == 100 + STAGED_RECORDS
 
 
 @pytest.mark.integration
@@ -250,3 +268,27 @@ def test_other_credentials_or_settings_get_a_server_of_their_own() -> None:
     assert key({"spark.sql.shuffle.partitions": "8"}, "old-secret").digest != base.digest
     assert ServerKey.of("local[2]", {}, None).digest != base.digest
     assert "old-secret" not in base.credentials
+
+
+def test_connect_retries_come_from_the_config(tmp_path: Path) -> None:
+    """`spark.connect_retries` reaches the stager's sessions; unset, the default's ~45 s."""
+    from jobs.stage.spark_stager import SharedSpark
+    from resources.spark.session import CONNECT_RETRIES
+
+    doc = {
+        "pipeline": "retries",
+        "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "t"},
+        "delta": {"table_uri": str(tmp_path / "t"), "quarantine_uri": str(tmp_path / "q")},
+        "ledger": {"url": f"sqlite:///{tmp_path / 'l.db'}"},
+        "spark": {"master": "local[1]", "server": "shared"},
+    }
+    path = tmp_path / "retries.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert SharedSpark.for_config(load_config(path)).connect_retries == CONNECT_RETRIES == 8
+    doc["spark"]["connect_retries"] = 3
+    path.write_text(yaml.safe_dump(doc))
+    assert SharedSpark.for_config(load_config(path)).connect_retries == 3
+    doc["spark"]["connect_retries"] = -1
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match="connect_retries"):
+        load_config(path)

@@ -102,6 +102,10 @@ RECORDS = 350
 MALFORMED_EVERY = 40
 MAX_RECORDS = 100
 REFUSE_SECONDS = 30.0
+#: How late a delayed answer comes: far beyond a loopback answer's milliseconds, far below
+#: any client's timeout (the clients wait it out either way; each second here is a second
+#: of the test, several times over).
+DELAY_SECONDS = 2.0
 
 
 def exactly_run(
@@ -137,8 +141,8 @@ def arm(proxy: FaultProxy, fault: str) -> None:
         )
     elif fault == "delayed":
         proxy.inject(
-            Delay(times=4, methods=puts, path_contains=staged, seconds=4),
-            Delay(times=2, methods=puts, path_contains=log, seconds=4),
+            Delay(times=4, methods=puts, path_contains=staged, seconds=DELAY_SECONDS),
+            Delay(times=2, methods=puts, path_contains=log, seconds=DELAY_SECONDS),
         )
 
 
@@ -150,7 +154,7 @@ def arm_deletes(proxy: FaultProxy, fault: str) -> None:
     elif fault == "dropped":
         proxy.inject(DropResponse(times=1, methods=deletes))
     elif fault == "delayed":
-        proxy.inject(Delay(times=1, methods=deletes, seconds=4))
+        proxy.inject(Delay(times=1, methods=deletes, seconds=DELAY_SECONDS))
 
 
 def delta_log(access: S3Access, uri: str) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ from resources.config.derived_spec import AnyOutput, PostgresOutput
 from resources.config.pipeline_config import PipelineConfig
 from resources.object_storage import storage
 from resources.spark.progress import ProgressSink, watch
-from resources.spark.session import build_session, stop_session
+from resources.spark.session import CONNECT_RETRIES, build_session, stop_session
 from resources.spark.shared_server import ensure_server, server_mode
 
 if TYPE_CHECKING:
@@ -82,11 +82,13 @@ class SharedSpark:
         object_store: S3Access | None = None,
         *,
         shared_server: bool = False,
+        connect_retries: int = CONNECT_RETRIES,
     ) -> None:
         self.master = master
         self.conf = dict(conf)
         self.object_store = object_store
         self.shared_server = shared_server
+        self.connect_retries = connect_retries
         self._session: Any = None
         self._url: str | None = None
 
@@ -112,6 +114,7 @@ class SharedSpark:
             config.spark.resolved_conf(),
             object_store,
             shared_server=shared,
+            connect_retries=config.spark.connect_retries,
         )
 
     @property
@@ -132,10 +135,20 @@ class SharedSpark:
                 self._session = None
             self._url = url
             if self._session is None:
-                self._session = build_session(url, self.conf, object_store=self.object_store)
+                self._session = build_session(
+                    url,
+                    self.conf,
+                    object_store=self.object_store,
+                    connect_retries=self.connect_retries,
+                )
             return self._session
         if self._session is None:
-            self._session = build_session(self.master, self.conf, object_store=self.object_store)
+            self._session = build_session(
+                self.master,
+                self.conf,
+                object_store=self.object_store,
+                connect_retries=self.connect_retries,
+            )
         return self._session
 
     def warm_in_background(self, log: Callable[[str], None]) -> threading.Thread | None:

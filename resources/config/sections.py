@@ -55,6 +55,11 @@ class SparkSettings(_Strict):
     #: Spark settings; a value may be `{env: NAME}` (Spark also hides settings whose names
     #: match its `spark.redaction.regex` from its UI and event logs)
     conf: dict[str, OptionValue] = Field(default_factory=dict)
+    #: how often a Spark Connect session (an `sc://` master, or `server: shared`) retries a
+    #: server that stopped answering before the stage fails with one line (the batch is not
+    #: voted; the next run plans it again): backoffs of 0.05, 0.2, 0.8 and 3.2 s, then 10 s
+    #: each, so 8 is about 45 s and 4 about 4 s. pyspark's own default waits 10+ minutes.
+    connect_retries: int = Field(default=8, ge=0)
 
     @model_validator(mode="after")
     def _shared_server_starts_its_own(self) -> SparkSettings:

@@ -67,8 +67,8 @@ CONNECT_PROBE_TIMEOUT = 10.0
 #: pyspark's per-process switch between classic and Spark Connect APIs.
 _CONNECT_MODE_ENV = "SPARK_CONNECT_MODE_ENABLED"
 _remote_lock = threading.Lock()
-#: Open remote sessions by (URL, settings), so repeated `build_session` calls share one.
-_remote_sessions: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+#: Open remote sessions by (URL, settings, retries), so repeated `build_session` calls share one.
+_remote_sessions: dict[tuple[str, tuple[tuple[str, str], ...], int], Any] = {}
 #: Whether `build_session` turned Connect mode on (then `stop_session` turns it off again).
 _connect_mode_is_ours = False
 
@@ -211,6 +211,7 @@ def build_session(
     conf: Mapping[str, str] | None = None,
     app_name: str = "exactly",
     object_store: S3Access | None = None,
+    connect_retries: int | None = None,
 ) -> SparkSession:
     """Create (or return the running) Spark session with the project's jars and settings.
 
@@ -219,7 +220,8 @@ def build_session(
     `sc://` URLs give a Spark Connect session; the server must have the project's jars and
     Delta's extensions (a server from `resources.spark.connect_server` has), and its own s3a
     settings. Repeated calls with the same URL and settings return the same open remote
-    session.
+    session. `connect_retries` (`spark.connect_retries`): how often a Connect session
+    retries a server that does not answer (`CONNECT_RETRIES` when None).
     """
     # the Python workers must run the interpreter that has our packages
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -229,7 +231,8 @@ def build_session(
         s3.update(executor_credentials(s3))
     settings = {**DEFAULT_CONF, **s3, **(conf or {})}
     if master.startswith("sc://"):
-        return _remote_session(master, _remote_sql_settings(settings))
+        retries = CONNECT_RETRIES if connect_retries is None else connect_retries
+        return _remote_session(master, _remote_sql_settings(settings), retries)
     with _remote_lock:
         if _live_remote_sessions():
             # pyspark would fail with SESSION_ALREADY_EXIST or CONNECT_URL_NOT_SET here
@@ -299,7 +302,7 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
     SparkContext._ensure_initialized(gateway=gateway)
 
 
-def _remote_session(url: str, settings: Mapping[str, str]) -> SparkSession:
+def _remote_session(url: str, settings: Mapping[str, str], retries: int) -> SparkSession:
     """A Spark Connect session for `url`, reused while open.
 
     `builder.remote(url).create()` rather than `getOrCreate()`: the latter refuses to run
@@ -310,7 +313,7 @@ def _remote_session(url: str, settings: Mapping[str, str]) -> SparkSession:
     from pyspark.sql import SparkSession
 
     _require_listening(url)
-    key = (url, tuple(sorted(settings.items())))
+    key = (url, tuple(sorted(settings.items())), retries)
     with _remote_lock:
         existing = _remote_sessions.get(key)
         if existing is not None and not existing.is_stopped:
@@ -333,19 +336,21 @@ def _remote_session(url: str, settings: Mapping[str, str]) -> SparkSession:
                 f"Spark Connect server at {url} did not answer: "
                 f"{(str(error).splitlines() or [type(error).__name__])[0]}"
             ) from error
-        _bound_retries(session)
+        _bound_retries(session, retries)
         _remote_sessions[key] = session
         return session
 
 
-#: How long a Connect session retries a server that does not answer: about 45 s (backoffs
-#: of 0.05, 0.2, 0.8, 3.2 s, then 10 s each, plus jitter), enough for a brief outage.
+#: How often a Connect session retries a server that does not answer, by default
+#: (`spark.connect_retries`): about 45 s (backoffs of 0.05, 0.2, 0.8, 3.2 s, then 10 s
+#: each, plus jitter), enough for a brief outage.
 CONNECT_RETRIES = 8
 CONNECT_MAX_BACKOFF_MS = 10_000
 
 
-def _bound_retries(session: Any) -> None:
-    """Give up on an unavailable server after about 45 s, not pyspark's 10+ minutes.
+def _bound_retries(session: Any, retries: int = CONNECT_RETRIES) -> None:
+    """Give up on an unavailable server after `retries` tries (about 45 s at the default),
+    not pyspark's 10+ minutes.
 
     While a stage waits on a server that died, its batch stays PLANNED by a live owner,
     which every other run must wait for. Failing the stage loses nothing (it has not
@@ -358,7 +363,7 @@ def _bound_retries(session: Any) -> None:
     # stage turns into a line that names the server and the batch (jobs/stage/spark_stager.py)
     warnings.filterwarnings("ignore", message=r"\[RETRIES_EXCEEDED\]", category=UserWarning)
     session.client.set_retry_policies(
-        [DefaultPolicy(max_retries=CONNECT_RETRIES, max_backoff=CONNECT_MAX_BACKOFF_MS)]
+        [DefaultPolicy(max_retries=retries, max_backoff=CONNECT_MAX_BACKOFF_MS)]
     )
 
 
