@@ -1,9 +1,9 @@
-"""The former single-pass stage plan, kept only so the benchmark can compare it with the
-product's routed plan (jobs/stage/staging.py).
+"""A stage plan that caches the transformed frame, kept only so the benchmark can compare it
+with the product's routed plan (jobs/stage/staging.py).
 
-It read and transformed the batch once but cached the transformed frame, so that two Spark
-jobs could write the table and the quarantine from it; the product now writes both in one
-job without a cache. BENCHMARKS.md shows what the cache and the second job cost. Everything
+It reads and transforms the batch once, caches the transformed frame, and writes the table
+and the quarantine from it in two Spark jobs; the product writes both in one job without a
+cache. BENCHMARKS.md shows what the cache and the second job cost. Everything
 but the plan (reading, splitting, describing, the exactly-once check) is the product's code.
 """
 
