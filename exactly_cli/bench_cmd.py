@@ -61,6 +61,19 @@ def register(subparsers: Any) -> None:
             "print medians and ratios. Defaults are the full run of BENCHMARKS.md."
         ),
     )
+    _add_run_arguments(parser)
+    _add_freshness_arguments(parser)
+    _add_section_arguments(parser)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny data (2,000 records), one repetition, 20-commit history: checks the harness",
+    )
+    parser.set_defaults(func=cmd_bench)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data set, the throughput repetitions, and where the run writes."""
     parser.add_argument("--records", type=int, help="records in the data set (default 2,000,000)")
     parser.add_argument("--partitions", type=int, help="topic partitions (default 8)")
     parser.add_argument("--record-bytes", type=int, help="size of a record (default 500)")
@@ -91,6 +104,10 @@ def register(subparsers: Any) -> None:
         help="write Spark's event log to DIR and print where each contender's Spark time "
         "goes (turns the event log on: use its figures to find costs, not to compare)",
     )
+
+
+def _add_freshness_arguments(parser: argparse.ArgumentParser) -> None:
+    """The freshness section: a steady feed, and how long each contender gets it."""
     parser.add_argument(
         "--freshness-rate", type=int, help="records/s of the freshness section (default 20000)"
     )
@@ -109,6 +126,10 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="run only the freshness section (no data set, no throughput repetitions)",
     )
+
+
+def _add_section_arguments(parser: argparse.ArgumentParser) -> None:
+    """One section alone (`--only`), and the scale and daemon sections' sizes."""
     parser.add_argument(
         "--scale-partitions",
         type=_counts,
@@ -146,12 +167,6 @@ def register(subparsers: Any) -> None:
         help="Spark session modes of the daemon-launched runs, comma-separated: local (a JVM "
         "per run process), shared (the host's Spark Connect server) (default local,shared)",
     )
-    parser.add_argument(
-        "--smoke",
-        action="store_true",
-        help="tiny data (2,000 records), one repetition, 20-commit history: checks the harness",
-    )
-    parser.set_defaults(func=cmd_bench)
 
 
 def settings_from(args: argparse.Namespace) -> Any:

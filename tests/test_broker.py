@@ -21,13 +21,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from ledger.core.errors import ExactlyError
 from ledger.core.protocol import Available
 from resources.jvm.process import free_port
+from resources.kafka.broker_config import cluster_id, read_properties
 from resources.kafka.client import KafkaClient
-from resources.kafka.embedded_broker import (
-    AlreadyRunningError,
-    EmbeddedBroker,
-    cluster_id,
-    read_properties,
-)
+from resources.kafka.embedded_broker import AlreadyRunningError, EmbeddedBroker
 from tests.fixtures.kafka_reader import Record, consume_range
 
 pytestmark = pytest.mark.integration

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError
 
-from resources.kafka.client import Deliveries
+from resources.kafka.producing import Deliveries
 
 
 @dataclass

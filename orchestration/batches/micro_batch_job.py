@@ -14,21 +14,25 @@ config confirms the reprocess (`reprocess: true`), which then replaces the batch
 if the batch had voted, the run's recovery finishes it (as the re-drive job does) and the
 run reports and materializes that commit; if it was abandoned, the run fails with the one
 sentence that says the next batch reads its offsets again. Both failures are rejected input
-(orchestration/health/rejection.py): the run-failure sensor pages nobody over them.
+(orchestration/health/rejection.py): the run-failure sensor pages nobody over them. Which of
+these a run does is decided by `decide_plan` (ledger/core/run_plan.py), pure; the plan op
+reads the ledger, calls it and carries out its answer.
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
+from jobs.wiring.pipeline import Pipeline
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.batch import Batch
 from ledger.core.errors import CONFIG_PLACEHOLDER
 from ledger.core.ports import StageOutput
-from ledger.core.protocol import PUBLISHED, BatchState
+from ledger.core.protocol import BatchState
+from ledger.core.run_plan import Refused, RunAction, RunPlan, decide_plan
 from orchestration.health.failures import one_line_failures
 from orchestration.health.liveness import warn_if_not_acked
 from orchestration.health.rejection import rejected, rejections_end_the_run
@@ -89,14 +93,54 @@ def unfinished_sentence(pipeline: str, batch: Batch) -> str:
     )
 
 
-def build_micro_batch_graph(
-    config: PipelineConfig, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
-) -> dg.GraphDefinition:
-    """The four ops of one batch, for the partitioned job and the next-batch job."""
-    name = config.pipeline
-    needs = {pipeline_key(name)}
+def _rerun(
+    context: dg.OpExecutionContext,
+    name: str,
+    table: dg.AssetSpec,
+    pipeline: Pipeline,
+    before: Batch,
+    plan: RunPlan,
+    request: Mapping[str, str],
+) -> Iterator[dg.Output[Batch]]:
+    """Carry out `plan` for a run on the partition of `before`, an existing batch: report
+    the commit its recovery finished, refuse with what to do instead, or plan the batch's
+    reprocess."""
+    batch = plan.batch
+    assert batch is not None
+    if plan.action is RunAction.REDRIVEN:
+        # the partition's batch had voted and its run died: this run's recovery finished
+        # it, as the re-drive job does, so the run reports that commit
+        context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(batch.batch_id)})
+        context.log.info(
+            f"re-drove batch {batch.batch_id} from {before.state} to {batch.state}; "
+            "nothing new to plan"
+        )
+        log_commit(context, table.key, pipeline, batch)
+        return
+    if plan.action is RunAction.REFUSE:
+        assert plan.refused is not None
+        if plan.refused is Refused.ALREADY_COMMITTED:
+            sentence = committed_sentence(name, batch)
+        else:
+            sentence = unfinished_sentence(name, batch)
+        raise rejected(context, name, sentence, plan.refused.value, request)
+    replacement = pipeline.reprocess(batch)
+    if replacement is None:
+        context.log.info(f"batch {batch.batch_id} read nothing; nothing to reprocess")
+        return
+    context.instance.add_run_tags(context.run_id, {BATCH_TAG: batch_label(replacement)})
+    context.log.info(f"reprocessing batch {batch.batch_id} as {replacement.label}")
+    yield dg.Output(replacement, metadata=batch_metadata(replacement))
 
-    @dg.op(name=f"{name}_plan", out=dg.Out(Batch, is_required=False), required_resource_keys=needs)
+
+def _plan_op(
+    name: str, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
+) -> dg.OpDefinition:
+    @dg.op(
+        name=f"{name}_plan",
+        out=dg.Out(Batch, is_required=False),
+        required_resource_keys={pipeline_key(name)},
+    )
     @one_line_failures(name)
     def plan(context: dg.OpExecutionContext, config: PlanRequest) -> Iterator[dg.Output[Batch]]:
         """Recover first (finish voted batches), then plan the run's batch: the partition's,
@@ -104,7 +148,8 @@ def build_micro_batch_graph(
 
         A run for an existing batch's partition plans nothing: it reports the batch's commit
         if its own recovery finished it, and otherwise fails with what to do instead (on a
-        committed batch, the way to reprocess it, unless its config confirms the reprocess).
+        committed batch, the way to reprocess it, unless its config confirms the reprocess);
+        which of these is `decide_plan`'s (ledger/core/run_plan.py).
         """
         started = time.perf_counter()
         pipeline = pipeline_in(context, name)
@@ -116,34 +161,10 @@ def build_micro_batch_graph(
             finished = pipeline.recover()
         for done in finished:
             context.log.info(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
-        recovered = {done.batch_id: done for done in finished if done.app_id == tpc.app_id}
-        if before is not None and (existing := tpc.store.get(tpc.app_id, before.batch_id)):
-            redriven = recovered.get(before.batch_id)
-            if redriven is not None and redriven.state in PUBLISHED:
-                # the partition's batch had voted and its run died: this run's recovery
-                # finished it, as the re-drive job does, so the run reports that commit
-                context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(wanted)})
-                context.log.info(
-                    f"re-drove batch {wanted} from {before.state} to {redriven.state}; "
-                    "nothing new to plan"
-                )
-                log_commit(context, table.key, pipeline, redriven)
-                return
-            if existing.state not in PUBLISHED:
-                aborted = existing.state is BatchState.ABORTED
-                refused_by = "AbandonedBatch" if aborted else "UnfinishedBatch"
-                sentence = unfinished_sentence(name, existing)
-                raise rejected(context, name, sentence, refused_by, request)
-            if not config.reprocess:
-                sentence = committed_sentence(name, existing)
-                raise rejected(context, name, sentence, "AlreadyCommitted", request)
-            replacement = pipeline.reprocess(existing)
-            if replacement is None:
-                context.log.info(f"batch {wanted} read nothing; nothing to reprocess")
-                return
-            context.instance.add_run_tags(context.run_id, {BATCH_TAG: batch_label(replacement)})
-            context.log.info(f"reprocessing batch {wanted} as {replacement.label}")
-            yield dg.Output(replacement, metadata=batch_metadata(replacement))
+        after = tpc.store.get(tpc.app_id, before.batch_id) if before is not None else None
+        decided = decide_plan(before, after, finished, reprocess=config.reprocess)
+        if before is not None and decided.action is not RunAction.PLAN:
+            yield from _rerun(context, name, table, pipeline, before, decided, request)
             return
         with rejections_end_the_run(context, name, request):
             batch = tpc.begin(batch_id=wanted)
@@ -155,6 +176,18 @@ def build_micro_batch_graph(
             context.instance.add_dynamic_partitions(batches.name, [str(batch.batch_id)])
         batch = _timed(tpc, batch, "plan", started)
         yield dg.Output(batch, metadata=batch_metadata(batch))
+
+    return plan
+
+
+def build_micro_batch_graph(
+    config: PipelineConfig, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
+) -> dg.GraphDefinition:
+    """The four ops of one batch, for the partitioned job and the next-batch job."""
+    name = config.pipeline
+    needs = {pipeline_key(name)}
+
+    plan = _plan_op(name, batches, table)
 
     @dg.op(
         name=f"{name}_stage",

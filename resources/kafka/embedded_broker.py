@@ -15,17 +15,17 @@ server.properties, so a stale pid file, or a reused pid now owned by something e
 mistaken for a running broker and never signalled.
 
 How the JVM is launched, quoted and stopped is `resources.jvm.process`'s, shared with the Spark
-Connect server; this module owns the data directory, the broker's configuration and readiness.
+Connect server; what server.properties says is resources/kafka/broker_config.py's (the SASL_SSL
+listener's part, resources/kafka/secure_listener.py's). This module owns the data directory,
+the storage's formatting, the broker's start, readiness and stop.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import subprocess
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +36,6 @@ from resources.jvm.jars import kafka_classpath
 from resources.jvm.process import (
     HOST,
     accepts_connections,
-    free_port,
     is_informative,
     java_executable,
     launch_detached,
@@ -47,10 +46,16 @@ from resources.jvm.process import (
     wait_child,
     wait_gone,
 )
+from resources.kafka.broker_config import (
+    LOG4J_PROPERTIES,
+    SERVER_PROPERTIES,
+    cluster_id,
+    read_properties,
+    write_config,
+)
 from resources.kafka.client import KafkaClient
+from resources.kafka.secure_listener import SecureListener, scram_arguments
 
-SERVER_PROPERTIES = "server.properties"
-LOG4J_PROPERTIES = "log4j2.properties"
 BROKER_LOG = "broker.log"
 PID_FILE = "broker.pid"
 LOCK_FILE = ".broker.lock"
@@ -69,21 +74,6 @@ JVM_OPTIONS = (
     "-XX:+ExitOnOutOfMemoryError",
     "-Djava.awt.headless=true",
 )
-
-LOG4J2 = """\
-# Written by exactly on every broker start; edits are overwritten.
-status = warn
-appender.stdout.type = Console
-appender.stdout.name = STDOUT
-appender.stdout.layout.type = PatternLayout
-appender.stdout.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.stdout.ref = STDOUT
-logger.request.name = kafka.request.logger
-logger.request.level = WARN
-logger.statechange.name = state.change.logger
-logger.statechange.level = WARN
-"""
 
 FORMAT_TIMEOUT = 180.0
 LOG_TAIL_LINES = 6
@@ -113,59 +103,6 @@ class AlreadyRunningError(ExactlyError):
             f"(pid {status.pid}, data dir {status.data_dir})"
         )
         self.status = status
-
-
-def cluster_id() -> str:
-    """A KRaft cluster id: the 16 bytes of a uuid4, base64url without padding.
-
-    Never one that starts with '-' (1 in 64 would): kafka-storage's argument parser takes
-    it for an option and formatting fails. Kafka's own Uuid.randomUuid skips those too.
-    """
-    while True:
-        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
-        if not text.startswith("-"):
-            return text
-
-
-def read_properties(path: Path) -> dict[str, str]:
-    """The `key=value` lines of a properties file we wrote (no continuations or escapes)."""
-    result: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        stripped = line.strip()
-        if stripped and not stripped.startswith(("#", "!")) and "=" in stripped:
-            key, value = stripped.split("=", 1)
-            result[key.strip()] = value.strip()
-    return result
-
-
-def update_properties(path: Path, updates: dict[str, str]) -> None:
-    """Rewrite only the given keys, keeping every other line (and hand edits) as it was."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    pending = dict(updates)
-    for index, line in enumerate(lines):
-        key = line.split("=", 1)[0].strip()
-        if "=" in line and key in pending:
-            lines[index] = f"{key}={pending.pop(key)}"
-    lines.extend(f"{key}={value}" for key, value in pending.items())
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-@dataclass(frozen=True)
-class SecureListener:
-    """A second listener, SASL_SSL with SCRAM-SHA-512, as a managed cluster offers: TLS with
-    the key and certificate in `key_store` (PEM: unencrypted PKCS#8 key, then certificate;
-    resources/kafka/tls.py makes one) and the SCRAM `users` (name -> password) written into the
-    storage when it is formatted. Inter-broker and controller traffic stay on loopback
-    plaintext listeners."""
-
-    port: int
-    key_store: Path
-    users: tuple[tuple[str, str], ...]
-    mechanism: str = "SCRAM-SHA-512"
-
-    @property
-    def bootstrap(self) -> str:
-        return f"{HOST}:{self.port}"
 
 
 class EmbeddedBroker:
@@ -250,7 +187,7 @@ class EmbeddedBroker:
                 raise AlreadyRunningError(status)
             self.pid_path.unlink(missing_ok=True)  # stale: its process is gone
             self._require_free_port(self.port, "choose another with --port")
-            self._write_config()
+            write_config(self.data_dir, self.port, self.secure, self.storage_dir)
             if not (self.storage_dir / "meta.properties").is_file():
                 self._format_storage()
             log_offset = self._launch()
@@ -274,92 +211,6 @@ class EmbeddedBroker:
                 f"already in use by another process ({hint})"
             )
 
-    def _write_config(self) -> None:
-        """Write server.properties once; later starts only move ports that have to move.
-
-        The controller port is kept across restarts, and re-chosen only if something else has
-        taken it meanwhile: with a static single-voter quorum the endpoint is not recorded in
-        the metadata log, so moving it is safe.
-        """
-        (self.data_dir / LOG4J_PROPERTIES).write_text(LOG4J2, encoding="utf-8")
-        if not self.properties_path.is_file():
-            self.properties_path.write_text(self._initial_properties(), encoding="utf-8")
-        current = read_properties(self.properties_path)
-        controller_port = int(current["controller.quorum.voters"].rsplit(":", 1)[1])
-        if port_in_use(controller_port) or controller_port == self.port:
-            controller_port = self._pick_controller_port()
-        update_properties(self.properties_path, self._listener_properties(controller_port))
-
-    def _pick_controller_port(self) -> int:
-        while (port := free_port()) == self.port:
-            continue
-        return port
-
-    def _listener_properties(self, controller_port: int) -> dict[str, str]:
-        listeners = [f"PLAINTEXT://{HOST}:{self.port}", f"CONTROLLER://{HOST}:{controller_port}"]
-        advertised = [f"PLAINTEXT://{HOST}:{self.port}"]
-        if self.secure is not None:
-            listeners.append(f"SASL_SSL://{self.secure.bootstrap}")
-            advertised.append(f"SASL_SSL://{self.secure.bootstrap}")
-        return {
-            "listeners": ",".join(listeners),
-            "advertised.listeners": ",".join(advertised),
-            "controller.quorum.voters": f"1@{HOST}:{controller_port}",
-        }
-
-    def _security_properties(self) -> dict[str, str]:
-        if self.secure is None:
-            return {"listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"}
-        mechanism = self.secure.mechanism.lower()
-        prefix = "listener.name.sasl_ssl"
-        return {
-            "listener.security.protocol.map": (
-                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL"
-            ),
-            "sasl.enabled.mechanisms": self.secure.mechanism,
-            f"{prefix}.{mechanism}.sasl.jaas.config": (
-                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-            ),
-            f"{prefix}.ssl.keystore.type": "PEM",
-            f"{prefix}.ssl.keystore.location": str(self.secure.key_store),
-        }
-
-    def _initial_properties(self) -> str:
-        listeners = self._listener_properties(self._pick_controller_port())
-        settings = {
-            "process.roles": "broker,controller",
-            "node.id": "1",
-            **listeners,
-            "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            **self._security_properties(),
-            "log.dirs": str(self.storage_dir),
-            # One node: every internal topic has exactly one replica, or transactions and
-            # group commits would wait forever for replicas that cannot exist.
-            "offsets.topic.replication.factor": "1",
-            "offsets.topic.num.partitions": "10",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
-            "transaction.state.log.num.partitions": "10",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "min.insync.replicas": "1",
-            "group.initial.rebalance.delay.ms": "0",
-            # Topics exist because someone created them with a partition count on purpose;
-            # a typo in a topic name must fail, not create an empty one-partition topic.
-            "auto.create.topics.enable": "false",
-            # Two cores: fewer threads than Kafka's defaults (3 network, 8 I/O).
-            "num.network.threads": "2",
-            "num.io.threads": "4",
-            "num.recovery.threads.per.data.dir": "1",
-            "log.cleaner.dedupe.buffer.size": str(32 * 1024 * 1024),
-        }
-        body = "\n".join(f"{key}={value}" for key, value in settings.items())
-        return (
-            "# Written by `exactly kafka start` on first start. Ports are rewritten when\n"
-            "# --port changes; other edits are kept.\n" + body + "\n"
-        )
-
     def _format_storage(self) -> None:
         """Format KRaft storage once; a formatted dir is never formatted again (that is data)."""
         command = [
@@ -374,10 +225,7 @@ class EmbeddedBroker:
             "-c",
             str(self.properties_path),
         ]
-        if self.secure is not None:
-            for name, password in self.secure.users:
-                credential = f"name={name},password={password}"
-                command += ["--add-scram", f"{self.secure.mechanism}=[{credential}]"]
+        command += scram_arguments(self.secure)
         try:
             result = subprocess.run(
                 command,

@@ -1,6 +1,6 @@
 """A throwaway certificate authority and a broker certificate for loopback, made by openssl.
 
-What the secured embedded broker (resources/kafka/embedded_broker.py `SecureListener`) and its
+What the secured embedded broker (resources/kafka/secure_listener.py `SecureListener`) and its
 tests need:
 a CA certificate the clients trust (`ssl.ca.location`, or a PEM trust store for Java) and a
 broker key and certificate signed by it for 127.0.0.1, in one PEM file (Kafka's PEM key

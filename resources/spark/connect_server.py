@@ -1,9 +1,8 @@
 """A Spark Connect server for tests and development, run from pyspark's own Spark distribution.
 
-It gets the project's jars and the same settings as a local session (`resources.spark.session`), so
-a remote session reads Kafka and writes Delta exactly as a local one does. A production run
-connects to a server someone else operates (an `sc://` spark.master) and never starts one,
-which is why this launcher lives here and not in `resources/`.
+It gets the project's jars and the same settings as a local session (`resources.spark.session`),
+so a remote session reads Kafka and writes Delta exactly as a local one does. A production run
+connects to a server someone else operates (an `sc://` spark.master) and never starts one.
 
 Launching, log quoting and stopping are `resources.jvm.process`'s, shared with the broker.
 """
@@ -91,6 +90,66 @@ def _escaped(value: str) -> str:
     return "\\" + text if text.startswith(" ") else text
 
 
+def _server_settings(
+    port: int,
+    folder: Path,
+    master: str,
+    conf: Mapping[str, str] | None,
+    object_store: S3Access | None,
+) -> dict[str, str]:
+    """The server's Spark settings: DEFAULT_CONF, loopback, the s3a store's, `conf`, the
+    jars, and last the binding, which the URL handed out depends on."""
+    s3 = s3a_settings(object_store) if object_store is not None else {}
+    if s3 and not master.startswith("local"):
+        s3.update(executor_credentials(s3))
+    return {
+        **DEFAULT_CONF,
+        **loopback_settings(),
+        "spark.sql.warehouse.dir": str(folder / "warehouse"),
+        **s3,
+        **(conf or {}),
+        **jar_settings(object_store is not None),
+        # the URL we hand out depends on these: not overridable, and no silent move to the
+        # next port if this one is taken
+        "spark.connect.grpc.binding.address": LOOPBACK,
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.connect.grpc.port.maxRetries": "0",
+    }
+
+
+def _write_properties(properties: Path, settings: Mapping[str, str]) -> Path:
+    """Write `settings` as the server's properties file and return its path.
+
+    The settings (s3a keys among them) go in a file only this user reads, not on the command
+    line every user of the host can list; only the port stays there, which
+    resources/spark/shared_server.py matches to tell its server from a process that reused
+    its pid.
+    """
+    properties.touch(mode=0o600)
+    properties.chmod(0o600)
+    properties.write_text(
+        "".join(f"{key}={_escaped(value)}\n" for key, value in settings.items()),
+        encoding="utf-8",
+    )
+    return properties
+
+
+def _server_env(home: Path, conf_dir: Path, env: Mapping[str, str] | None) -> dict[str, str]:
+    """This process's environment with `env` on top, pointed at pyspark's Spark and our
+    conf dir."""
+    process_env = {
+        **os.environ,
+        **(env or {}),
+        "SPARK_HOME": str(home),
+        "SPARK_CONF_DIR": str(conf_dir),
+        "SPARK_LOCAL_IP": LOOPBACK,
+    }
+    process_env.setdefault("PYSPARK_PYTHON", sys.executable)
+    # a token would make the client insist on TLS for 127.0.0.1; this server is loopback-only
+    process_env.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+    return process_env
+
+
 def start_connect_server(
     port: int,
     conf: Mapping[str, str] | None = None,
@@ -135,47 +194,14 @@ def start_connect_server(
     conf_dir = folder / "conf"  # ours: no stray spark-defaults.conf reaches the server
     conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / "log4j2.properties").write_text(CONNECT_LOG4J2, encoding="utf-8")
-    s3 = s3a_settings(object_store) if object_store is not None else {}
-    if s3 and not master.startswith("local"):
-        s3.update(executor_credentials(s3))
-    settings = {
-        **DEFAULT_CONF,
-        **loopback_settings(),
-        "spark.sql.warehouse.dir": str(folder / "warehouse"),
-        **s3,
-        **(conf or {}),
-        **jar_settings(object_store is not None),
-        # the URL we hand out depends on these: not overridable, and no silent move to the
-        # next port if this one is taken
-        "spark.connect.grpc.binding.address": LOOPBACK,
-        "spark.connect.grpc.binding.port": str(port),
-        "spark.connect.grpc.port.maxRetries": "0",
-    }
+    settings = _server_settings(port, folder, master, conf, object_store)
+    properties = _write_properties(conf_dir / "exactly.properties", settings)
     home = _pyspark_home()
-    # settings (s3a keys among them) go in a file only this user reads, not on the command
-    # line every user of the host can list; only the port stays there, which
-    # resources/spark/shared_server.py matches to tell its server from a process that reused its pid
-    properties = conf_dir / "exactly.properties"
-    properties.touch(mode=0o600)
-    properties.chmod(0o600)
-    properties.write_text(
-        "".join(f"{key}={_escaped(value)}\n" for key, value in settings.items()),
-        encoding="utf-8",
-    )
     command = [str(home / "bin" / "spark-submit"), "--class", CONNECT_SERVER_CLASS]
     command += ["--name", "exactly-connect", "--master", master]
     command += ["--properties-file", str(properties)]
     command += ["--conf", f"spark.connect.grpc.binding.port={port}"]
-    process_env = {
-        **os.environ,
-        **(env or {}),
-        "SPARK_HOME": str(home),
-        "SPARK_CONF_DIR": str(conf_dir),
-        "SPARK_LOCAL_IP": LOOPBACK,
-    }
-    process_env.setdefault("PYSPARK_PYTHON", sys.executable)
-    # a token would make the client insist on TLS for 127.0.0.1; this server is loopback-only
-    process_env.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+    process_env = _server_env(home, conf_dir, env)
 
     started = time.monotonic()
     process, log_offset = launch_detached(
