@@ -18,7 +18,7 @@ import yaml
 
 from bench.cached_plan import CachedStager
 from jobs.wiring.pipeline import build
-from ledger.coordinator.two_phase import BatchReport
+from ledger.coordinator.reports import BatchReport
 from ledger.core.errors import ExactlyError
 from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig

@@ -481,7 +481,7 @@ def test_two_fills_never_take_the_same_offsets(
     # as two processes would: each sees a batch of the other as owned by a live process
     # (here both run in this one, whose batches recovery would take for its own, dead ones)
     monkeypatch.setattr(
-        "ledger.coordinator.two_phase.this_owner", lambda: Owner(socket.gethostname(), os.getppid())
+        "ledger.coordinator.liveness.this_owner", lambda: Owner(socket.gethostname(), os.getppid())
     )
 
     def scenario(pipeline: str) -> tuple[Callable[[], object], Callable[[], object]]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ledger.coordinator.two_phase import BatchReport
+    from ledger.coordinator.reports import BatchReport
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,11 @@ from ledger.core.protocol import Available, OffsetRange, Positions
 def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime) -> Decision:
     """Check `request` against Kafka, the table and the ledger, and record it; or refuse.
 
-    Voted batches are finished first and dead attempts abandoned (as before any plan), so the
-    decision applies to positions nothing is still reading; a resume-at skips that step,
-    because recovery rebuilds from the Delta log, which is what it stands in for. The rule is
-    decided again inside the ledger transaction that records it, on the positions read there.
+    Voted batches are finished first and dead attempts abandoned (as every start does before
+    it plans), so the decision applies to positions nothing is still reading; a resume-at
+    skips that step, because recovery rebuilds from the Delta log, which is what it stands
+    in for. The rule is decided again inside the ledger transaction that records it, on the
+    positions read there.
     """
     if not request.reason.strip():
         raise DecisionError("--reason must say why: it is recorded with the decision")

@@ -22,7 +22,7 @@ import dagster as dg
 from pydantic import Field
 
 from jobs.wiring.continuous import Cadence, run_continuously
-from ledger.coordinator.two_phase import BatchReport
+from ledger.coordinator.reports import BatchReport
 from orchestration.health.failures import one_line_failures
 from orchestration.health.liveness import warn_if_not_acked
 from orchestration.health.rejection import rejections_end_the_run
