@@ -1,4 +1,4 @@
-"""The commit half of the protocol on real Delta tables (delta-rs, resources/delta/table.py).
+"""The commit half of the protocol on real Delta tables (delta-rs, resources/delta/commit.py).
 
 Invariant 2 lives here, not in the coordinator: after a crash between the Delta commit and
 the ledger's COMMITTED (crash point `after_delta_commit`), recovery publishes the voted

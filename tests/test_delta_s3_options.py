@@ -1,4 +1,4 @@
-"""resources/delta/table.py `storage_options_for`: delta-rs commits on S3 only by conditional put,
+"""resources/delta/options.py `storage_options_for`: delta-rs commits on S3 only by conditional put,
 with the same endpoint and keys as every other client, and settings that would let two
 writers both commit one table version are refused with one line."""
 

@@ -1,4 +1,4 @@
-"""Delta statistics from Parquet footers (resources/delta/table.py `delta_stats`, `stats_json`),
+"""Delta statistics from Parquet footers (resources/delta/stats.py `delta_stats`, `stats_json`),
 on files pyarrow writes: the shapes Spark's files take that matter here (decimals stored as
 INT32/INT64, struct fields) and the ones Arrow's writer adds (a max that leaves NaN out).
 tests/test_types.py checks the same against Spark's files end to end."""

@@ -197,7 +197,7 @@ class SparkStager:
         inside Spark is an `ExactlyError` naming it and the batch, Spark's error its cause.
 
         Nothing is lost by failing here: the batch has not voted, so the next run abandons
-        this attempt and plans the same range again (ledger/coordinator/two_phase.py, `recover`).
+        this attempt and plans the same range again (ledger/coordinator/recovery.py).
         The translation only changes what the operator reads: one line and exit code 2, where
         Spark would print the Java stack trace of every retry.
         """

@@ -1,6 +1,6 @@
 """Which topics a pipeline reads: one name, a list of names, or a pattern.
 
-The config (resources/config/pipeline_config.py `KafkaSettings.selection`) gives one of the three.
+The config (resources/config/kafka_settings.py `KafkaSettings.selection`) gives one of the three.
 A pattern is resolved against the topics Kafka lists at each plan, never once at start-up: a topic
 created later that matches is read from `kafka.starting_offsets` from the first batch
 planned after it exists, as Structured Streaming's `subscribePattern` and Kafka Connect's

@@ -29,7 +29,7 @@ The cases `ensure_server` handles:
 
 None of this is part of the exactly-once argument. A server that dies, is stopped or is
 replaced under a running stage fails that stage before its vote; the batch is planned again
-(ledger/coordinator/two_phase.py, `recover`). Queries of a client killed mid-stage may run on in the
+(ledger/coordinator/recovery.py). Queries of a client killed mid-stage may run on in the
 server, but they write only into their own attempt's folder, which no vote names.
 
 Transforms run by Python workers (a pandas transform) must see the code of the run that
