@@ -21,8 +21,10 @@ from jobs.derived.invariants import (
     upsert_differences,
 )
 from jobs.publish.delta_publisher import DeltaPublisher
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, derived_target, parquet_files
+from jobs.stage import parquet_files
+from jobs.stage.staging import attempt_folder
 from ledger.core.batch import Batch, BatchKind
+from ledger.core.layout import QUARANTINE, TABLE, derived_target
 from ledger.core.protocol import BatchState, OffsetRange
 from resources.config.derived_spec import AggregateOutput, UpsertOutput, parse_output
 from resources.delta.table import DeltaTarget, encode_schema

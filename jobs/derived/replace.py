@@ -31,13 +31,11 @@ import pyarrow.compute as pc
 
 from jobs.derived.invariants import flagged_rows, latest_of, recompute_aggregate
 from ledger.core.errors import ConfigError
+from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from ledger.core.protocol import OffsetRange
 from resources.config.derived_spec import (
     ABSENT,
     DELETED,
-    OFFSET,
-    PARTITION,
-    TOPIC,
     AggregateOutput,
     UpsertOutput,
     correction_count,

@@ -22,18 +22,26 @@ import pyarrow.compute as pc
 from jobs.derived.invariants import recompute_aggregate
 from jobs.derived.rebuild import behind_reason
 from jobs.derived.replace import correction_partial, in_ranges, upsert_replacement
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, derived_target, is_derived
+from jobs.stage.staging import attempt_folder
 from ledger.coordinator.crash import crashpoint
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
+from ledger.core.layout import (
+    BATCH_ID,
+    OFFSET,
+    PARTITION,
+    QUARANTINE,
+    TABLE,
+    TOPIC,
+    derived_target,
+    is_derived,
+)
 from ledger.core.ports import PublishResult
 from ledger.core.protocol import OffsetRange
 from resources.config.derived_spec import (
     ABSENT,
     DELETED,
-    OFFSET,
-    PARTITION,
     AggregateOutput,
     AnyOutput,
     PostgresOutput,
@@ -257,9 +265,9 @@ class DeltaPublisher:
         for topic in sorted({r.topic for r in batch.ranges if r.span}):
             wanted = _offsets_filter(r for r in batch.ranges if r.span and r.topic == topic)
             if not_by and wanted is not None:
-                wanted = wanted & ~pc.field("_batch_id").isin(sorted(not_by))
-            rows = dataset.to_table(columns=["_kafka_topic"], filter=wanted)
-            held += pc.sum(pc.equal(rows["_kafka_topic"], topic).cast("int64")).as_py() or 0
+                wanted = wanted & ~pc.field(BATCH_ID).isin(sorted(not_by))
+            rows = dataset.to_table(columns=[TOPIC], filter=wanted)
+            held += pc.sum(pc.equal(rows[TOPIC], topic).cast("int64")).as_py() or 0
         return held
 
     def file_size(self, target: str, path: str) -> int | None:

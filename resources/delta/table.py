@@ -899,7 +899,7 @@ class DeltaTarget:
         under the partition values of the file they came from, in that partition's folder."""
         actions: list[Any] = []
         now_ms = int(time.time() * 1000)
-        # a staged file may hold columns the table does not have (jobs/stage/staging.py: `routed`);
+        # a staged file may hold columns the table does not have (jobs/stage/routing.py: `routed`);
         # the rewrite keeps only the table's
         columns = {f.name for f in table.schema().fields}
         for entry in _files_touching(table, ranges):
