@@ -283,7 +283,7 @@ def test_a_postgres_output_s_previous_batch_is_the_data_table_s_version(
     """Batch 7: while the data table (published last) does not hold it, its version is the
     last batch committed whole, which the compare-and-set gets as the previous batch; once
     it holds it, nothing is applied and the output must hold it too."""
-    import jobs.publish.delta_publisher as publisher_module
+    import jobs.publish.postgres_outputs as publisher_module
     from ledger.core.errors import InconsistencyError
     from resources.postgres.outputs import PostgresOutcome
 

@@ -1,5 +1,5 @@
-"""The publisher's replace path on real delta-rs tables, no Spark (jobs/publish/delta_publisher.py
-`_merge_replace`): live batches, then a replace batch published to a count+sum aggregate
+"""The publisher's replace path on real delta-rs tables, no Spark (jobs/publish/derived_outputs.py
+`merge_replace`): live batches, then a replace batch published to a count+sum aggregate
 and an upsert with tombstones; each output must equal its recomputation over the raw table
 after it, also when the replace is published again after a crash that left one output
 holding it, and when a live batch commits between two of the replace's outputs."""
