@@ -240,7 +240,7 @@ def test_a_replace_under_a_live_pipeline_with_derived_outputs(
             mode=BackfillMode.REPLACE,
             ranges=[OffsetRange(topic, 1, 20, 180)],
             transform=TRANSFORM_V2,
-            derived=config.derived,
+            replace_refusals=config.replace_refusals(),
         )
         assert planned
         batch, output = tpc.invoke(batch)
