@@ -1,5 +1,5 @@
 """A stage plan that caches the transformed frame, kept only so the benchmark can compare it
-with the product's routed plan (jobs/stage/staging.py).
+with the product's routed plan (jobs/stage/staging.py, jobs/stage/routing.py).
 
 It reads and transforms the batch once, caches the transformed frame, and writes the table
 and the quarantine from it in two Spark jobs; the product writes both in one job without a
@@ -16,24 +16,21 @@ from typing import Any
 from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
+from jobs.stage import coordinates
+from jobs.stage.kafka_read import read_ranges, with_coordinates
+from jobs.stage.routing import check_output, split_outputs
 from jobs.stage.spark_stager import SparkStager
 from jobs.stage.staging import (
-    QUARANTINE,
     RECORDS_READ,
-    TABLE,
     check_coordinates,
-    check_output,
-    coordinates,
     observed_fingerprint,
     observed_records,
-    read_ranges,
-    split_outputs,
     staged_output,
-    with_coordinates,
 )
 from ledger.coordinator.crash import crashpoint
 from ledger.core.batch import Batch
 from ledger.core.errors import ConfigError
+from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.ports import StageOutput
 from ledger.core.protocol import OffsetRange
 from resources.object_storage import storage

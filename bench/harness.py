@@ -176,7 +176,7 @@ def warm_up(
     from pyspark.sql import functions as F
 
     from jobs.examples.pageviews import transform
-    from jobs.stage.staging import read_ranges, with_coordinates
+    from jobs.stage.kafka_read import read_ranges, with_coordinates
     from ledger.core.protocol import OffsetRange
 
     started = time.perf_counter()

@@ -230,7 +230,7 @@ def spark_floors(
     (a new meter of peak resident memory) the driver's peak while it ran.
     """
     from jobs.examples.pageviews import transform
-    from jobs.stage.staging import read_ranges, with_coordinates
+    from jobs.stage.kafka_read import read_ranges, with_coordinates
     from ledger.core.protocol import OffsetRange
     from resources.object_storage import storage
 

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from bench.product import BenchError
 from jobs.examples.pageviews import transform
-from jobs.stage.staging import FETCH_MAX_WAIT_MS, with_coordinates
+from jobs.stage.kafka_read import FETCH_MAX_WAIT_MS, with_coordinates
 from resources.object_storage import storage
 
 
@@ -33,7 +33,7 @@ def streaming_frame(spark: Any, *, bootstrap: str, topic: str, max_offsets: int 
         .option("startingOffsets", "earliest")
         .option("kafka.isolation.level", "read_committed")
         .option("failOnDataLoss", "true")
-        # the product's stage reads with this too (jobs/stage/staging.py): the same consumer
+        # the product's stage reads with this too (jobs/stage/kafka_read.py): the same consumer
         # settings on both sides, so the figures compare plans, not a fetch option
         .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
     )

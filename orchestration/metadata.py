@@ -210,7 +210,7 @@ def quarantine_materialization(
     return dg.AssetMaterialization(asset_key=key, partition=partition, metadata=meta)
 
 
-#: A derived output's merge outcome (jobs/publish/delta_publisher.py `merge_outcome`) as metadata:
+#: A derived output's merge outcome (jobs/publish/derived_outputs.py `merge_outcome`) as metadata:
 #: the measures as numbers, so the asset's plots draw rows changed and seconds per batch.
 _MERGE_FIGURES = ("rows_inserted", "rows_updated", "rows_deleted", "tries")
 

@@ -268,7 +268,7 @@ def test_two_replaces_of_overlapping_ranges_are_never_in_flight_together(
     store: LedgerStore, source: FakeSource
 ) -> None:
     """A replace's derived corrections read the old rows in its ranges from the raw table
-    before its own raw-table commit (jobs/publish/delta_publisher.py `_merge_replace`): only that
+    before its own raw-table commit (docs/derived-tables.md#replace-correction): only that
     commit may change them. A second replace over the same offsets, requested while the
     first has voted, finishes the first before it is planned (or is refused), never beside
     it: backfills share one app id, one batch in flight."""

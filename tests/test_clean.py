@@ -28,12 +28,14 @@ from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from jobs.publish.delta_publisher import DeltaPublisher
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
+from jobs.stage import parquet_files
+from jobs.stage.staging import attempt_folder
 from jobs.wiring.pipeline import build
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, BatchKind, StagedFile, utcnow
 from ledger.core.errors import ConfigError, InconsistencyError
+from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import BatchState, OffsetRange, Owner
 from ledger.store.ledger_store import LedgerStore
 from resources.config.loading import load_config

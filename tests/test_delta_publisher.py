@@ -11,8 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs.publish.delta_publisher import DeltaPublisher, commit_metadata
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
+from jobs.stage import parquet_files
+from jobs.stage.staging import attempt_folder
 from ledger.core.batch import Batch, StagedFile
+from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.host.process import this_owner
 from resources.delta.schema import encode_schema
@@ -133,7 +135,7 @@ def test_derived_outputs_publish_between_the_quarantine_and_the_table_once_each(
 
     import jobs.publish.delta_publisher as publisher_module
     from jobs.publish.delta_publisher import DERIVED_METRICS
-    from jobs.stage.staging import derived_target
+    from ledger.core.layout import derived_target
     from resources.config.derived_spec import parse_output
 
     spec = parse_output(
@@ -282,7 +284,7 @@ def test_a_postgres_output_s_previous_batch_is_the_data_table_s_version(
     """Batch 7: while the data table (published last) does not hold it, its version is the
     last batch committed whole, which the compare-and-set gets as the previous batch; once
     it holds it, nothing is applied and the output must hold it too."""
-    import jobs.publish.delta_publisher as publisher_module
+    import jobs.publish.postgres_outputs as publisher_module
     from ledger.core.errors import InconsistencyError
     from resources.postgres.apply import PostgresOutcome
 
@@ -320,8 +322,8 @@ def test_a_derived_table_deleted_after_the_vote_is_not_re_created_by_another_app
     pipeline's app ids the output is behind on, not only the batch's own."""
     import shutil
 
-    from jobs.stage.staging import derived_target
     from ledger.core.errors import InconsistencyError
+    from ledger.core.layout import derived_target
     from resources.config.derived_spec import parse_output
 
     spec = parse_output(

@@ -1,5 +1,5 @@
-"""The publisher's replace path on real delta-rs tables, no Spark (jobs/publish/delta_publisher.py
-`_merge_replace`): live batches, then a replace batch published to a count+sum aggregate
+"""The publisher's replace path on real delta-rs tables, no Spark (jobs/publish/derived_outputs.py
+`merge_replace`): live batches, then a replace batch published to a count+sum aggregate
 and an upsert with tombstones; each output must equal its recomputation over the raw table
 after it, also when the replace is published again after a crash that left one output
 holding it, and when a live batch commits between two of the replace's outputs."""
@@ -21,8 +21,10 @@ from jobs.derived.invariants import (
     upsert_differences,
 )
 from jobs.publish.delta_publisher import DeltaPublisher
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, derived_target, parquet_files
+from jobs.stage import parquet_files
+from jobs.stage.staging import attempt_folder
 from ledger.core.batch import Batch, BatchKind
+from ledger.core.layout import QUARANTINE, TABLE, derived_target
 from ledger.core.protocol import BatchState, OffsetRange
 from resources.config.derived_spec import AggregateOutput, UpsertOutput, parse_output
 from resources.delta.schema import encode_schema

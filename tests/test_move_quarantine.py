@@ -1,4 +1,4 @@
-"""jobs/stage/staging.py's move of the quarantined rows out of the table's attempt folder, on files
+"""jobs/stage/routing.py's move of the quarantined rows out of the table's attempt folder, on files
 (no Spark: the move is pyarrow's, and needs of the quarantine's frame only its columns and
 Spark schema)."""
 
@@ -13,9 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.stage import staging as stage
-from jobs.stage.staging import QUARANTINE, TABLE, move_quarantine, routed_folder
+from jobs.stage import routing as stage
+from jobs.stage.routing import move_quarantine, routed_folder
 from ledger.core.errors import UnreachableError
+from ledger.core.layout import QUARANTINE, TABLE
 
 COLUMNS = ["_kafka_topic", "_kafka_partition", "_kafka_offset", "_error", "_raw_value"]
 

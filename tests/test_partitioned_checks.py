@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
-from jobs.stage.staging import QUARANTINE, TABLE
 from jobs.wiring.pipeline import Pipeline
+from ledger.core.layout import QUARANTINE, TABLE
 from orchestration.health.derived_checks import derived_verdicts
 from orchestration.health.table_checks import judge_rows, last_committed
 from resources.config.loading import load_config

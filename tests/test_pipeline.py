@@ -290,7 +290,7 @@ def test_each_output_s_files_hold_its_own_columns_and_statistics(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from jobs.stage.staging import ROUTE
+    from ledger.core.layout import ROUTE
 
     config = pipeline_factory(2, max_records=500)
     kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=9))
@@ -327,7 +327,7 @@ def test_each_output_s_files_hold_its_own_columns_and_statistics(
 
 
 def test_a_transform_may_not_return_the_columns_the_stage_adds(spark: Any) -> None:
-    from jobs.stage.staging import check_output
+    from jobs.stage.routing import check_output
     from ledger.core.errors import ConfigError
 
     frame = spark.createDataFrame(

@@ -14,8 +14,8 @@ from deltalake import DeltaTable
 
 from exactly_cli import main
 from jobs.examples.sample_data import pageviews
-from jobs.stage.staging import QUARANTINE, TABLE
 from jobs.wiring.pipeline import Pipeline
+from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
@@ -149,7 +149,7 @@ def test_a_vote_that_lost_a_derived_partial_is_restaged_and_published_once(
     finds it (derived partials are voted files like any other), the batch is re-staged from
     Kafka as a new attempt, never published with the partial missing (no lost counts, no
     lost upserts), and every output equals its recomputation over the raw table."""
-    from jobs.stage.staging import derived_target
+    from ledger.core.layout import derived_target
     from tests.fixtures.derived import (
         TRANSFORM,
         assert_derived_match,

@@ -12,8 +12,10 @@ import pytest
 import yaml
 from deltalake import DeltaTable
 
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
+from jobs.stage import parquet_files
+from jobs.stage.staging import attempt_folder
 from ledger.core.batch import Batch, StagedFile
+from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
 from resources.config.loading import load_config

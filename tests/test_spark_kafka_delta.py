@@ -9,7 +9,7 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import functions as F
 
-from jobs.stage.staging import read_ranges
+from jobs.stage.kafka_read import read_ranges
 from ledger.core.protocol import OffsetRange
 from resources.kafka.client import KafkaClient
 

@@ -22,9 +22,9 @@ from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from jobs.stage.parquet_files import describe
-from jobs.stage.staging import QUARANTINE, TABLE
 from ledger.coordinator.crash import CRASH_EXIT_CODE
 from ledger.core.batch import StagedFile
+from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
 from resources.config.pipeline_config import PipelineConfig

@@ -9,8 +9,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from jobs.examples.pageviews import COORDINATES, PAGEVIEW
+from jobs.examples.pageviews import PAGEVIEW
 from jobs.examples.pageviews import transform as pageviews
+from ledger.core.layout import COORDINATES
 
 
 def pageviews_v2(records: DataFrame) -> DataFrame:

@@ -18,10 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ledger.core.errors import ConfigError
+from ledger.core.layout import OFFSET, PARTITION
 from resources.config.derived_spec import (
     DELETED,
-    OFFSET,
-    PARTITION,
     STAGE_ONLY,
     WINDOW_END,
     WINDOW_START,
@@ -162,7 +161,7 @@ def tombstones(rows: pa.Table, name: str) -> pa.ChunkedArray:
 def raw_table_rows(rows: pa.Table) -> pa.Table:
     """The raw table's rows as the recomputations take them: with a `_deleted` column, all
     false, when the table has none. The raw table keeps tombstones (and the column) only
-    since the pipeline has an upsert output (jobs/stage/staging.py `carries_tombstones`); rows
+    since the pipeline has an upsert output (jobs/stage/routing.py `carries_tombstones`); rows
     written before were published as records, so records they are. Only for the raw
     table's rows: a stage's frame always has Kafka's `value` (`tombstones`)."""
     if DELETED in rows.column_names or "value" in rows.column_names:

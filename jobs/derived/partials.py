@@ -3,11 +3,11 @@
 The input is the transform's output as the stage holds it before splitting it between the
 table and the quarantine (jobs/stage/staging.py `stage`: `out`), or the table's own rows: the
 table's columns plus the coordinates `_kafka_topic`, `_kafka_partition`, `_kafka_offset`
-(jobs/stage/coordinates.py KEY). Rows with an `_error` are quarantined (invariant 9) and are part
+(ledger/core/layout.py KEY). Rows with an `_error` are quarantined (invariant 9) and are part
 of no derived output, so they are left out here.
 
 Tombstones. The stage keeps Kafka's `value` on the transform's output and drops it from the
-table's rows (jobs/stage/staging.py `split_outputs`); the shipped example transform quarantines a
+table's rows (jobs/stage/routing.py `split_outputs`); the shipped example transform quarantines a
 record with no value ("record has no value"). So a tombstone is a record whose Kafka `value`
 is null and whose `_error` is null: a transform for an upsert output must let such records
 through, with the key columns taken from the Kafka key. A frame without `value` (the raw
@@ -28,10 +28,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ledger.core.errors import ConfigError
+from ledger.core.layout import OFFSET, PARTITION
 from resources.config.derived_spec import (
     DELETED,
-    OFFSET,
-    PARTITION,
     STAGE_ONLY,
     WINDOW_END,
     WINDOW_START,

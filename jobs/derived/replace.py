@@ -14,8 +14,9 @@ merge the new rows' partial: the old rows' contributions are in it already. So:
   their order (and keeps the order compare for the others).
 
 Pyarrow only, no Spark: the old rows come from the raw table, read with delta-rs when the
-replace is published, before the raw table's own replace commit (jobs/publish/delta_publisher.py
-`_merge_replace` argues why those are the rows that commit removes), and these are the same
+replace is published, before the raw table's own replace commit (jobs/publish/derived_outputs.py
+`merge_replace`; docs/derived-tables.md#replace-correction argues why those are the rows that
+commit removes), and these are the same
 pure functions of rows as the check's recomputation (jobs/derived/invariants.py), so what is
 applied and what is checked cannot drift apart. The old rows are one replaced range's (a
 batch's worth), not the table.
@@ -31,13 +32,11 @@ import pyarrow.compute as pc
 
 from jobs.derived.invariants import flagged_rows, latest_of, recompute_aggregate
 from ledger.core.errors import ConfigError
+from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from ledger.core.protocol import OffsetRange
 from resources.config.derived_spec import (
     ABSENT,
     DELETED,
-    OFFSET,
-    PARTITION,
-    TOPIC,
     AggregateOutput,
     UpsertOutput,
     correction_count,

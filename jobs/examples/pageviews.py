@@ -13,6 +13,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ledger.core.layout import COORDINATES
+
 PAGEVIEW = T.StructType(
     [
         T.StructField("event_id", T.StringType()),
@@ -23,8 +25,6 @@ PAGEVIEW = T.StructType(
         T.StructField("_corrupt", T.StringType()),
     ]
 )
-
-COORDINATES = ["_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp", "_batch_id"]
 
 
 def transform(records: DataFrame) -> DataFrame:

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from jobs.stage.pandas_transform import pandas_transform
+from ledger.core.layout import COORDINATES
 
 FIELDS = ("event_id", "app", "user", "url", "ts")
 
@@ -41,8 +42,7 @@ def transform(records: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame([fields for fields, _ in parsed], columns=list(FIELDS), index=records.index)
     out["ts"] = pd.to_datetime(out["ts"], utc=True, errors="coerce", format="ISO8601")
     out["_error"] = [error for _, error in parsed]
-    for column in ("_kafka_topic", "_kafka_partition", "_kafka_offset", "_kafka_timestamp"):
+    for column in COORDINATES:
         out[column] = records[column]
-    out["_batch_id"] = records["_batch_id"]
     out["value"] = records["value"]
     return out

@@ -2,7 +2,7 @@
 by Spark's own `from_avro`, each field of the record a column, every record that does not
 decode kept for the quarantine with the reason (invariant 9).
 
-It keeps the transform contract (jobs/stage/staging.py `check_output`): the coordinate columns,
+It keeps the transform contract (jobs/stage/routing.py `check_output`): the coordinate columns,
 `value` and `_error`. So the stage, the quarantine, the coordinate check (invariant 13) and
 the schema rules (invariant 14: a new optional field is a new nullable column in the same
 commit, a changed type is refused) are the ones every transform has.
@@ -24,8 +24,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.avro.functions import from_avro
 
-from jobs.stage.staging import COORDINATES, RESERVED
+from jobs.stage.routing import RESERVED
 from ledger.core.errors import ConfigError
+from ledger.core.layout import COORDINATES
 from resources.config.formats import FormatSettings, unreadable_because
 
 #: The Confluent wire header: magic byte 0, then a 4-byte big-endian schema id.

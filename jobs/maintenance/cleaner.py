@@ -36,19 +36,16 @@ from itertools import groupby
 from typing import Any
 
 from jobs.publish.delta_publisher import DeltaPublisher
-from jobs.stage.staging import QUARANTINE, TABLE
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, utcnow
 from ledger.core.cleaning import MAY_STILL_WRITE, StagedEntry, Verdict, classify
 from ledger.core.errors import ExactlyError, InconsistencyError
+from ledger.core.layout import QUARANTINE, TABLE, attempt_folder_of, staged_path
 from ledger.core.protocol import MUST_FINISH, BatchState
 from ledger.store.ledger_store import LedgerStore
 from resources.config.pipeline_config import PipelineConfig
 from resources.delta.table import DeltaTarget
 from resources.object_storage import storage
-
-#: The folder of every table under which attempts write (jobs/stage/staging.py `attempt_folder`).
-STAGED = "staged"
 
 #: A batch a table holds is one of these in a ledger that knows the table.
 _PUBLISHED_OR_PUBLISHING = MUST_FINISH | {BatchState.ACKED}
@@ -60,7 +57,7 @@ def _quiet(_line: str) -> None:
 
 def staged_root(table_root: str, app_id: str) -> str:
     """Where every attempt of `app_id` writes its folder in the table at `table_root`."""
-    return storage.join(table_root, STAGED, app_id)
+    return storage.join(table_root, staged_path(app_id))
 
 
 @dataclass
@@ -241,17 +238,19 @@ class _Cleaner:
             for app_id in self.apps:
                 base = staged_root(delta.uri, app_id)
                 for info in storage.list_files(base):
-                    below = storage.relative(info.uri, base)
-                    first = below.split("/", 1)[0]
+                    path = storage.relative(info.uri, delta.uri)
+                    folder = attempt_folder_of(path, app_id)
+                    if folder is None:
+                        continue  # the staged folder itself, never a file of an attempt
                     entries.append(
                         StagedEntry(
                             target=target,
                             app_id=app_id,
-                            path=storage.relative(info.uri, delta.uri),
+                            path=path,
                             uri=info.uri,
                             size=info.size,
                             modified=datetime.fromtimestamp(info.modification_time_ms / 1000, UTC),
-                            folder=storage.join(base, first),
+                            folder=storage.join(delta.uri, folder),
                         )
                     )
         return sorted(entries, key=lambda e: (e.folder, e.uri))

@@ -35,10 +35,10 @@ from pyspark.sql import Column
 from pyspark.sql import functions as F
 
 from ledger.core.errors import RefusedBatchError
+from ledger.core.layout import KEY, OFFSET, PARTITION, TOPIC
 from ledger.core.protocol import OffsetRange
 from resources.object_storage import storage
 
-KEY = ("_kafka_topic", "_kafka_partition", "_kafka_offset")
 FINGERPRINT = "coordinates_fingerprint"
 #: how many example coordinates an error shows per kind of problem
 _EXAMPLES = 3
@@ -145,16 +145,14 @@ def _never_read(staged: pa.Table, ranges: Sequence[OffsetRange]) -> list[str]:
     """Staged coordinates outside every range of the batch (or with a null part)."""
     bounds = pa.table(
         {
-            "_kafka_topic": pa.array([r.topic for r in ranges], staged.schema.field(KEY[0]).type),
-            "_kafka_partition": pa.array(
-                [r.partition for r in ranges], staged.schema.field(KEY[1]).type
-            ),
+            TOPIC: pa.array([r.topic for r in ranges], staged.schema.field(TOPIC).type),
+            PARTITION: pa.array([r.partition for r in ranges], staged.schema.field(PARTITION).type),
             "_start": pa.array([r.start for r in ranges], pa.int64()),
             "_end": pa.array([r.end for r in ranges], pa.int64()),
         }
     )
-    joined = staged.join(bounds, keys=list(KEY[:2]), join_type="left outer")
-    offset = joined["_kafka_offset"]
+    joined = staged.join(bounds, keys=[TOPIC, PARTITION], join_type="left outer")
+    offset = joined[OFFSET]
     inside = pc.and_(pc.greater_equal(offset, joined["_start"]), pc.less(offset, joined["_end"]))
     outside = joined.filter(pc.invert(pc.fill_null(inside, False))).select(list(KEY))
     if not outside.num_rows:

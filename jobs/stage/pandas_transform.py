@@ -21,13 +21,15 @@ from collections.abc import Callable, Iterator
 import pandas as pd
 from pyspark.sql import DataFrame
 
-#: What every transform keeps or adds, with its Spark type (jobs/stage/staging.py's contract).
+from ledger.core.layout import BATCH_ID, OFFSET, PARTITION, TIMESTAMP, TOPIC
+
+#: What every transform keeps or adds, with its Spark type (jobs/stage/routing.py's contract).
 CONTRACT = (
-    ("_kafka_topic", "string"),
-    ("_kafka_partition", "int"),
-    ("_kafka_offset", "bigint"),
-    ("_kafka_timestamp", "timestamp"),
-    ("_batch_id", "bigint"),
+    (TOPIC, "string"),
+    (PARTITION, "int"),
+    (OFFSET, "bigint"),
+    (TIMESTAMP, "timestamp"),
+    (BATCH_ID, "bigint"),
     ("value", "binary"),
     ("_error", "string"),
 )

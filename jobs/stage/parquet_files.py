@@ -20,7 +20,7 @@ def describe(
     """The Parquet files in one attempt's own staging folder, as the vote records them.
 
     With `columns`, the statistics cover those columns only: a file may hold columns its
-    table does not have (jobs/stage/staging.py: `routed`), and Delta's statistics name the table's.
+    table does not have (jobs/stage/routing.py: `routed`), and Delta's statistics name the table's.
     """
     files = []
     for info in storage.list_data_files(folder):

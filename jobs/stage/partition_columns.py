@@ -24,7 +24,7 @@ def with_partition_columns(
     would be read in the Spark session's zone, the very dependence the declared zone is
     there to remove. A quarantined row (`_error` set) gets null partition values: the
     quarantine is not partitioned, and one folder for all of its rows keeps the stage's
-    move of them (jobs/stage/staging.py `move_quarantine`, which copies by file name) from
+    move of them (jobs/stage/routing.py `move_quarantine`, which copies by file name) from
     meeting two files of one name from two partition folders.
     """
     if not columns:

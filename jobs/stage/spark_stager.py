@@ -10,9 +10,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from jobs.formats.format_decode import pipeline_transform
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, derived_target, stage
+from jobs.stage.staging import attempt_folder, stage
 from ledger.core.batch import Batch
 from ledger.core.errors import AuthenticationError, ExactlyError, UnreachableError
+from ledger.core.layout import QUARANTINE, TABLE, derived_target
 from ledger.core.ports import StageOutput
 from resources.config.derived_spec import AnyOutput, PostgresOutput
 from resources.config.pipeline_config import PipelineConfig

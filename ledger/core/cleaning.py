@@ -76,7 +76,7 @@ class KeepReason(enum.StrEnum):
 class StagedEntry:
     """One file found under an application's staged folder of one table."""
 
-    #: which table: jobs/stage/staging.py TABLE or QUARANTINE
+    #: which table: ledger/core/layout.py TABLE or QUARANTINE
     target: str
     #: the application id whose staged folder holds it
     app_id: str

@@ -88,7 +88,7 @@ files_table = sa.Table(
     metadata,
     sa.Column("app_id", sa.String(255), primary_key=True),
     sa.Column("batch_id", sa.BigInteger, primary_key=True, autoincrement=False),
-    # `table`, `quarantine` or `derived:<name>` (jobs/stage/staging.py derived_target)
+    # `table`, `quarantine` or `derived:<name>` (ledger/core/layout.py derived_target)
     sa.Column("target", sa.String(255), primary_key=True),
     sa.Column("path", sa.String(1024), primary_key=True),
     sa.Column("size", sa.BigInteger, nullable=False),

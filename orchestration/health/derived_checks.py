@@ -38,10 +38,11 @@ from jobs.derived.invariants import (
 from jobs.wiring.pipeline import Pipeline
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch
+from ledger.core.layout import OFFSET, PARTITION
 from ledger.core.protocol import PUBLISHED
 from orchestration.assets import derived_key
 from orchestration.health.verdict import Verdict
-from resources.config.derived_spec import DELETED, OFFSET, PARTITION, AggregateOutput, UpsertOutput
+from resources.config.derived_spec import DELETED, AggregateOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
 from resources.delta.table import DeltaTarget
 from resources.postgres.target import PostgresTarget, read_output

@@ -32,12 +32,12 @@ from typing import Any
 
 import dagster as dg
 
-from jobs.stage.staging import QUARANTINE, TABLE
 from jobs.wiring.pipeline import Pipeline
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch
 from ledger.core.decisions import DecisionKind
 from ledger.core.errors import CONFIG_PLACEHOLDER
+from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import IN_FLIGHT, PUBLISHED
 from orchestration.assets import quarantine_key, table_key
 from orchestration.health.derived_checks import derived_check_specs, derived_verdicts

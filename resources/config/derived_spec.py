@@ -14,6 +14,7 @@ from pydantic import Field, TypeAdapter, ValidationError, field_validator, model
 from sqlalchemy.engine import make_url
 
 from ledger.core.errors import ConfigError, RefusedBatchError
+from ledger.core.layout import ROUTE
 from resources.config.env_values import EnvValue, OptionValue
 from resources.config.partitioning import PartitionColumn, check_unique
 from resources.config.strict import _NAME, _Strict
@@ -40,14 +41,9 @@ WINDOW_START, WINDOW_END = "window_start", "window_end"
 #: partial, a key left with no record, which the MERGE deletes (jobs/derived/replace.py).
 DELETED = "_deleted"
 ABSENT = "_absent"
-#: Columns of the stage's frame that never reach a derived output (jobs/stage/staging.py: Kafka's
+#: Columns of the stage's frame that never reach a derived output (jobs/stage/routing.py: Kafka's
 #: value, the transform's error, the routed write's columns).
-STAGE_ONLY = ("value", "_error", "_raw_value", "exactly_output")
-#: The coordinates every partial reads (jobs/stage/coordinates.py KEY, jobs/stage/staging.py
-# COORDINATES).
-PARTITION, OFFSET = "_kafka_partition", "_kafka_offset"
-#: The topic column of every row (a replace finds its old rows by topic, partition, offset).
-TOPIC = "_kafka_topic"
+STAGE_ONLY = ("value", "_error", "_raw_value", ROUTE)
 
 
 def _column(value: str) -> str:

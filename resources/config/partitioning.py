@@ -33,6 +33,7 @@ import pyarrow as pa
 from pydantic import field_validator, model_validator
 
 from ledger.core.errors import ConfigError, InconsistencyError
+from ledger.core.layout import ROUTE
 from resources.config.strict import _Strict
 
 #: The column metadata key that makes a Delta column generated (protocol: generatedColumns).
@@ -44,9 +45,8 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _COLUMN = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 #: A source column: any identifier, `_kafka_timestamp` included.
 _SOURCE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-#: Names the stage gives columns of its own (jobs/stage/staging.py RESERVED, ROUTE).
-ROUTED = "exactly_output"
-_TAKEN = frozenset({ROUTED})
+#: Names the stage gives columns of its own (ledger/core/layout.py ROUTE).
+_TAKEN = frozenset({ROUTE})
 _MICROS_PER_DAY = 86_400_000_000
 
 
@@ -141,7 +141,7 @@ def partition_values(path: str, columns: Sequence[str]) -> dict[str, str | None]
     # every `name=value` folder but the stage's routing one is a partition folder; they must
     # be the table's columns, in order: a file staged partitioned and added to a table that
     # is not would read its rows' partition values as null (the file does not hold them)
-    named = [f.partition("=")[0] for f in folders if "=" in f and not f.startswith(f"{ROUTED}=")]
+    named = [f.partition("=")[0] for f in folders if "=" in f and not f.startswith(f"{ROUTE}=")]
     if named != list(columns):
         raise InconsistencyError(
             f"staged file {path} has partition folders {named or 'none'}, but the table is "

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from ledger.core.layout import KEY, OFFSET, PARTITION, TOPIC
 from resources.object_storage import storage
 
 #: The key under which every exactly commit stores its batch in the commit info.
@@ -105,12 +106,12 @@ def offset_reach(table: DeltaTable, uri: str, topic: str) -> dict[int, int]:
             continue
         data = storage.read_parquet(
             storage.join(uri, row["path"]),
-            columns=["_kafka_topic", "_kafka_partition", "_kafka_offset"],
+            columns=list(KEY),
         )
-        data = data.filter(pc.fill_null(pc.equal(data["_kafka_topic"], topic), False))
+        data = data.filter(pc.fill_null(pc.equal(data[TOPIC], topic), False))
         for p, o in zip(
-            data.column("_kafka_partition").to_pylist(),
-            data.column("_kafka_offset").to_pylist(),
+            data.column(PARTITION).to_pylist(),
+            data.column(OFFSET).to_pylist(),
             strict=True,
         ):
             if p is not None and o is not None:

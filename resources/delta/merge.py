@@ -26,13 +26,11 @@ from deltalake import CommitProperties, DeltaTable
 from deltalake.table import TableMerger
 
 from ledger.core.errors import InconsistencyError, RefusedBatchError
+from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from ledger.core.protocol import OffsetRange
 from resources.config.derived_spec import (
     ABSENT,
     DELETED,
-    OFFSET,
-    PARTITION,
-    TOPIC,
     AggregateOutput,
     UpsertOutput,
     correction_count,

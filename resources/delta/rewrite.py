@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake.transaction import AddAction, RemoveAction
 
+from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from ledger.core.protocol import OffsetRange
 from resources.config.partitioning import entry_values, folders
 from resources.delta.stats import delta_stats, nan_columns, stats_json
@@ -39,7 +40,7 @@ def remove_rows(
     under the partition values of the file they came from, in that partition's folder."""
     actions: list[Any] = []
     now_ms = int(time.time() * 1000)
-    # a staged file may hold columns the table does not have (jobs/stage/staging.py: `routed`);
+    # a staged file may hold columns the table does not have (jobs/stage/routing.py: `routed`);
     # the rewrite keeps only the table's
     columns = {f.name for f in table.schema().fields}
     for entry in _files_touching(table, ranges):
@@ -96,12 +97,12 @@ def in_ranges(data: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
     for r in ranges:
         one = pc.and_(
             pc.and_(
-                pc.equal(data["_kafka_topic"], r.topic),
-                pc.equal(data["_kafka_partition"], r.partition),
+                pc.equal(data[TOPIC], r.topic),
+                pc.equal(data[PARTITION], r.partition),
             ),
             pc.and_(
-                pc.greater_equal(data["_kafka_offset"], r.start),
-                pc.less(data["_kafka_offset"], r.end),
+                pc.greater_equal(data[OFFSET], r.start),
+                pc.less(data[OFFSET], r.end),
             ),
         )
         hit = pc.or_(hit, pc.fill_null(one, False))

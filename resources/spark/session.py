@@ -50,7 +50,7 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.compression.codec": "snappy",
-    # the stage's one write routes rows to two folders (jobs/stage/staging.py: write_routed); with
+    # the stage's one write routes rows to two folders (jobs/stage/routing.py: write_routed); with
     # a writer per folder open at once, Spark need not sort each task's rows by folder first
     "spark.sql.maxConcurrentOutputFileWriters": "2",
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",

@@ -31,9 +31,10 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.publish.delta_publisher import DeltaPublisher, commit_metadata
-from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, derived_target, parquet_files
+from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
 from ledger.core.batch import Batch, BatchKind, StagedFile
 from ledger.core.errors import RefusedBatchError
+from ledger.core.layout import derived_target
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.host.process import this_owner
 from resources.delta.schema import encode_schema

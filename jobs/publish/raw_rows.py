@@ -1,0 +1,73 @@
+"""The raw table's rows, found by their coordinates or keys with pyarrow: what the publisher
+counts to say which rows an output holds of a batch (`rows_held`), and what a replace's
+correction subtracts and adds (jobs/publish/derived_outputs.py).
+
+Files are pruned by partition and offset only: a topic name longer than the statistics keep
+(resources/delta/table.py) has no min/max, and delta-rs 1.6 then prunes every file on a
+topic filter (it compares with null), so the topic is matched on the rows read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from jobs.derived.replace import in_ranges
+from ledger.core.batch import StagedFile
+from ledger.core.layout import OFFSET, PARTITION
+from ledger.core.protocol import OffsetRange
+from resources.object_storage import storage
+
+
+def offsets_filter(ranges: Iterable[OffsetRange]) -> pc.Expression | None:
+    """A dataset filter on partition and offset only, which prunes files by their
+    statistics; the topic is matched on the rows read (module docstring)."""
+    wanted = None
+    for r in ranges:
+        one = (
+            (pc.field(PARTITION) == r.partition)
+            & (pc.field(OFFSET) >= r.start)
+            & (pc.field(OFFSET) < r.end)
+        )
+        wanted = one if wanted is None else wanted | one
+    return wanted
+
+
+def rows_in_ranges(dataset: Any, ranges: Sequence[OffsetRange]) -> pa.Table:
+    """The raw rows whose coordinates fall in `ranges` (jobs/derived/replace.py `in_ranges`, the
+    raw table's replace's own rule), files pruned by partition and offset first."""
+    rows = dataset.to_table(filter=offsets_filter(ranges))
+    return rows.filter(in_ranges(rows, ranges))
+
+
+def rows_of_keys(dataset: Any, keys: list[str], tables: Sequence[pa.Table]) -> pa.Table:
+    """The raw rows whose key is one of those `tables` hold (a superset, per column: the
+    caller ignores other keys), null keys included."""
+    wanted = None
+    for k in keys:
+        values = pa.concat_arrays(
+            [t[k].combine_chunks().cast(dataset.schema.field(k).type) for t in tables]
+        )
+        present = pc.unique(values.drop_null())
+        one = pc.field(k).isin(present)
+        if values.null_count:
+            one = one | pc.field(k).is_null()
+        wanted = one if wanted is None else wanted & one
+    return dataset.to_table(filter=wanted)
+
+
+def staged_rows(root: str, files: Sequence[StagedFile], like: pa.Schema) -> pa.Table:
+    """A batch's voted raw-table files below `root` read back (its new rows), the columns
+    the raw table has cast to its types; a staged file's own columns (`routed`) kept as they
+    are (the derived functions drop them)."""
+    parts = [storage.read_parquet(storage.join(root, f.path)) for f in files if f.records]
+    if not parts:
+        return like.empty_table()
+    rows = pa.concat_tables(parts, promote_options="default")
+    for i, name in enumerate(rows.column_names):
+        if name in like.names:
+            rows = rows.set_column(i, name, rows[name].cast(like.field(name).type))
+    return rows

@@ -1,0 +1,83 @@
+"""Reading a batch from Kafka into Spark: exactly the records of its offset ranges,
+read_committed, each row given the coordinates the whole protocol names it by
+(ledger/core/layout.py). The stage reads through here, and so does its check when it must
+name an example of a record lost or doubled.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ledger.core.layout import BATCH_ID, OFFSET, PARTITION, TIMESTAMP, TOPIC
+from ledger.core.protocol import OffsetRange
+
+#: How long the broker may hold a fetch of a Spark Kafka task that has no data to return
+#: yet (the Java consumer's default is 500 ms). Every task of a batch read is a consumer of
+#: one partition, and each paid that half second: with two cores, a quarter of a second of
+#: every batch per partition, 17 s to read 64 partitions of 31 records against 1.5 s with
+#: 10 ms (BENCHMARKS.md, "Scale with partitions"). Which records are read does not depend
+#: on it: the ranges are fixed, and a poll still waits its whole timeout for its records.
+FETCH_MAX_WAIT_MS = "10"
+
+KAFKA_SCHEMA = T.StructType(
+    [
+        T.StructField("key", T.BinaryType()),
+        T.StructField("value", T.BinaryType()),
+        T.StructField("topic", T.StringType()),
+        T.StructField("partition", T.IntegerType()),
+        T.StructField("offset", T.LongType()),
+        T.StructField("timestamp", T.TimestampType()),
+        T.StructField("timestampType", T.IntegerType()),
+    ]
+)
+
+
+def read_ranges(
+    spark: SparkSession,
+    bootstrap_servers: str,
+    ranges: Sequence[OffsetRange],
+    options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """Exactly the records of `ranges`, read_committed, through Spark's Kafka source.
+
+    Empty ranges are left out of the request (an empty batch is valid); a range that Kafka
+    no longer fully holds fails the read instead of returning fewer records.
+    """
+    wanted = [r for r in ranges if r.span > 0]
+    if not wanted:
+        return spark.createDataFrame([], KAFKA_SCHEMA)
+    topics = sorted({r.topic for r in wanted})
+    starting = {t: {str(r.partition): r.start for r in wanted if r.topic == t} for t in topics}
+    ending = {t: {str(r.partition): r.end for r in wanted if r.topic == t} for t in topics}
+    assign = {t: sorted(r.partition for r in wanted if r.topic == t) for t in topics}
+    reader = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers)
+        .option("assign", json.dumps(assign))
+        .option("startingOffsets", json.dumps(starting))
+        .option("endingOffsets", json.dumps(ending))
+        .option("kafka.isolation.level", "read_committed")
+        .option("failOnDataLoss", "true")
+        .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
+    )
+    # the config's options come last: an operator's fetch.max.wait.ms wins over ours
+    for key, value in (options or {}).items():
+        reader = reader.option(f"kafka.{key}", value)
+    return reader.load()
+
+
+def with_coordinates(records: DataFrame, batch_id: int) -> DataFrame:
+    return records.select(
+        "key",
+        "value",
+        F.col("topic").alias(TOPIC),
+        F.col("partition").alias(PARTITION),
+        F.col("offset").alias(OFFSET),
+        F.col("timestamp").alias(TIMESTAMP),
+        F.lit(batch_id).cast("long").alias(BATCH_ID),
+    )
