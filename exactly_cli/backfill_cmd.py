@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmd.add_argument("--partition", type=int, required=True)
     cmd.add_argument("--from", dest="start", type=int, required=True, help="first offset")
     cmd.add_argument("--to", dest="end", type=int, required=True, help="offset after the last")
-    cmd.add_argument("--topic", help="default: the pipeline's topic")
+    cmd.add_argument(
+        "--topic", help="default: the pipeline's topic (required when it reads several)"
+    )
     cmd.add_argument("--mode", choices=[m.value for m in BackfillMode], default="fill")
     cmd.add_argument("--transform", help="module:function to use instead of the config's")
     cmd.add_argument("--again", action="store_true", help="repeat an identical finished backfill")
@@ -38,13 +40,13 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from jobs.wiring.pipeline import Pipeline
 
     config = load_config(args.config)
-    if config.kafka.topic is None:
-        raise ConfigError(
-            f"pipeline {config.pipeline} reads several topics (kafka.topics or kafka.pattern): "
-            "backfills are built for a pipeline on one topic (kafka.topic) only so far"
-        )
     topic = args.topic or config.kafka.topic
-    if topic != config.kafka.topic:
+    if topic is None:
+        raise ConfigError(
+            f"--topic: pipeline {config.pipeline} reads several topics (kafka.topics or "
+            "kafka.pattern): name the topic whose offsets to backfill"
+        )
+    if config.kafka.topic is not None and topic != config.kafka.topic:
         raise ConfigError(
             f"--topic {topic}: pipeline {config.pipeline} reads topic {config.kafka.topic} only"
         )

@@ -232,3 +232,29 @@ def test_a_crash_after_the_vote_on_two_topics_is_recovered_exactly_once(
         assert {r.topic for r in first.ranges} == {a, b}
         assert first.topic_ids == ids
     assert assert_exactly_once_on(config, kafka_client, [a, b, c]) == 63
+
+
+def test_a_replace_backfill_of_one_topic_keeps_every_record_of_both_once(
+    spark: Any, kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str
+) -> None:
+    """`exactly backfill --topic b --mode replace` on a two-topic pipeline: the replace is
+    one batch on b's id, its rows replace b's committed rows in the same Delta commit, and
+    every record of both topics is still in the tables once."""
+    a, b = f"{prefix}-a", f"{prefix}-b"
+    kafka_client.create_topic(a, 1)
+    kafka_client.create_topic(b, 1)
+    kafka_client.produce(a, pageviews(60, malformed_every=25))
+    kafka_client.produce(b, pageviews(40, start=1000, malformed_every=9))
+    config = several_topics_config(tmp_path, kafka_broker, {"topics": [a, b]})
+    assert run_until_caught_up(build(config, spark_factory=lambda: spark))
+    done = cli("backfill", "-c", str(tmp_path / "orders.yaml"), "--topic", b,
+               "--partition", "0", "--from", "0", "--to", "40", "--mode", "replace")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    store = LedgerStore(config.ledger.url)
+    try:
+        (replace,) = store.batches(app_id=f"{config.app_id}.backfill")
+    finally:
+        store.dispose()
+    assert replace.state.value in ("COMMITTED", "ACKED")
+    assert {r.topic for r in replace.ranges} == {b} and set(replace.topic_ids) == {b}
+    assert assert_exactly_once_on(config, kafka_client, [a, b]) == 100

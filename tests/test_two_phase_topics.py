@@ -12,7 +12,8 @@ import pytest
 from ledger.coordinator.backfill import plan_backfill
 from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.two_phase import TwoPhaseCommit
-from ledger.core.backfill import BackfillMode
+from ledger.core.backfill import BackfillMode, backfill_app_id
+from ledger.core.batch import BatchKind
 from ledger.core.decisions import DecisionKind, Request
 from ledger.core.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
 from ledger.core.protocol import Available, BatchState, OffsetRange
@@ -213,23 +214,104 @@ def test_a_decision_on_several_topics_must_name_its_topic(
         )
 
 
-def test_a_backfill_on_several_topics_is_refused_in_one_line(
-    tpc: TwoPhaseCommit, publisher: FakePublisher
+def backfiller(
+    store: LedgerStore, source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher
+) -> TwoPhaseCommit:
+    """The coordinator of the pipeline's backfills on the same edges, as jobs/ builds it."""
+    return TwoPhaseCommit(
+        store,
+        pipeline=APP,
+        app_id=backfill_app_id(APP),
+        kind=BatchKind.BACKFILL,
+        source=source,
+        stager=stager,
+        publisher=publisher,
+        max_records_per_partition=100,
+    )
+
+
+def test_a_replace_on_one_of_several_topics_is_one_batch_on_that_topics_id(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeTopicsSource,
+    stager: TopicsStager,
+    publisher: FakePublisher,
 ) -> None:
-    """Backfills are built for one topic so far: refused before anything is read or
-    planned, rather than failing half way on a one-topic assumption."""
+    """A backfill names the topic of each range; the batch is planned on the id each of its
+    topics has now (invariant 10), staged over those ranges only, and published."""
     tpc.run_batch()
+    fills = backfiller(store, source, stager, publisher)
+    batch, planned = plan_backfill(
+        fills,
+        live_app_id=APP,
+        mode=BackfillMode.REPLACE,
+        ranges=[OffsetRange("orders-us", 0, 0, 4), OffsetRange("orders-eu", 1, 0, 2)],
+        transform="jobs.examples.pageviews:transform",
+    )
+    assert planned
+    assert batch.topic_ids == {
+        "orders-eu": source.topic_id_of("orders-eu"),
+        "orders-us": source.topic_id_of("orders-us"),
+    }
+    report = fills.finish(batch)
+    assert report.batch.state is BatchState.ACKED
+    assert publisher.committed_version(backfill_app_id(APP)) == batch.batch_id
+    again, planned = plan_backfill(
+        fills,
+        live_app_id=APP,
+        mode=BackfillMode.REPLACE,
+        ranges=[OffsetRange("orders-us", 0, 0, 4), OffsetRange("orders-eu", 1, 0, 2)],
+        transform="jobs.examples.pageviews:transform",
+    )
+    assert not planned and again.batch_id == batch.batch_id
+
+
+def test_a_backfill_of_a_topic_the_pipeline_does_not_read_is_refused_in_one_line(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeTopicsSource,
+    stager: TopicsStager,
+    publisher: FakePublisher,
+) -> None:
+    """`refunds` exists in Kafka but does not match the pattern: its offsets are not this
+    pipeline's to fill, and nothing is planned."""
+    tpc.run_batch()
+    fills = backfiller(store, source, stager, publisher)
     with pytest.raises(ConfigError) as info:
         plan_backfill(
-            tpc,
+            fills,
             live_app_id=APP,
             mode=BackfillMode.FILL,
-            ranges=[OffsetRange("orders-eu", 0, 0, 1)],
+            ranges=[OffsetRange("refunds", 0, 0, 1)],
             transform="jobs.examples.pageviews:transform",
         )
-    assert str(info.value).startswith("pipeline orders reads several topics")
+    assert str(info.value).startswith("pipeline orders does not read topic refunds")
     assert "\n" not in str(info.value)
-    assert publisher.published_ids() == [1]
+    assert store.batches(app_id=backfill_app_id(APP)) == []
+
+
+def test_a_replace_on_a_recreated_topic_is_refused_naming_it(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeTopicsSource,
+    stager: TopicsStager,
+    publisher: FakePublisher,
+) -> None:
+    """The live positions of orders-us belong to its first incarnation: a backfill on the
+    re-created topic's offsets would mean other records (invariant 10)."""
+    tpc.run_batch()
+    source.create("orders-us", {0: Available(0, 4)})  # deleted and created again
+    fills = backfiller(store, source, stager, publisher)
+    with pytest.raises(TopicChangedError) as info:
+        plan_backfill(
+            fills,
+            live_app_id=APP,
+            mode=BackfillMode.REPLACE,
+            ranges=[OffsetRange("orders-us", 0, 0, 4)],
+            transform="jobs.examples.pageviews:transform",
+        )
+    assert "topic orders-us" in str(info.value)
+    assert store.batches(app_id=backfill_app_id(APP)) == []
 
 
 def test_offsets_lost_on_one_topic_name_the_skip_command_with_the_topic(

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ledger.coordinator import topics
 from ledger.coordinator.topics import reads_several_topics
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillMode, check_request, normalize, params_for
 from ledger.core.batch import Batch
 from ledger.core.errors import ConfigError
-from ledger.core.protocol import BatchState, OffsetRange, check_topic_identity
+from ledger.core.protocol import BatchState, OffsetRange, Positions, check_topic_identity
 
 
 def plan_backfill(
@@ -36,17 +37,17 @@ def plan_backfill(
     `replace_refusals` are the reasons the pipeline's derived outputs refuse a replace
     (`PipelineConfig.replace_refusals`).
     """
-    if reads_several_topics(tpc.source):
-        raise ConfigError(
-            f"pipeline {tpc.pipeline} reads several topics (kafka.topics or kafka.pattern): "
-            "backfills are built for a pipeline on one topic (kafka.topic) only so far"
-        )
+    several = reads_several_topics(tpc.source)
     params = params_for(mode, ranges, transform)
     tpc.recover_and_commit()
     # the live positions that decide what a backfill may take belong to one incarnation
-    # of the topic; on another they mean nothing (invariant 10)
-    topic_id = tpc.read_topic()[0]
-    check_topic_identity(tpc.source.topic, tpc.store.positions(live_app_id), topic_id)
+    # of each topic; on another they mean nothing (invariant 10)
+    topic_id: str | dict[str, str]
+    if several:
+        topic_id = _topic_ids(tpc, live_app_id, ranges)
+    else:
+        topic_id = tpc.read_topic()[0]
+        check_topic_identity(tpc.source.topic, tpc.store.positions(live_app_id), topic_id)
     earlier = tpc.store.batches(app_id=tpc.app_id, states=[BatchState.COMMITTED, BatchState.ACKED])
     if not again:
         for batch in earlier:
@@ -59,4 +60,29 @@ def plan_backfill(
     def check(batches: Sequence[Batch]) -> None:
         check_request(mode, ordered, batches, live_app_id, topic_id, replace_refusals)
 
+    if several:
+        return topics.begin_fixed(tpc, ordered, params, check=check), True
     return tpc.begin_fixed(ordered, params, check=check), True
+
+
+def _topic_ids(
+    tpc: TwoPhaseCommit, live_app_id: str, ranges: Sequence[OffsetRange]
+) -> dict[str, str]:
+    """Each range's topic: one the pipeline reads now, on the incarnation its live positions
+    were read from (invariant 10); its id, read now."""
+    source = tpc.source
+    read_now = source.topics()  # type: ignore[union-attr]
+    wanted = sorted({r.topic for r in ranges})
+    unknown = [t for t in wanted if t not in read_now]
+    if unknown:
+        raise ConfigError(
+            f"pipeline {tpc.pipeline} does not read topic {', '.join(unknown)} now (it reads "
+            f"{', '.join(read_now) or 'none'}): a backfill takes offsets of the pipeline's "
+            "own topics"
+        )
+    positions = tpc.store.positions_by_topic(live_app_id)
+    ids = {}
+    for topic, read in topics.read_topics(source, wanted).items():  # type: ignore[arg-type]
+        check_topic_identity(topic, positions.get(topic, Positions()), read.topic_id)
+        ids[topic] = read.topic_id
+    return ids

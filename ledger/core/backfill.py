@@ -193,7 +193,7 @@ def check_replace(
 
 
 def check_one_incarnation(
-    ranges: Sequence[OffsetRange], batches: Iterable[Batch], topic_id: str
+    ranges: Sequence[OffsetRange], batches: Iterable[Batch], topic_id: str | Mapping[str, str]
 ) -> None:
     """A replace may not touch offsets committed from another incarnation of the topic.
 
@@ -201,11 +201,14 @@ def check_one_incarnation(
     a replace removes rows by coordinates: after a re-created topic was accepted, the same
     coordinates may name a record of each incarnation, and the replace would remove the old
     one with the new (invariant 10). Batches recorded before topic ids count as the current
-    incarnation: nothing says otherwise.
+    incarnation: nothing says otherwise. `topic_id` is the topic's id now, or each topic's
+    for a pipeline on several topics (whose batches record one id per topic).
     """
     for r in normalize(ranges):
+        now = topic_id if isinstance(topic_id, str) else topic_id[r.topic]
         for batch in batches:
-            if batch.state is BatchState.ABORTED or batch.topic_id in (None, topic_id):
+            held = batch.topic_ids.get(r.topic) if batch.topic_ids else batch.topic_id
+            if batch.state is BatchState.ABORTED or held in (None, now):
                 continue
             for c in batch.ranges:
                 if (c.topic, c.partition) == (r.topic, r.partition) and (
@@ -214,8 +217,8 @@ def check_one_incarnation(
                     raise BackfillError(
                         f"replace {r}: offsets [{max(r.start, c.start)}, {min(r.end, c.end)}) "
                         f"were committed by batch {batch.app_id}/{batch.batch_id} from an "
-                        f"earlier incarnation of topic {r.topic} (id {batch.topic_id}, now "
-                        f"{topic_id}); their rows cannot be told from the new topic's, so "
+                        f"earlier incarnation of topic {r.topic} (id {held}, now "
+                        f"{now}); their rows cannot be told from the new topic's, so "
                         "replace cannot remove only the ones it means"
                     )
 
@@ -225,7 +228,7 @@ def check_request(
     ranges: Sequence[OffsetRange],
     batches: Iterable[Batch],
     live_app_id: str,
-    topic_id: str,
+    topic_id: str | Mapping[str, str],
     refusals: Sequence[str] = (),
 ) -> None:
     """The rules of `mode` against every batch of the pipeline (live and backfill), as the

@@ -22,6 +22,7 @@ from pydantic import Field
 from ledger.coordinator.backfill import plan_backfill
 from ledger.core.backfill import BackfillMode
 from ledger.core.batch import Batch, BatchKind
+from ledger.core.errors import ConfigError
 from ledger.core.protocol import OffsetRange
 from orchestration.health.failures import one_line_failures
 from orchestration.health.rejection import rejections_end_the_run
@@ -78,11 +79,16 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
         )
         tpc = pipeline.backfill(transform)
         ranges = [
-            OffsetRange(r.topic or pipeline.config.kafka.topic, r.partition, r.start, r.end)
+            OffsetRange(r.topic or pipeline.config.kafka.topic or "", r.partition, r.start, r.end)
             for r in config.ranges
         ]
         request = {"mode": config.mode, "ranges": [str(r) for r in ranges]}
         with rejections_end_the_run(context, name, request):
+            if any(not r.topic for r in ranges):
+                raise ConfigError(
+                    f"ranges: pipeline {name} reads several topics (kafka.topics or "
+                    "kafka.pattern): give each range its topic"
+                )
             for done in pipeline.recover(BatchKind.BACKFILL):
                 context.log.info(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
             if not ranges:
