@@ -60,8 +60,6 @@ def plan_backfill(
     def check(batches: Sequence[Batch]) -> None:
         check_request(mode, ordered, batches, live_app_id, topic_id, replace_refusals)
 
-    if several:
-        return topics.begin_fixed(tpc, ordered, params, check=check), True
     return tpc.begin_fixed(ordered, params, check=check), True
 
 

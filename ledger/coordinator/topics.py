@@ -17,10 +17,9 @@ what a batch is planned on and checked against (docs/protocol.md, invariant 10):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
-from ledger.coordinator.crash import crashpoint
 from ledger.core.batch import Batch
 from ledger.core.errors import TopicChangedError
 from ledger.core.ports import NextBatch, TopicsSource
@@ -149,31 +148,12 @@ def _source(tpc: TwoPhaseCommit) -> TopicsSource:
     return source
 
 
-def begin_fixed(
-    tpc: TwoPhaseCommit,
-    ranges: Sequence[OffsetRange],
-    params: Mapping[str, Any],
-    *,
-    check: Callable[[Sequence[Batch]], None] | None = None,
-) -> Batch:
-    """A backfill over operator-chosen ranges of several topics: every range's topic read
-    now (its id steady across the read), every range still in Kafka (invariant 8), and the
-    batch recorded with the id each of its topics has (invariant 10), so the stage and
-    recovery read exactly those incarnations. `check` runs inside the planning transaction
-    (ledger/core/backfill.py)."""
+def read_fixed(tpc: TwoPhaseCommit, ranges: Sequence[OffsetRange]) -> dict[str, str]:
+    """TwoPhaseCommit.begin_fixed on several topics (a backfill over operator-chosen
+    ranges): every range's topic read now, its id steady across the read, and every range
+    still in Kafka (invariant 8); the id of each topic, which the batch is recorded with
+    (invariant 10), so the stage and recovery read exactly those incarnations."""
     reads = read_topics(_source(tpc), sorted({r.topic for r in ranges}))
     for topic, read in reads.items():
         check_ranges_readable([r for r in ranges if r.topic == topic], read.available)
-    batch = tpc.store.plan(
-        pipeline=tpc.pipeline,
-        app_id=tpc.app_id,
-        kind=tpc.kind,
-        ranges_for=lambda _positions: list(ranges),
-        params=params,
-        contiguous=False,
-        check=check,
-        topic_ids={topic: read.topic_id for topic, read in reads.items()},
-    )
-    assert batch is not None
-    crashpoint("after_plan")
-    return batch
+    return {topic: read.topic_id for topic, read in reads.items()}

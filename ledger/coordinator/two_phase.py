@@ -219,10 +219,16 @@ class TwoPhaseCommit:
         `params` identify the request. `check(batches)` decides whether it is allowed
         (ledger/core/backfill.py); it runs inside the planning transaction, on every batch of the
         pipeline as that transaction reads them, so nothing is planned in between.
-        The ranges are planned on the topic's current incarnation (invariant 10).
+        The ranges are planned on each topic's current incarnation (invariant 10), every one
+        still in Kafka (invariant 8).
         """
-        topic_id, available = self.read_topic()
-        check_ranges_readable(ranges, available)
+        topic_id: str | None = None
+        topic_ids: dict[str, str] | None = None
+        if topics_coordinator.reads_several_topics(self.source):
+            topic_ids = topics_coordinator.read_fixed(self, ranges)
+        else:
+            topic_id, available = self.read_topic()
+            check_ranges_readable(ranges, available)
         batch = self.store.plan(
             pipeline=self.pipeline,
             app_id=self.app_id,
@@ -233,6 +239,7 @@ class TwoPhaseCommit:
             contiguous=False,
             check=check,
             topic_id=topic_id,
+            topic_ids=topic_ids,
         )
         assert batch is not None
         crashpoint("after_plan")
