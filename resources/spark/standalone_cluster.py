@@ -228,10 +228,11 @@ def _launch(name: str, command: list[str], folder: Path, env: dict[str, str]) ->
 
 
 def _registered(cluster: SparkCluster) -> int:
-    """How many workers the master counts alive; 0 while its UI does not answer yet."""
+    """How many workers the master counts alive; 0 while its UI does not answer yet, or
+    answers before its JSON is served (an empty or partial body while Jetty starts)."""
     try:
         return len(cluster.alive_workers())
-    except OSError:
+    except (OSError, ValueError):
         return 0
 
 
