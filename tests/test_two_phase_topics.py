@@ -13,7 +13,7 @@ from ledger.coordinator.backfill import plan_backfill
 from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillMode, backfill_app_id
-from ledger.core.batch import BatchKind
+from ledger.core.batch import Batch, BatchKind
 from ledger.core.decisions import DecisionKind, Request
 from ledger.core.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
 from ledger.core.protocol import Available, BatchState, OffsetRange
@@ -230,6 +230,17 @@ def backfiller(
     )
 
 
+def backfill(fills: TwoPhaseCommit, mode: BackfillMode, *ranges: OffsetRange) -> tuple[Batch, bool]:
+    """`plan_backfill` of the pipeline's backfills with the example transform."""
+    return plan_backfill(
+        fills,
+        live_app_id=APP,
+        mode=mode,
+        ranges=list(ranges),
+        transform="jobs.examples.pageviews:transform",
+    )
+
+
 def test_a_replace_on_one_of_several_topics_is_one_batch_on_that_topics_id(
     tpc: TwoPhaseCommit,
     store: LedgerStore,
@@ -241,12 +252,11 @@ def test_a_replace_on_one_of_several_topics_is_one_batch_on_that_topics_id(
     topics has now (invariant 10), staged over those ranges only, and published."""
     tpc.run_batch()
     fills = backfiller(store, source, stager, publisher)
-    batch, planned = plan_backfill(
+    batch, planned = backfill(
         fills,
-        live_app_id=APP,
-        mode=BackfillMode.REPLACE,
-        ranges=[OffsetRange("orders-us", 0, 0, 4), OffsetRange("orders-eu", 1, 0, 2)],
-        transform="jobs.examples.pageviews:transform",
+        BackfillMode.REPLACE,
+        OffsetRange("orders-us", 0, 0, 4),
+        OffsetRange("orders-eu", 1, 0, 2),
     )
     assert planned
     assert batch.topic_ids == {
@@ -256,12 +266,11 @@ def test_a_replace_on_one_of_several_topics_is_one_batch_on_that_topics_id(
     report = fills.finish(batch)
     assert report.batch.state is BatchState.ACKED
     assert publisher.committed_version(backfill_app_id(APP)) == batch.batch_id
-    again, planned = plan_backfill(
+    again, planned = backfill(
         fills,
-        live_app_id=APP,
-        mode=BackfillMode.REPLACE,
-        ranges=[OffsetRange("orders-us", 0, 0, 4), OffsetRange("orders-eu", 1, 0, 2)],
-        transform="jobs.examples.pageviews:transform",
+        BackfillMode.REPLACE,
+        OffsetRange("orders-us", 0, 0, 4),
+        OffsetRange("orders-eu", 1, 0, 2),
     )
     assert not planned and again.batch_id == batch.batch_id
 
@@ -278,13 +287,7 @@ def test_a_backfill_of_a_topic_the_pipeline_does_not_read_is_refused_in_one_line
     tpc.run_batch()
     fills = backfiller(store, source, stager, publisher)
     with pytest.raises(ConfigError) as info:
-        plan_backfill(
-            fills,
-            live_app_id=APP,
-            mode=BackfillMode.FILL,
-            ranges=[OffsetRange("refunds", 0, 0, 1)],
-            transform="jobs.examples.pageviews:transform",
-        )
+        backfill(fills, BackfillMode.FILL, OffsetRange("refunds", 0, 0, 1))
     assert str(info.value).startswith("pipeline orders does not read topic refunds")
     assert "\n" not in str(info.value)
     assert store.batches(app_id=backfill_app_id(APP)) == []
@@ -303,13 +306,7 @@ def test_a_replace_on_a_recreated_topic_is_refused_naming_it(
     source.create("orders-us", {0: Available(0, 4)})  # deleted and created again
     fills = backfiller(store, source, stager, publisher)
     with pytest.raises(TopicChangedError) as info:
-        plan_backfill(
-            fills,
-            live_app_id=APP,
-            mode=BackfillMode.REPLACE,
-            ranges=[OffsetRange("orders-us", 0, 0, 4)],
-            transform="jobs.examples.pageviews:transform",
-        )
+        backfill(fills, BackfillMode.REPLACE, OffsetRange("orders-us", 0, 0, 4))
     assert "topic orders-us" in str(info.value)
     assert store.batches(app_id=backfill_app_id(APP)) == []
 
