@@ -363,3 +363,31 @@ def test_a_migration_that_fails_half_way_leaves_the_ledger_as_it_was(
         assert store.schema_version() == SCHEMA_VERSION
     finally:
         store.dispose()
+
+
+def test_ledgers_opened_at_once_in_threads_of_one_process_are_each_built(tmp_path) -> None:
+    """Alembic's `op` is one process-wide proxy: two threads migrating two ledgers at once
+    (two pipelines in one process, as the bench's scale section and Dagster's in-process
+    executor run them) must each build their own tables, not one the other's twice."""
+    import threading
+
+    count = 6
+    barrier = threading.Barrier(count)
+    errors: list[BaseException] = []
+
+    def open_one(i: int) -> None:
+        barrier.wait()
+        try:
+            LedgerStore(f"sqlite:///{tmp_path / f'ledger{i}.db'}").dispose()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    for i in range(count):
+        tables = sa.inspect(sa.create_engine(f"sqlite:///{tmp_path / f'ledger{i}.db'}"))
+        assert set(metadata.tables) <= set(tables.get_table_names()), i

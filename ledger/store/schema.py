@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,10 @@ def _newer(safe_url: str, version: object) -> ConfigError:
     )
 
 
+#: Serialises `Operations.context` between threads (see `_upgrade`).
+_MIGRATING = threading.Lock()
+
+
 @functools.cache
 def _migrations() -> ScriptDirectory:
     """The revisions, read from disk once per process."""
@@ -238,7 +243,11 @@ def _upgrade(conn: Connection, safe_url: str) -> None:
         context.stamp(scripts, f"{int(legacy):04d}")
     if context.get_current_heads() == (scripts.get_current_head(),):
         return
-    with Operations.context(context):
+    # Alembic's `op`, which the revisions call, is one module-level proxy for the whole
+    # process: two threads migrating two ledgers at once (two pipelines in one process)
+    # would each run the other's revisions on one connection. One thread at a time; the lock
+    # is only taken when a ledger is behind, which is once per ledger.
+    with _MIGRATING, Operations.context(context):
         context.run_migrations()
 
 
