@@ -96,6 +96,8 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
         timeout=SMOKE_TIMEOUT_S,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # nothing but the bench's own lines on the terminal: no library's warning
+    assert "Warning" not in result.stderr, result.stderr[-3000:]
     for heading in ("Throughput", "Time per phase", "Fixed cost", "Limits", "Ratios", "delta-rs"):
         assert heading in result.stdout
     doc = json.loads(out.read_text())
