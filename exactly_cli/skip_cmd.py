@@ -3,6 +3,7 @@
     exactly skip lost-offsets -c FILE [--partition P] [--to OFFSET] [--force] --reason TEXT
     exactly skip new-topic    -c FILE --topic-id ID [--force] --reason TEXT
     exactly skip resume-at    -c FILE --position P=OFFSET [...] [--force] --reason TEXT
+    exactly skip retire-topic -c FILE --topic TOPIC [--force] --reason TEXT
 
 Every decision names who took it (`--by`, default the OS user) and why; it is recorded in
 the ledger and carried by the next batch's commit (ledger/core/decisions.py), and `exactly
@@ -103,6 +104,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--force", action="store_true", help="allow positions that skip or re-read records"
     )
     resume.set_defaults(func=cmd_skip)
+
+    retire = kinds.add_parser(
+        str(DecisionKind.RETIRE_TOPIC),
+        parents=[common],
+        help="let a pipeline on several topics go on without a topic it no longer reads",
+    )
+    retire.add_argument(
+        "--force",
+        action="store_true",
+        help="retire even though Kafka still holds records of it that were never read",
+    )
+    retire.set_defaults(func=cmd_skip)
 
 
 def _upsert_tables(pipeline: Any) -> tuple[str, ...]:

@@ -4,7 +4,8 @@ and `kafka.pattern` (ledger/coordinator/topics.py, jobs/sources/topics_source.py
 Every record of every topic lands once, in the table or the quarantine, with its topic in
 its coordinates; a topic created later that matches the pattern is read from the starting
 offsets and shows in `exactly ledger`; a re-created topic stops `exactly run` with the
-`exactly skip` command that names it, and that command lets the pipeline go on; a crash
+`exactly skip` command that names it, and that command lets the pipeline go on; so does a
+deleted topic, with the command that retires it; a crash
 after the vote on a two-topic batch is recovered exactly once.
 """
 
@@ -28,7 +29,7 @@ from ledger.store.ledger_store import LedgerStore
 from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
 from tests.fixtures.pipeline import crash_run, produced_coordinates, shared_spark_env
-from tests.fixtures.topic_admin import recreate_topic
+from tests.fixtures.topic_admin import delete_topic, recreate_topic
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
 
@@ -193,6 +194,45 @@ def test_a_recreated_topic_stops_exactly_run_with_the_skip_command_naming_it(
     assert [str(r) for r in batch.ranges] == [f"{a}-0[5,7)", f"{b}-0[0,4)"]
     assert batch.topic_ids[b] == new_id
     assert [d.topic for d in batch.decisions] == [b]
+
+
+def test_a_deleted_topic_stops_exactly_run_until_retired_and_the_others_go_on(
+    spark: Any, kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str
+) -> None:
+    """A topic matched by the pattern is deleted: `exactly run` stops in one line naming
+    `exactly skip retire-topic` for it; that command, run as printed, lets the other topic
+    go on, every one of its records once, and the deleted topic's records stay as they
+    landed."""
+    a, b = f"{prefix}-a", f"{prefix}-b"
+    kafka_client.create_topic(a, 1)
+    kafka_client.create_topic(b, 2)
+    kafka_client.produce(a, pageviews(5))
+    kafka_client.produce(b, pageviews(6, start=100))
+    config = several_topics_config(tmp_path, kafka_broker, {"pattern": f"{prefix}-.*"})
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    landed = {(t, p, o) for t, p, o in stored(config.delta.table_uri) if t == b}
+    assert len(landed) == 6
+
+    delete_topic(kafka_broker, b)
+    kafka_client.produce(a, pageviews(3, start=200))
+    path = str(tmp_path / "orders.yaml")
+    stopped = cli("run", "-c", path)
+    assert stopped.returncode == 2, stopped.stdout + stopped.stderr
+    error = [ln for ln in stopped.stderr.splitlines() if ln.strip()]
+    assert len(error) == 1, stopped.stderr
+    command = f"exactly skip retire-topic -c {path} --topic {b} --reason"
+    assert command in error[0]
+
+    retired = cli("skip", "retire-topic", "-c", path, "--topic", b, "--reason", "gone")
+    assert retired.returncode == 0, retired.stdout + retired.stderr
+    assert f"retire-topic: retire topic {b}" in retired.stdout
+    reports = run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert [str(r) for r in reports[0].batch.ranges] == [f"{a}-0[5,8)"]
+    assert [d.kind for d in reports[0].batch.decisions] == ["retire-topic"]
+    table = stored(config.delta.table_uri)
+    assert {c for c in table if c[0] == b} == landed
+    assert sorted(o for t, _, o in table if t == a) == list(range(8))
+    assert max(table.values()) == 1
 
 
 @pytest.mark.parametrize("ledger", ["kept", "lost"])

@@ -12,7 +12,7 @@ import pytest
 from ledger.coordinator.backfill import plan_backfill
 from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.two_phase import TwoPhaseCommit
-from ledger.core.backfill import BackfillMode, backfill_app_id
+from ledger.core.backfill import BackfillError, BackfillMode, backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.decisions import DecisionKind, Request
 from ledger.core.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
@@ -119,8 +119,123 @@ def test_a_deleted_topic_stops_planning_naming_it(
 ) -> None:
     tpc.run_batch()
     del source.topics_now["orders-eu"]
-    with pytest.raises(TopicChangedError, match=r"^topic orders-eu: the ledger holds positions"):
+    with pytest.raises(
+        TopicChangedError, match=r"^topic orders-eu: the ledger holds positions"
+    ) as info:
         tpc.begin()
+    # the stop names the decision that lets the other topics go on
+    assert "exactly skip retire-topic -c <config> --topic orders-eu --reason" in str(info.value)
+
+
+def retire(tpc: TwoPhaseCommit, store: LedgerStore, topic: str, *, force: bool = False):
+    return record_decision(
+        tpc,
+        Request(DecisionKind.RETIRE_TOPIC, "gone for good", "ops", topic=topic, force=force),
+        store.now(),
+    )
+
+
+def test_retiring_a_deleted_topic_lets_the_others_go_on_and_is_carried_once(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    first = tpc.run_batch()
+    assert first is not None
+    eu_id = source.topic_id_of("orders-eu")
+    del source.topics_now["orders-eu"]
+    source.topics_now["orders-us"].offsets[0] = Available(0, 6)
+    decision = retire(tpc, store, "orders-eu")
+    assert decision.kind is DecisionKind.RETIRE_TOPIC
+    assert (decision.topic, decision.topic_id, decision.previous_topic_id) == (
+        "orders-eu",
+        None,
+        eu_id,
+    )
+    assert decision.previous_positions == {0: 3, 1: 2}
+    assert decision.skipped == ()  # what Kafka deleted with the topic is not known
+    assert "retire-topic: retire topic orders-eu" in decision.describe()
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges] == ["orders-us-0[4,6)"]
+    assert [d.id for d in report.batch.decisions] == [decision.id]
+    assert set(report.batch.topic_ids) == {"orders-us"}
+    left = store.positions_by_topic(APP)["orders-eu"]  # kept, held by no batch
+    assert left.retired and (dict(left), left.topic_id) == ({0: 3, 1: 2}, eu_id)
+    assert tpc.run_batch() is None  # caught up, and the decision is not carried again
+    tpc.check_topic()
+
+
+def test_a_retired_topic_created_again_is_read_from_the_starting_offsets(
+    tpc: TwoPhaseCommit, source: FakeTopicsSource, store: LedgerStore
+) -> None:
+    tpc.run_batch()
+    del source.topics_now["orders-eu"]
+    retire(tpc, store, "orders-eu")
+    tpc.run_batch()
+    new = source.create("orders-eu", {0: Available(0, 2)}).topic_id
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges if r.span] == ["orders-eu-0[0,2)"]
+    assert report.batch.topic_ids["orders-eu"] == new
+
+
+def test_retiring_a_topic_the_pipeline_still_reads_is_refused(
+    tpc: TwoPhaseCommit, store: LedgerStore
+) -> None:
+    tpc.run_batch()
+    with pytest.raises(DecisionError, match=r"^topic orders-us: the pipeline still reads it"):
+        retire(tpc, store, "orders-us")
+    with pytest.raises(DecisionError, match=r"^topic nope: the ledger holds no positions on it"):
+        retire(tpc, store, "nope")
+    assert store.decisions(app_id=APP) == []
+
+
+def test_retiring_a_topic_dropped_from_the_list_with_records_left_needs_force(
+    store: LedgerStore, stager: TopicsStager, publisher: FakePublisher
+) -> None:
+    """A topic taken out of `kafka.topics` but still in Kafka: its records past the positions
+    would never be read. Refused, naming them, unless --force; forced, they are recorded as
+    skipped."""
+    source = FakeTopicsSource(TopicSelection(names=("a", "b")))
+    source.create("a", {0: Available(0, 2)})
+    source.create("b", {0: Available(0, 3)})
+    tpc = TwoPhaseCommit(
+        store, pipeline=APP, app_id=APP, source=source, stager=stager, publisher=publisher,
+        max_records_per_partition=100,
+    )  # fmt: skip
+    tpc.run_batch()
+    source.topics_now["b"].offsets[0] = Available(0, 7)
+    source.selection = TopicSelection(names=("a",))
+    with pytest.raises(DecisionError, match=r"^b-0: offsets \[3, 7\) were never read"):
+        retire(tpc, store, "b")
+    decision = retire(tpc, store, "b", force=True)
+    assert decision.forced
+    assert decision.skipped == (OffsetRange("b", 0, 3, 7),)
+    assert "skipping b-0[3,7)" in decision.describe()
+    source.topics_now["a"].offsets[0] = Available(0, 4)
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges] == ["a-0[2,4)"]
+    assert [d.id for d in report.batch.decisions] == [decision.id]
+
+
+def test_a_topic_read_to_its_end_and_dropped_from_the_list_retires_without_force(
+    store: LedgerStore, stager: TopicsStager, publisher: FakePublisher
+) -> None:
+    source = FakeTopicsSource(TopicSelection(names=("a", "b")))
+    source.create("a", {0: Available(0, 2)})
+    source.create("b", {0: Available(0, 3)})
+    tpc = TwoPhaseCommit(
+        store, pipeline=APP, app_id=APP, source=source, stager=stager, publisher=publisher,
+        max_records_per_partition=100,
+    )  # fmt: skip
+    tpc.run_batch()
+    source.selection = TopicSelection(names=("a",))
+    decision = retire(tpc, store, "b")
+    assert not decision.forced and decision.skipped == ()
+    source.topics_now["a"].offsets[0] = Available(0, 5)
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges] == ["a-0[2,5)"]
 
 
 def test_a_planned_batch_is_staged_over_its_own_topics_even_if_more_match_now(
@@ -335,3 +450,53 @@ def test_offsets_lost_on_one_topic_name_the_skip_command_with_the_topic(
         "orders-eu-0[3,5)",
         "orders-us-0[6,9)",
     ]
+
+
+def test_a_retired_topic_named_again_continues_where_it_was_left_not_from_the_start(
+    store: LedgerStore, stager: TopicsStager, publisher: FakePublisher
+) -> None:
+    """The same incarnation read again after it was retired (taken out of kafka.topics, then
+    put back): restarting it at the starting offsets would read its committed records again;
+    it continues at the positions the retirement kept, even batches later."""
+    source = FakeTopicsSource(TopicSelection(names=("a", "b")))
+    source.create("a", {0: Available(0, 2)})
+    source.create("b", {0: Available(0, 3)})
+    tpc = TwoPhaseCommit(
+        store, pipeline=APP, app_id=APP, source=source, stager=stager, publisher=publisher,
+        max_records_per_partition=100,
+    )  # fmt: skip
+    tpc.run_batch()
+    source.selection = TopicSelection(names=("a",))
+    retire(tpc, store, "b")
+    source.topics_now["a"].offsets[0] = Available(0, 4)
+    tpc.run_batch()
+    source.topics_now["a"].offsets[0] = Available(0, 5)
+    tpc.run_batch()
+    source.topics_now["b"].offsets[0] = Available(0, 6)
+    source.selection = TopicSelection(names=("a", "b"))
+    tpc.check_topic()
+    report = tpc.run_batch()
+    assert report is not None
+    assert [str(r) for r in report.batch.ranges] == ["a-0[5,5)", "b-0[3,6)"]
+    with pytest.raises(DecisionError, match=r"^topic b: the pipeline still reads it"):
+        retire(tpc, store, "b")
+
+
+def test_a_retired_topic_created_again_asks_for_no_new_topic_decision_in_a_backfill(
+    tpc: TwoPhaseCommit,
+    store: LedgerStore,
+    source: FakeTopicsSource,
+    stager: TopicsStager,
+    publisher: FakePublisher,
+) -> None:
+    """The retired positions belong to the deleted incarnation: they do not make the new one
+    look re-created to a backfill (which would send the operator to `skip new-topic`, a
+    decision for a topic the pipeline holds positions on); the fill rules decide alone, and
+    the new topic's offsets are the live pipeline's to read."""
+    tpc.run_batch()
+    del source.topics_now["orders-eu"]
+    retire(tpc, store, "orders-eu")
+    source.create("orders-eu", {0: Available(0, 4)})
+    fills = backfiller(store, source, stager, publisher)
+    with pytest.raises(BackfillError, match="belong to the live pipeline"):
+        backfill(fills, BackfillMode.FILL, OffsetRange("orders-eu", 0, 3, 4))

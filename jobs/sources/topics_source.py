@@ -37,6 +37,9 @@ class KafkaTopicsSource:
     def topic_id_of(self, topic: str) -> str:
         return self.client.topic_id(topic)
 
+    def exists(self, topic: str) -> bool:
+        return topic in self.client.topic_names()
+
     def available_of(self, topic: str) -> dict[int, Available]:
         parts = self.client.partitions(topic)
         return {

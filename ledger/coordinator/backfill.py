@@ -12,6 +12,7 @@ from ledger.core.backfill import BackfillMode, check_request, normalize, params_
 from ledger.core.batch import Batch
 from ledger.core.errors import ConfigError
 from ledger.core.protocol import BatchState, OffsetRange, Positions, check_topic_identity
+from ledger.core.topic_plan import continued
 
 
 def plan_backfill(
@@ -81,6 +82,7 @@ def _topic_ids(
     positions = tpc.store.positions_by_topic(live_app_id)
     ids = {}
     for topic, read in topics.read_topics(source, wanted).items():  # type: ignore[arg-type]
-        check_topic_identity(topic, positions.get(topic, Positions()), read.topic_id)
+        held = continued(positions.get(topic, Positions(topic=topic)), read.topic_id)
+        check_topic_identity(topic, held, read.topic_id)
         ids[topic] = read.topic_id
     return ids

@@ -17,6 +17,7 @@ from ledger.core.decisions import (
     lost_offsets_skips,
     new_decision_id,
     resume_skips,
+    retire_skips,
 )
 from ledger.core.errors import DecisionError
 from ledger.core.protocol import Available, OffsetRange, Positions
@@ -35,7 +36,12 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
         raise DecisionError("--reason must say why: it is recorded with the decision")
     if request.kind is not DecisionKind.RESUME_AT:
         tpc.recover_and_commit()
-    topic, current_id, available, several = _decision_topic(tpc, request)
+    still_read = False
+    if request.kind is DecisionKind.RETIRE_TOPIC:
+        topic, current_id, available, still_read = _retired_topic(tpc, request)
+        several = True
+    else:
+        topic, current_id, available, several = _decision_topic(tpc, request)
     reach: Mapping[int, int] = {}
     floor = None
     read_before = tpc.store.topic_ids_read(tpc.app_id)
@@ -68,6 +74,12 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
             skipped = resume_skips(topic, request.positions, available, reach, force=request.force)
             resumed = dict(request.positions)
             forced = request.force
+        elif request.kind is DecisionKind.RETIRE_TOPIC:
+            skipped = retire_skips(
+                topic, positions, still_read=still_read, current_id=current_id,
+                available=available, force=request.force,
+            )  # fmt: skip
+            forced = bool(skipped)
         else:
             raise DecisionError(f"{request.kind} is recorded by exactly only")
         return Decision(
@@ -76,7 +88,8 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
             app_id=tpc.app_id,
             kind=request.kind,
             topic=topic,
-            topic_id=current_id,
+            # a retired topic's positions belong to no incarnation any more
+            topic_id=None if request.kind is DecisionKind.RETIRE_TOPIC else current_id,
             previous_topic_id=positions.topic_id,
             after_batch_id=after_batch_id,
             reason=request.reason.strip(),
@@ -95,6 +108,27 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
         floor_batch_id=floor,
         topic=topic if several else None,
     )
+
+
+def _retired_topic(
+    tpc: TwoPhaseCommit, request: Request
+) -> tuple[str, str | None, Mapping[int, Available], bool]:
+    """The topic a retire-topic decision is about; its id and offsets if Kafka still has it
+    (None and nothing once deleted); whether the pipeline still reads it."""
+    source = tpc.source
+    if not reads_several_topics(source):
+        raise DecisionError(
+            f"retire-topic: pipeline {tpc.pipeline} reads one topic; a topic is retired from "
+            "a pipeline on several (kafka.topics or kafka.pattern)"
+        )
+    if request.topic is None:
+        raise DecisionError("--topic: name the topic to retire")
+    topic = request.topic
+    still_read = topic in source.topics()  # type: ignore[union-attr]
+    if not source.exists(topic):  # type: ignore[union-attr]
+        return topic, None, {}, still_read
+    read = read_topics(source, [topic])[topic]  # type: ignore[arg-type]
+    return topic, read.topic_id, read.available, still_read
 
 
 def _decision_topic(

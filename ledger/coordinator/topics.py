@@ -106,7 +106,7 @@ def check_topics(tpc: TwoPhaseCommit) -> None:
     positions = tpc.store.positions_by_topic(tpc.app_id)
     check_nothing_left_behind(topics, positions)
     for topic in topics:
-        if topic in positions:
+        if topic in positions and not positions[topic].retired:
             check_topic_identity(
                 topic, positions[topic], source.topic_id_of(topic), name_topic=True
             )

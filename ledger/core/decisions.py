@@ -12,6 +12,10 @@ an operator records a decision, with who, when and why:
   `starting_offsets`, and the old ones stay in the ledger as history.
 - `resume-at`: the operator states where every partition continues, when the positions
   cannot be rebuilt.
+- `retire-topic`: on a pipeline reading several topics, a topic it no longer reads (deleted,
+  so the pattern no longer finds it, or dropped from `kafka.topics`) stops holding
+  positions, so the other topics go on; if it is ever read again, it starts again from the
+  `starting_offsets`, like any topic new to the pipeline.
 
 A decision is recorded in the ledger (one row per decision) and carried by the commit
 metadata of the next batch planned on it, so a lost ledger gets it back from the Delta log.
@@ -42,6 +46,7 @@ class DecisionKind(enum.StrEnum):
     LOST_OFFSETS = "lost-offsets"
     NEW_TOPIC = "new-topic"
     RESUME_AT = "resume-at"
+    RETIRE_TOPIC = "retire-topic"
     #: recorded by exactly itself, not an operator: positions written before topic ids were
     #: stored take the topic's id at their next plan (ledger/core/protocol.py check_topic_identity)
     ADOPT_TOPIC_ID = "adopt-topic-id"
@@ -87,8 +92,12 @@ class Decision:
             DecisionKind.RESUME_AT: f"resume {self.topic} at "
             + " ".join(f"{p}={o}" for p, o in sorted(self.positions.items())),
             DecisionKind.ADOPT_TOPIC_ID: f"adopt topic {self.topic} id {self.topic_id}",
+            DecisionKind.RETIRE_TOPIC: f"retire topic {self.topic} (id "
+            f"{self.previous_topic_id or 'unknown'}, left at "
+            + (" ".join(f"{p}={o}" for p, o in sorted(self.previous_positions.items())) or "-")
+            + ")",
         }[self.kind]
-        if self.kind is DecisionKind.RESUME_AT and self.skipped:
+        if self.kind in (DecisionKind.RESUME_AT, DecisionKind.RETIRE_TOPIC) and self.skipped:
             what += ", skipping " + " ".join(str(r) for r in self.skipped)
         forced = " (forced)" if self.forced else ""
         return (
@@ -169,6 +178,8 @@ def apply_decisions(
             offsets = {}
         elif d.kind is DecisionKind.RESUME_AT:
             offsets = dict(d.positions)
+        elif d.kind is DecisionKind.RETIRE_TOPIC:
+            offsets = {}
         topic, topic_id = d.topic, d.topic_id
     return Positions(offsets, topic=topic, topic_id=topic_id, decisions=applied)
 
@@ -178,6 +189,23 @@ def apply_decisions(
 
 def _skip_command(kind: str, args: str) -> str:
     return f"exactly skip {kind} -c {CONFIG_PLACEHOLDER} {args} --reason '...'"
+
+
+def retire_topic_command(topic: str) -> str:
+    """The decision that lets a pipeline on several topics go on without `topic`."""
+    return _skip_command("retire-topic", f"--topic {topic}")
+
+
+def retired_positions(decision: Decision, decisions: Iterable[Decision] = ()) -> Positions:
+    """The positions a `retire-topic` decision leaves: where the topic was left, on the
+    incarnation it was read from, held by no batch (ledger/core/topic_plan.py)."""
+    return Positions(
+        decision.previous_positions,
+        topic=decision.topic,
+        topic_id=decision.previous_topic_id,
+        decisions=decisions,
+        retired=True,
+    )
 
 
 def _same_topic(topic: str, positions: Positions, current_id: str) -> None:
@@ -363,6 +391,55 @@ def resume_skips(
                     "records on purpose"
                 )
             skipped.append(OffsetRange(topic, p, start, at))
+    return skipped
+
+
+def retire_skips(
+    topic: str,
+    positions: Positions,
+    *,
+    still_read: bool,
+    current_id: str | None,
+    available: Mapping[int, Available],
+    force: bool = False,
+) -> list[OffsetRange]:
+    """Check a `retire-topic` decision; the ranges it leaves unread that Kafka still holds.
+
+    Only a topic the pipeline no longer reads (`still_read` False) and whose positions the
+    ledger holds may be retired: retiring a topic still read would re-read it from the
+    starting offsets at the next plan (duplicates). When Kafka still has the very
+    incarnation the positions were read from (`current_id` equal to theirs: dropped from
+    `kafka.topics`, not deleted), every record past the positions would never be read:
+    refused unless `force`, and then recorded as skipped. A deleted topic (`current_id`
+    None) or one re-created since (another id) took its unread records with it: nothing is
+    left to skip, and the positions the decision replaces are kept as history.
+    """
+    if still_read:
+        raise DecisionError(
+            f"topic {topic}: the pipeline still reads it (the config names it or its pattern "
+            "matches it), so retiring it would read it again from the starting offsets; "
+            "nothing to retire: delete the topic, or take it out of kafka.topics, first"
+        )
+    if not positions or positions.retired:
+        what = "is retired already" if positions.retired else "holds no positions on it"
+        raise DecisionError(f"topic {topic}: the ledger {what}; nothing to retire")
+    if current_id is None or positions.topic_id not in (None, current_id):
+        return []
+    skipped = []
+    for p in sorted(set(available) | set(positions)):
+        avail = available.get(p)
+        if avail is None:
+            continue  # a partition Kafka no longer lists holds nothing to read
+        start = positions.get(p, avail.earliest)
+        if max(start, avail.earliest) >= avail.last_stable:
+            continue
+        if not force:
+            raise DecisionError(
+                f"{topic}-{p}: offsets [{max(start, avail.earliest)}, {avail.last_stable}) were "
+                "never read, and Kafka still holds them; read them first (name the topic in "
+                "the config again), or add --force to leave them unread on purpose"
+            )
+        skipped.append(OffsetRange(topic, p, start, avail.last_stable))
     return skipped
 
 

@@ -129,6 +129,9 @@ class TopicsSource(Protocol):
     def available_of(self, topic: str) -> Mapping[int, Available]:
         """Earliest and last stable offset of every partition of `topic`, read now."""
 
+    def exists(self, topic: str) -> bool:
+        """Whether Kafka lists `topic` now (a retired topic may be deleted, or not)."""
+
     def ack(self, ranges: Sequence[OffsetRange]) -> None:
         """Move the consumer group to the ranges' ends, on every topic (advisory)."""
 

@@ -337,7 +337,9 @@ class Positions(dict[int, int]):
     from; `topic_id` is None when nothing recorded it (a ledger written before topic ids,
     or no position at all). `decisions` are the operator decisions (ledger/core/decisions.py)
     the positions were moved by since the last batch that holds a range: the next batch's
-    commit carries them.
+    commit carries them. `retired`: a topic the pipeline stopped reading by an operator's
+    `retire-topic` decision; the offsets are where it was left, kept so that the same
+    incarnation read again continues there (ledger/core/topic_plan.py).
     """
 
     def __init__(
@@ -347,11 +349,13 @@ class Positions(dict[int, int]):
         topic: str | None = None,
         topic_id: str | None = None,
         decisions: Iterable[Any] = (),
+        retired: bool = False,
     ) -> None:
         super().__init__(offsets)
         self.topic = topic
         self.topic_id = topic_id
         self.decisions: tuple[Any, ...] = tuple(decisions)
+        self.retired = retired
 
 
 def accept_topic_command(topic_id: str, topic: str | None = None) -> str:

@@ -15,7 +15,9 @@ error (invariant 8). What is new is only what several topics add:
   starts at `starting_offsets`, like a partition added to a single topic;
 - a topic that has positions but is not read any more (deleted, so the pattern no longer
   finds it, or dropped from `kafka.topics`) stops the plan: its unread records would
-  otherwise be lost without anyone deciding so.
+  otherwise be lost without anyone deciding so. An operator's `retire-topic` decision
+  (ledger/core/decisions.py) releases it: the next batch is planned without it and carries
+  the decision, and from then on the topic holds no positions.
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.core.decisions import Decision, apply_decisions
+from ledger.core.decisions import (
+    Decision,
+    DecisionKind,
+    apply_decisions,
+    retire_topic_command,
+    retired_positions,
+)
 from ledger.core.errors import TopicChangedError
 from ledger.core.protocol import (
     Available,
@@ -76,17 +84,32 @@ def apply_topic_decisions(
     """Each topic's positions once the decisions taken about it since the last batch apply
     (ledger/core/decisions.py apply_decisions, topic by topic: a decision names its topic, and
     moves only that topic's positions). A topic only a decision knows (accepted before it
-    was ever read) gets the positions the decision leaves."""
+    was ever read) gets the positions the decision leaves.
+
+    A retired topic (`retire-topic`) is absent from every batch planned after it, so its
+    positions are the decision's own: where it was left, marked `retired`, and kept for
+    good, so that the same incarnation read again continues there instead of reading its
+    committed records again from the starting offsets (plan_topics)."""
     decisions = list(decisions)
-    topics = sorted(set(held) | {d.topic for d in decisions if d.topic})
-    return {
-        topic: apply_decisions(
+    applicable = [
+        d for d in decisions if last_batch_id is None or d.after_batch_id >= last_batch_id
+    ]
+    topics = sorted(set(held) | {d.topic for d in applicable if d.topic})
+    positions: dict[str, Positions] = {}
+    for topic in topics:
+        moved = apply_decisions(
             held.get(topic) or Positions(topic=topic),
             last_batch_id,
-            [d for d in decisions if d.topic == topic],
+            [d for d in applicable if d.topic == topic],
         )
-        for topic in topics
-    }
+        last = moved.decisions[-1] if moved.decisions else None
+        if last is not None and last.kind is DecisionKind.RETIRE_TOPIC:
+            moved = retired_positions(last, moved.decisions)
+        positions[topic] = moved
+    for d in decisions:  # oldest first: a topic retired again keeps the last retirement
+        if d.kind is DecisionKind.RETIRE_TOPIC and d.topic not in topics:
+            positions[d.topic] = retired_positions(d)
+    return positions
 
 
 def decisions_of(positions: Mapping[str, Positions]) -> list[Decision]:
@@ -96,13 +119,28 @@ def decisions_of(positions: Mapping[str, Positions]) -> list[Decision]:
     return sorted(found.values(), key=lambda d: (d.after_batch_id, d.decided_at))
 
 
+def continued(held: Positions, current_id: str) -> Positions:
+    """The positions a topic is read on from, given the id Kafka reports for it now: a
+    retired topic's own if it is the incarnation they were left on (no record read twice),
+    none if it was deleted and created again since (a topic new to the pipeline)."""
+    if held.retired and held.topic_id != current_id:
+        return Positions(topic=held.topic, decisions=held.decisions)
+    return held
+
+
 def check_contiguous_by_topic(
-    positions: Mapping[str, Positions], ranges: Sequence[OffsetRange], batch: str
+    positions: Mapping[str, Positions],
+    ranges: Sequence[OffsetRange],
+    batch: str,
+    topic_ids: Mapping[str, str],
 ) -> None:
     """protocol.check_contiguous, topic by topic: partition 0 of one topic and partition 0
-    of another are two positions (invariant 1)."""
+    of another are two positions (invariant 1); each topic's positions as `continued` on
+    the id the batch is planned on."""
     for topic in sorted({r.topic for r in ranges}):
         held = positions.get(topic) or Positions(topic=topic)
+        if topic in topic_ids:
+            held = continued(held, topic_ids[topic])
         check_contiguous(held, [r for r in ranges if r.topic == topic], batch)
 
 
@@ -126,7 +164,7 @@ def plan_topics(
     worth = False
     for topic in topics:
         read = reads[topic]
-        held = positions.get(topic) or Positions(topic=topic)
+        held = continued(positions.get(topic) or Positions(topic=topic), read.topic_id)
         check_topic_identity(topic, held, read.topic_id, name_topic=True)
         planned = plan_ranges(
             topic,
@@ -144,14 +182,17 @@ def plan_topics(
 def check_nothing_left_behind(topics: Sequence[str], positions: Mapping[str, Positions]) -> None:
     """Every topic with stored positions must still be read: one that is not (deleted, so a
     pattern no longer finds it; or dropped from the config's list) would leave its unread
-    records behind silently (invariant 8)."""
+    records behind silently (invariant 8). A retired topic holds none."""
     for topic in sorted(set(positions) - set(topics)):
         held = positions[topic]
+        if held.retired:
+            continue
         raise TopicChangedError(
             f"topic {topic}: the ledger holds positions on it ({_where(held)}, id "
             f"{held.topic_id or 'not recorded'}) but the pipeline no longer reads it (the "
             "topic was deleted, or the config no longer names it); nothing was planned. "
-            "Re-create the topic or restore the config to read it on"
+            "Restore the config to read it on or, if it is gone for good, record that: "
+            f"{retire_topic_command(topic)}"
         )
 
 

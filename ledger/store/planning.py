@@ -218,10 +218,10 @@ class _Topics:
         label: str,
         adopt: _Adopt,
     ) -> list[Decision]:
-        check_contiguous_by_topic(positions, new_ranges, label)
+        check_contiguous_by_topic(positions, new_ranges, label, self.ids)
         decisions = decisions_of(positions)
         for topic, held in positions.items():
-            if held.topic_id is None and held and topic in self.ids:
+            if held.topic_id is None and held and not held.retired and topic in self.ids:
                 decisions.append(adopt(held, self.ids[topic]))
         return decisions
 
