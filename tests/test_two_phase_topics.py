@@ -15,7 +15,13 @@ from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillError, BackfillMode, backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.decisions import DecisionKind, Request
-from ledger.core.errors import ConfigError, DataLossError, DecisionError, TopicChangedError
+from ledger.core.errors import (
+    ConfigError,
+    DataLossError,
+    DecisionError,
+    InconsistencyError,
+    TopicChangedError,
+)
 from ledger.core.protocol import Available, BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
 from resources.kafka.topic_selection import TopicSelection
@@ -500,3 +506,61 @@ def test_a_retired_topic_created_again_asks_for_no_new_topic_decision_in_a_backf
     fills = backfiller(store, source, stager, publisher)
     with pytest.raises(BackfillError, match="belong to the live pipeline"):
         backfill(fills, BackfillMode.FILL, OffsetRange("orders-eu", 0, 3, 4))
+
+
+def test_lost_commit_info_on_several_topics_is_resumed_topic_by_topic(
+    source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher, tmp_path
+) -> None:
+    """The ledger is lost and the Delta log no longer holds the commit info it would be
+    rebuilt from: planning stops with one resume-at command per topic read, each with the
+    positions the table's rows suggest, and goes on only once every topic's is recorded;
+    a topic left unstated would restart at the starting offsets (duplicates)."""
+    lost = LedgerStore(f"sqlite:///{tmp_path}/lost.db")
+    try:
+        old = TwoPhaseCommit(
+            lost, pipeline=APP, app_id=APP, source=source, stager=stager,
+            publisher=publisher, max_records_per_partition=100,
+        )  # fmt: skip
+        assert old.run_batch() is not None
+        source.topics_now["orders-us"].offsets[0] = Available(0, 6)
+        assert old.run_batch() is not None
+    finally:
+        lost.dispose()
+    publisher.drop_metadata_of = {1, 2}
+    source.topics_now["orders-eu"].offsets[0] = Available(0, 5)
+    store = LedgerStore(f"sqlite:///{tmp_path}/new.db")
+    try:
+        tpc = TwoPhaseCommit(
+            store, pipeline=APP, app_id=APP, source=source, stager=stager,
+            publisher=publisher, max_records_per_partition=100,
+        )  # fmt: skip
+        with pytest.raises(InconsistencyError) as info:
+            tpc.recover_and_commit()
+        message = str(info.value)
+        eu = "exactly skip resume-at -c <config> --topic orders-eu --position 0=3 --position 1=2"
+        us = "exactly skip resume-at -c <config> --topic orders-us --position 0=6"
+        assert eu in message and us in message
+
+        def resume(topic: str, positions: dict[int, int]):
+            return record_decision(
+                tpc,
+                Request(DecisionKind.RESUME_AT, "log gone", "ops", topic=topic,
+                        positions=positions),
+                store.now(),
+            )  # fmt: skip
+
+        with pytest.raises(DecisionError, match=r"^orders-us-0: position 2 would read"):
+            resume("orders-us", {0: 2})
+        resume("orders-eu", {0: 3, 1: 2})
+        with pytest.raises(InconsistencyError) as info:
+            tpc.recover_and_commit()
+        assert us in str(info.value) and "orders-eu" not in str(info.value)
+        resume("orders-us", {0: 6})
+        assert tpc.recover_and_commit() == []
+        report = tpc.run_batch()
+        assert report is not None
+        assert report.batch.batch_id == 3
+        assert [str(r) for r in report.batch.ranges if r.span] == ["orders-eu-0[3,5)"]
+        assert publisher.published_ids() == [1, 2, 3]
+    finally:
+        store.dispose()

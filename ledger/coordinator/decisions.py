@@ -144,11 +144,6 @@ def _decision_topic(
         current_id, available = tpc.read_topic()
         return topic, current_id, available, False
     topics = source.topics()  # type: ignore[union-attr]
-    if request.kind is DecisionKind.RESUME_AT:
-        raise DecisionError(
-            f"resume-at: pipeline {tpc.pipeline} reads several topics, and resume-at is "
-            "built for one topic only"
-        )
     if request.topic is None:
         raise DecisionError(
             f"--topic: pipeline {tpc.pipeline} reads several topics ({', '.join(topics)}): "

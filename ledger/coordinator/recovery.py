@@ -11,7 +11,7 @@ first (invariant 7).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -232,12 +232,12 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
             f"batches of {tpc.app_id} through {version} are no longer all in the Delta "
             "log (log retention?): rebuilt what it has; a backfill start will refuse"
         )
-    elif gone and not _resumed(tpc, version):
+    elif gone and (unstated := _unresumed(tpc, version)):
         raise InconsistencyError(
             f"the Delta table holds batch {tpc.app_id}/{version}, but its commit info is no "
             "longer in the Delta log (log retention?): offsets cannot be rebuilt; if the "
             "table's rows are complete, state where each partition continues (one past its "
-            "highest offset in the table): " + _resume_hint(tpc)
+            "highest offset in the table): " + _resume_hint(tpc, unstated)
         )
     rebuilt = 0
     for entry in entries:
@@ -265,17 +265,22 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
     return rebuilt
 
 
-def _resume_hint(tpc: TwoPhaseCommit) -> str:
-    """The resume-at command with the table's reach filled in; resume-at is built for
-    one topic, so a pipeline on several topics is told that instead."""
-    if topics_coordinator.reads_several_topics(tpc.source):
-        return (
-            "exactly skip resume-at is built for one topic only, and this pipeline reads "
-            "several: restore the ledger from a backup"
-        )
-    return resume_command(
-        tpc.publisher.rows_reach(tpc.source.topic), sorted(tpc.source.available())
-    )
+def _resume_hint(tpc: TwoPhaseCommit, topics: Sequence[str | None]) -> str:
+    """The resume-at command of each topic in `topics`, with the table's reach filled in
+    (None: the pipeline's one topic, which the command need not name)."""
+    source = tpc.source
+    commands = []
+    for topic in topics:
+        if topic is None:
+            commands.append(
+                resume_command(tpc.publisher.rows_reach(source.topic), sorted(source.available()))
+            )
+        else:
+            available = source.available_of(topic)  # type: ignore[union-attr]
+            commands.append(
+                resume_command(tpc.publisher.rows_reach(topic), sorted(available), topic=topic)
+            )
+    return "; ".join(commands)
 
 
 def _insert_unfinished(
@@ -306,10 +311,17 @@ def _insert_unfinished(
     )
 
 
-def _resumed(tpc: TwoPhaseCommit, version: int) -> bool:
-    """Whether an operator stated where to continue past the table's `version` when its
-    commit info was gone (a resume-at decision, invariant 15)."""
-    return any(
-        d.kind is DecisionKind.RESUME_AT and d.after_batch_id >= version
+def _unresumed(tpc: TwoPhaseCommit, version: int) -> list[str | None]:
+    """The topics an operator has not yet stated where to continue on, past the table's
+    `version` whose commit info is gone (resume-at decisions, invariant 15): on several
+    topics, every topic read now needs its own, since one left out would restart at the
+    starting offsets and read the table's rows again. None stands for a single topic."""
+    resumed = {
+        d.topic
         for d in tpc.store.decisions(app_id=tpc.app_id)
-    )
+        if d.kind is DecisionKind.RESUME_AT and d.after_batch_id >= version
+    }
+    if not topics_coordinator.reads_several_topics(tpc.source):
+        return [] if resumed else [None]
+    read_now = tpc.source.topics()  # type: ignore[union-attr]
+    return [topic for topic in read_now if topic not in resumed]

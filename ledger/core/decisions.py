@@ -443,13 +443,17 @@ def retire_skips(
     return skipped
 
 
-def resume_command(reach: Mapping[int, int], partitions: Sequence[int]) -> str:
-    """The `resume-at` command the table's rows suggest (one past their highest offsets)."""
+def resume_command(
+    reach: Mapping[int, int], partitions: Sequence[int], topic: str | None = None
+) -> str:
+    """The `resume-at` command the table's rows suggest (one past their highest offsets);
+    naming its `topic` on a pipeline that reads several."""
     stated = " ".join(
         f"--position {p}={reach[p]}" if p in reach else f"--position {p}=OFFSET"
         for p in sorted(set(partitions) | set(reach))
     )
-    return _skip_command("resume-at", stated or "--position PARTITION=OFFSET")
+    which = f"--topic {topic} " if topic else ""
+    return _skip_command("resume-at", which + (stated or "--position PARTITION=OFFSET"))
 
 
 # -- recording one (I/O through a coordinator's edges) -------------------------------------
