@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ledger.core.errors import ConfigError
-from ledger.core.layout import OFFSET, PARTITION
+from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from resources.config.derived_spec import (
     DELETED,
     STAGE_ONLY,
@@ -192,9 +192,11 @@ def flagged_rows(rows: pa.Table, spec: UpsertOutput) -> pa.Table:
 
 def latest_of(rows: pa.Table, spec: UpsertOutput) -> pa.Table:
     """Per key, the row of `rows` (already `flagged_rows`) latest by (`_kafka_partition`,
-    `_kafka_offset`). Null keys are one key, as the MERGE's `IS NOT DISTINCT FROM` makes
-    them (pyarrow's group_by groups nulls together)."""
-    order = pc.sort_indices(rows, sort_keys=[(PARTITION, "ascending"), (OFFSET, "ascending")])
+    `_kafka_offset`, `_kafka_topic`), the order jobs/derived/partials.py gives its reasons
+    for. Null keys are one key, as the MERGE's `IS NOT DISTINCT FROM` makes them (pyarrow's
+    group_by groups nulls together)."""
+    keys = [(c, "ascending") for c in (PARTITION, OFFSET, TOPIC) if c in rows.column_names]
+    order = pc.sort_indices(rows, sort_keys=keys)
     rows = rows.take(order)
     rows = rows.append_column("__position", pa.array(range(rows.num_rows), pa.int64()))
     last = rows.group_by(list(spec.key), use_threads=False).aggregate([("__position", "max")])

@@ -14,12 +14,17 @@ through, with the key columns taken from the Kafka key. A frame without `value` 
 table's rows) must carry a boolean `_deleted` column instead, or `latest_per_key` refuses
 it: the table's rows alone cannot tell a tombstone from a record whose fields are all null.
 
-Order within a batch is (`_kafka_partition`, `_kafka_offset`), highest last. Keys are
-assumed to hash to one partition (Kafka's default partitioner), where this is Kafka's own
-order; a key seen in two partitions (a changed partitioner or partition count) is resolved
-to the higher partition, which is deterministic (the same whatever order batches are
-applied in) but not "latest in time". The Kafka timestamp is never the order: producers set
-it, and two records of one partition may carry it out of order.
+Order within a batch is (`_kafka_partition`, `_kafka_offset`, `_kafka_topic`), highest
+last. Keys are assumed to hash to one partition (Kafka's default partitioner), where this
+is Kafka's own order; a key seen in two partitions (a changed partitioner or partition
+count) is resolved to the higher partition, which is deterministic (the same whatever order
+batches are applied in) but not "latest in time". Kafka orders no topic's records against
+another's: on a pipeline reading several topics, a key's records at the same partition and
+offset of two topics are resolved by the topic's name, for the same reason (and the MERGE,
+resources/delta/merge.py `_newer`, and the recomputation, jobs/derived/invariants.py
+`latest_of`, break the tie the same way, so a rebuild equals the live table). The Kafka
+timestamp is never the order: producers set it, and two records of one partition may
+carry it out of order.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from ledger.core.errors import ConfigError
-from ledger.core.layout import OFFSET, PARTITION
+from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from resources.config.derived_spec import (
     DELETED,
     STAGE_ONLY,
@@ -120,9 +125,8 @@ def latest_per_key(df: DataFrame, spec: UpsertOutput) -> DataFrame:
     _missing(df, [*spec.key, PARTITION, OFFSET], spec.name)
     deleted = tombstone(df, spec.name)
     rows = good_rows(df).withColumn("_tomb", deleted)
-    order = Window.partitionBy(*[F.col(k) for k in spec.key]).orderBy(
-        F.col(PARTITION).desc(), F.col(OFFSET).desc()
-    )
+    latest_first = [F.col(c).desc() for c in (PARTITION, OFFSET, TOPIC) if c in df.columns]
+    order = Window.partitionBy(*[F.col(k) for k in spec.key]).orderBy(*latest_first)
     kept = [c for c in df.columns if c not in (*STAGE_ONLY, DELETED)]
     return (
         rows.withColumn("_rank", F.row_number().over(order))

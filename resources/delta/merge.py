@@ -85,12 +85,17 @@ def _combined(fn: str, column: str) -> str:
     return f"CASE WHEN {t} IS NULL THEN {s} WHEN {s} IS NULL THEN {t} ELSE {both} END"
 
 
-def _newer() -> str:
+def _newer(with_topic: bool) -> str:
     """The batch's record comes later in Kafka order than the table's (jobs/derived/partials.py
-    says why the order is (partition, offset))."""
+    says why the order is (partition, offset), then the topic's name: `with_topic`, when the
+    partial has the column)."""
     sp, tp = _q(SOURCE, PARTITION), _q(TARGET, PARTITION)
     so, to = _q(SOURCE, OFFSET), _q(TARGET, OFFSET)
-    return f"({sp} > {tp} OR ({sp} = {tp} AND {so} > {to}))"
+    later = f"{so} > {to}"
+    if with_topic:
+        st, tt = _q(SOURCE, TOPIC), _q(TARGET, TOPIC)
+        later = f"({later} OR ({so} = {to} AND {st} > {tt}))"
+    return f"({sp} > {tp} OR ({sp} = {tp} AND {later}))"
 
 
 def merge_aggregate(
@@ -187,17 +192,17 @@ def merge_upsert(
             )
         held = _in_ranges(TARGET, replaced)
 
+    newer = _newer(TOPIC in schema.names)
+
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
         merger = _merger(table, partial, spec.key_columns, properties)
         if not replace:
             return merger.when_matched_update(
-                updates=columns, predicate=_newer()
+                updates=columns, predicate=newer
             ).when_not_matched_insert(updates=columns)
         return (
             merger.when_matched_delete(predicate=f"{absent} AND {held}")
-            .when_matched_update(
-                updates=columns, predicate=f"NOT {absent} AND ({held} OR {_newer()})"
-            )
+            .when_matched_update(updates=columns, predicate=f"NOT {absent} AND ({held} OR {newer})")
             .when_not_matched_insert(updates=columns, predicate=f"NOT {absent}")
         )
 
