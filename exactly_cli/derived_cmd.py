@@ -49,18 +49,23 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
             f"derived output {args.name!r} is not in {args.config} (its Delta outputs: {known})"
         )
     spec, delta = found[args.name]
-    topic_id = None
+    topic_id_now = None
     if isinstance(spec, UpsertOutput) and not args.empty:
-        # a full upsert rebuild must know the topic's incarnation now (jobs/derived/rebuild.py)
-        if config.kafka.topic is None:
-            raise ConfigError(
-                f"derived output {args.name!r}: a full upsert rebuild checks one topic's "
-                "incarnation; it is not built for a pipeline on several topics yet"
-            )
+        # a full upsert rebuild must know each topic's incarnation now, for every topic the
+        # raw table holds rows of, read or not (jobs/derived/rebuild.py)
         kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
-        topic_id = kafka.topic_id(config.kafka.topic)
+        listed = set(kafka.topic_names())
+
+        def topic_id_now(topic: str) -> str | None:
+            return kafka.topic_id(topic) if topic in listed else None
+
     done = rebuild_output(
-        spec, delta, publisher.table, publisher.app_ids, topic_id=topic_id, empty=args.empty
+        spec,
+        delta,
+        publisher.table,
+        publisher.app_ids,
+        topic_id_now=topic_id_now,
+        empty=args.empty,
     )
     holds = ", ".join(f"{a} up to batch {v}" for a, v in done.holds.items()) or "no batch"
     print(

@@ -35,10 +35,15 @@ EXACTLY = [sys.executable, "-m", "exactly_cli"]
 
 
 def several_topics_config(
-    tmp_path: Path, kafka_broker: str, kafka: dict[str, Any], *, max_records: int = 100_000
+    tmp_path: Path,
+    kafka_broker: str,
+    kafka: dict[str, Any],
+    *,
+    max_records: int = 100_000,
+    **more: Any,
 ) -> PipelineConfig:
-    """A pipeline config file on `kafka` (its `topics` or `pattern`), loaded; the file is
-    `tmp_path/orders.yaml` for the CLI."""
+    """A pipeline config file on `kafka` (its `topics` or `pattern`), with `more` sections,
+    loaded; the file is `tmp_path/orders.yaml` for the CLI."""
     doc = {
         "pipeline": "orders",
         "kafka": {"bootstrap_servers": kafka_broker, **kafka},
@@ -47,6 +52,7 @@ def several_topics_config(
         "spark": {"master": "local[2]"},
         "batch": {"max_records_per_partition": max_records, "lease_seconds": 30},
         "transform": "jobs.examples.pageviews:transform",
+        **more,
     }
     path = tmp_path / "orders.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -233,6 +239,51 @@ def test_a_deleted_topic_stops_exactly_run_until_retired_and_the_others_go_on(
     assert {c for c in table if c[0] == b} == landed
     assert sorted(o for t, _, o in table if t == a) == list(range(8))
     assert max(table.values()) == 1
+
+
+def test_an_upsert_on_two_topics_is_rebuilt_equal_to_the_live_one_unless_one_was_recreated(
+    spark: Any, kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str
+) -> None:
+    """`exactly derived rebuild` of an upsert output on a pipeline reading two topics: the
+    same users in both, so keys meet across topics. The rebuilt table equals the one the
+    live MERGEs built (one order, jobs/derived/partials.py); once one topic is re-created,
+    a full rebuild is refused naming that topic, and an empty start is the way on."""
+    import shutil
+
+    from jobs.derived.invariants import live_rows
+    from tests.fixtures.derived import TRANSFORM, assert_derived_match, user_events
+
+    a, b = f"{prefix}-a", f"{prefix}-b"
+    kafka_client.create_topic(a, 2)
+    kafka_client.create_topic(b, 2)
+    kafka_client.produce_records(a, user_events(0, 120, 2))
+    kafka_client.produce_records(b, user_events(1_000, 120, 2))
+    upsert = {"kind": "upsert", "name": "users", "table_uri": f"{tmp_path}/users", "key": ["user"]}
+    config = several_topics_config(
+        tmp_path, kafka_broker, {"topics": [a, b]}, max_records=40,
+        transform=TRANSFORM, derived=[upsert],
+    )  # fmt: skip
+    assert len(run_until_caught_up(build(config, spark_factory=lambda: spark))) >= 2
+    live = live_rows(DeltaTable(upsert["table_uri"]).to_pyarrow_table())
+    assert_derived_match(config)
+
+    path = str(tmp_path / "orders.yaml")
+    shutil.rmtree(upsert["table_uri"])
+    rebuilt = cli("derived", "rebuild", "-c", path, "users")
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    again = live_rows(DeltaTable(upsert["table_uri"]).to_pyarrow_table())
+    assert again.sort_by("user").to_pylist() == live.sort_by("user").to_pylist()
+    assert_derived_match(config)
+
+    recreate_topic(kafka_broker, b, 2)
+    shutil.rmtree(upsert["table_uri"])
+    refused = cli("derived", "rebuild", "-c", path, "users")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    error = [ln for ln in refused.stderr.splitlines() if ln.strip()]
+    assert len(error) == 1 and f"of topic {b}, now " in error[0], refused.stderr
+    assert "--empty" in error[0]
+    started = cli("derived", "rebuild", "--empty", "-c", path, "users")
+    assert started.returncode == 0, started.stdout + started.stderr
 
 
 @pytest.mark.parametrize("ledger", ["kept", "lost"])

@@ -35,7 +35,7 @@ The failure cases it handles:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -88,7 +88,7 @@ def rebuild_output(
     raw: DeltaTarget,
     app_ids: Sequence[str],
     *,
-    topic_id: str | None = None,
+    topic_id_now: Callable[[str], str | None] | None = None,
     empty: bool = False,
 ) -> Rebuilt:
     """Write the output's table from one snapshot of the raw table (module docstring); with
@@ -97,7 +97,7 @@ def rebuild_output(
     topic was re-created (docs/derived-tables.md "Topic re-created").
 
     An upsert is refused a full rebuild over a raw table that holds records of another
-    incarnation of the topic than `topic_id`, Kafka's current one (the commits' `topic_id`,
+    incarnation of a topic than `topic_id_now` says Kafka has now (the commits' topic ids,
     invariant 10): the re-created topic's offsets restart at 0, so ordering every raw row by
     (partition, offset) would let the old topic's records win over the new one's."""
     held = {a: v for a in app_ids if (v := output.transaction_version(spec.app_id(a))) is not None}
@@ -120,7 +120,7 @@ def rebuild_output(
         rows = snapshot.to_pyarrow_dataset().schema.empty_table()
     else:
         if isinstance(spec, UpsertOutput):
-            _check_one_incarnation(spec, raw, app_ids, topic_id)
+            _check_one_incarnation(spec, raw, app_ids, topic_id_now or (lambda _topic: None))
         rows = snapshot.to_pyarrow_table()
     table = _recomputed(rows, spec)
     # an aggregate partitioned by its window's date is written so, as its MERGEs write it
@@ -149,24 +149,35 @@ def rebuild_output(
 
 
 def _check_one_incarnation(
-    spec: UpsertOutput, raw: DeltaTarget, app_ids: Sequence[str], topic_id: str | None
+    spec: UpsertOutput,
+    raw: DeltaTarget,
+    app_ids: Sequence[str],
+    topic_id_now: Callable[[str], str | None],
 ) -> None:
-    seen = {
-        str(entry.get("topic_id"))
-        for app_id in app_ids
-        for entry in raw.committed_batches(app_id)
-        if entry.get("topic_id")
-    }
-    others = seen - {topic_id} if topic_id is not None else set()
-    if len(seen) > 1 or others:
-        raise InconsistencyError(
-            f"derived output {spec.name}: the raw table holds records of incarnation(s) "
-            f"{', '.join(sorted(others or seen))} of the topic, now {topic_id} (it was "
-            "re-created), and the offsets of each start at 0; "
-            "an upsert rebuilt over all of them would let the old topic's records win. Start "
-            "it empty instead (`exactly derived rebuild --empty`): it then holds the new "
-            "topic's records from the next batch on"
-        )
+    """Every topic's rows in the raw table come from one incarnation of it, the one Kafka
+    has now (`topic_id_now(topic)`; None when it is gone). The commits record one
+    `topic_id` (a batch on one topic) or `topic_ids` (on several)."""
+    seen: dict[str, set[str]] = {}
+    for app_id in app_ids:
+        for entry in raw.committed_batches(app_id):
+            ids = dict(entry.get("topic_ids") or {})
+            if not ids and entry.get("topic_id"):
+                ids = {str(r["topic"]): entry["topic_id"] for r in entry.get("ranges") or ()}
+            for topic, topic_id in ids.items():
+                if topic_id:
+                    seen.setdefault(topic, set()).add(str(topic_id))
+    for topic in sorted(seen):
+        now = topic_id_now(topic)
+        others = seen[topic] - {now} if now is not None else set()
+        if len(seen[topic]) > 1 or others:
+            raise InconsistencyError(
+                f"derived output {spec.name}: the raw table holds records of incarnation(s) "
+                f"{', '.join(sorted(others or seen[topic]))} of topic {topic}, now "
+                f"{now or 'gone'} (it was re-created), and the offsets of each start at 0; "
+                "an upsert rebuilt over all of them would let the old topic's records win. "
+                "Start it empty instead (`exactly derived rebuild --empty`): it then holds "
+                "the new topic's records from the next batch on"
+            )
 
 
 def _recomputed(rows: pa.Table, spec: AggregateOutput | UpsertOutput) -> pa.Table:
