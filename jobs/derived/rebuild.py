@@ -47,6 +47,7 @@ from resources.config.derived_spec import DELETED, AggregateOutput, UpsertOutput
 from resources.delta.log import METADATA_KEY
 from resources.delta.table import DeltaTarget
 from resources.delta.window_dates import with_window_dates
+from resources.delta.writer_stats import sound_writer_properties
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,7 @@ def rebuild_output(
         schema_mode="overwrite" if existing is not None else None,
         partition_by=[c.name for c in partitions] or None,
         storage_options=output.storage_options or None,
+        writer_properties=sound_writer_properties(table.schema),
         commit_properties=properties,
     )
     after = output.load()

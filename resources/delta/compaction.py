@@ -15,6 +15,7 @@ from deltalake.exceptions import CommitFailedError
 
 from ledger.core.errors import InconsistencyError
 from resources.delta.commit import Committable
+from resources.delta.writer_stats import sound_writer_properties
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,9 @@ def compact(target: Committable, max_tries: int = 20) -> Compaction | None:
         try:
             with target.commit_scope():
                 done = table.optimize.compact(
-                    commit_properties=CommitProperties(max_commit_retries=0)
+                    # no float bounds for wide decimals (resources/delta/writer_stats.py)
+                    writer_properties=sound_writer_properties(table.schema().to_arrow()),
+                    commit_properties=CommitProperties(max_commit_retries=0),
                 )
         except CommitFailedError as exc:
             last_error = exc

@@ -41,6 +41,7 @@ from resources.delta.options import store_failure
 from resources.delta.schema import widen_schema
 from resources.delta.table import DeltaTarget
 from resources.delta.window_dates import with_window_dates
+from resources.delta.writer_stats import sound_writer_properties
 
 SOURCE, TARGET = "s", "t"
 
@@ -259,6 +260,8 @@ def _merger(
         predicate=_keys_match(keys),
         source_alias=SOURCE,
         target_alias=TARGET,
+        # no float bounds for wide decimals, a sum's above all (resources/delta/writer_stats.py)
+        writer_properties=sound_writer_properties(table.schema().to_arrow()),
         commit_properties=properties,
     )
 
