@@ -164,6 +164,29 @@ def test_an_unforeseen_failure_is_one_line_naming_the_log_file_with_its_tracebac
     assert list((state / "logs").glob("spark-*.log")), "the JVM's own stderr has a log file"
 
 
+def test_a_table_folder_that_is_not_a_delta_table_is_one_line_naming_it(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The table's folder holds a Delta log with no commit in it (a half-copied table, or a
+    folder another tool left): one line naming the cause and the folder, exit code 2, and
+    nothing voted; once the folder is moved aside, the next run commits every record once."""
+    config = pipeline_factory(1)
+    kafka_client.produce(config.kafka.topic, pageviews(30), partition=0)
+    table = Path(config.delta.table_uri)
+    (table / "_delta_log").mkdir(parents=True)
+    (table / "_delta_log" / "_last_checkpoint").write_text('{"version": 3, "size": 1}')
+    state = tmp_path / "state"
+
+    result = cli("run", "-c", str(config_path(config)), state_dir=state)
+    line = assert_one_clean_line(result)
+    assert "not a Delta table" in line and str(table) in line, line
+
+    table.rename(tmp_path / "aside")
+    again = cli("run", "-c", str(config_path(config)), state_dir=state)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert_exactly_once(config, kafka_client)
+
+
 def test_dagster_shows_a_read_only_table_folder_as_one_line_that_alerts(
     kafka_client: Any,
     pipeline_factory: Any,

@@ -13,6 +13,7 @@ commits resources/delta/log.py's, compaction resources/delta/compaction.py's.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from ledger.core.batch import StagedFile
+from ledger.core.errors import ConfigError
 from ledger.core.protocol import OffsetRange
 from resources.config.partitioning import PartitionColumn, check_layout, names, with_generation
 from resources.delta import log
@@ -33,6 +35,12 @@ from resources.delta.options import storage_options_for, store_failure
 from resources.delta.rewrite import remove_rows
 from resources.delta.schema import table_widened, with_legacy_features
 from resources.object_storage import storage
+
+#: What delta-rs says of a `_delta_log` it cannot read as a table's.
+_NOT_A_TABLE = re.compile(
+    r"Invalid Checkpoint|_last_checkpoint hint|No files in log segment|"
+    r"Invalid table version|not a Delta table"
+)
 
 #: Tries of a publish or a replace before its lost races are an error (commit_batch).
 _MAX_TRIES = 50
@@ -215,6 +223,16 @@ class DeltaTarget:
             return None
         except OSError as exc:
             raise store_failure(self.uri, exc) from exc
+        except DeltaError as exc:
+            # a log delta-rs cannot read as a table's (a checkpoint hint without its
+            # checkpoint, a log with no commit): the config points at something that is not
+            # a Delta table, an operator's to fix, said with the folder it is about
+            if _NOT_A_TABLE.search(str(exc)) is None:
+                raise
+            raise ConfigError(
+                f"`{self.uri}` is not a Delta table (delta-rs: {str(exc).splitlines()[0]}); "
+                "point the config at a Delta table's folder, or at a new or empty one"
+            ) from exc
 
     def _log_entry(self, version: int) -> str:
         return storage.join(self.uri, "_delta_log", f"{version:020d}.json")
