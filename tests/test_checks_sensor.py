@@ -235,3 +235,67 @@ def test_after_a_recreated_topic_the_last_batch_is_counted_in_its_own_incarnatio
 
     statuses, _cursor = evaluate(jobs, instance, None)
     assert statuses[LAST_BATCH_COMPLETE] == PASSED
+
+
+def test_the_checks_of_a_pipeline_on_two_topics_pass_and_name_each_topic(
+    spark: Any, kafka_client: Any, kafka_broker: str, instance: dg.DagsterInstance, tmp_path
+) -> None:
+    """A pipeline reading two topics, run from its Dagster job: every check passes, the lag
+    names each topic's partitions, and a row of one topic deleted behind exactly's back
+    fails the completeness check naming that topic."""
+    import uuid
+
+    import yaml
+
+    a, b = (f"orders-{uuid.uuid4().hex[:8]}-{s}" for s in "ab")
+    kafka_client.create_topic(a, 2)
+    kafka_client.create_topic(b, 1)
+    kafka_client.produce(a, pageviews(60))
+    kafka_client.produce(b, pageviews(30, start=100))
+    path = tmp_path / "orders.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "pipeline": "orders",
+                "kafka": {"bootstrap_servers": kafka_broker, "topics": [a, b]},
+                "delta": {
+                    "table_uri": f"{tmp_path}/table",
+                    "quarantine_uri": f"{tmp_path}/quarantine",
+                },
+                "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
+                "spark": {"master": "local[2]"},
+                "transform": "jobs.examples.pageviews:transform",
+            }
+        )
+    )
+    jobs = pipeline_definitions(path)
+    assert jobs.next_batch.execute_in_process(instance=instance).success
+
+    def checks() -> dict[str, Any]:
+        run = jobs.definitions.resolve_implicit_global_asset_job_def().execute_in_process(
+            instance=instance
+        )
+        return {
+            e.asset_check_evaluation_data.check_name: e.asset_check_evaluation_data
+            for e in run.all_events
+            if e.event_type_value == "ASSET_CHECK_EVALUATION"
+        }
+
+    ran = checks()
+    assert {name: data.passed for name, data in ran.items()} == {
+        NO_STUCK_BATCH: True,
+        CONSUMER_LAG: True,
+        LAST_BATCH_COMPLETE: True,
+        QUARANTINE_RATIO: True,
+    }
+    lag = " ".join(str(v.value) for v in ran[CONSUMER_LAG].metadata.values())
+    lag += " ".join(ran[CONSUMER_LAG].metadata)
+    assert f"{a}-0" in lag and f"{a}-1" in lag and f"{b}-0" in lag, lag
+
+    table = DeltaTable(f"{tmp_path}/table")
+    table.delete(f"_kafka_topic = '{b}' AND _kafka_offset = 0")
+    complete = checks()[LAST_BATCH_COMPLETE]
+    assert not complete.passed
+    text = " ".join(f"{k} {v.value}" for k, v in complete.metadata.items())
+    text += str(complete.description or "")
+    assert b in text, text
