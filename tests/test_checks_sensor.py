@@ -245,29 +245,15 @@ def test_the_checks_of_a_pipeline_on_two_topics_pass_and_name_each_topic(
     fails the completeness check naming that topic."""
     import uuid
 
-    import yaml
+    from tests.fixtures.topics_config import several_topics_config
 
     a, b = (f"orders-{uuid.uuid4().hex[:8]}-{s}" for s in "ab")
     kafka_client.create_topic(a, 2)
     kafka_client.create_topic(b, 1)
     kafka_client.produce(a, pageviews(60))
     kafka_client.produce(b, pageviews(30, start=100))
+    several_topics_config(tmp_path, kafka_broker, {"topics": [a, b]})
     path = tmp_path / "orders.yaml"
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "pipeline": "orders",
-                "kafka": {"bootstrap_servers": kafka_broker, "topics": [a, b]},
-                "delta": {
-                    "table_uri": f"{tmp_path}/table",
-                    "quarantine_uri": f"{tmp_path}/quarantine",
-                },
-                "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
-                "spark": {"master": "local[2]"},
-                "transform": "jobs.examples.pageviews:transform",
-            }
-        )
-    )
     jobs = pipeline_definitions(path)
     assert jobs.next_batch.execute_in_process(instance=instance).success
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -24,6 +25,7 @@ from deltalake import DeltaTable
 from jobs.examples.sample_data import pageviews
 from ledger.core.batch import Batch, utcnow
 from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
 from orchestration.health.stuck_sensor import decide_stuck
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.tags import BATCH_TAG
@@ -410,6 +412,67 @@ def test_backfill_job_and_partition_backfill_replace_ranges(
         materialization.metadata["reprocessed_by"].value == f"pageviews.backfill/{batch.batch_id}"
     )
     assert assert_exactly_once(config, kafka_client) == (300, 0)
+
+
+def test_the_backfill_job_on_two_topics_replaces_the_ranges_of_the_topic_each_names(
+    spark: Any, kafka_client: Any, kafka_broker: str, instance: dg.DagsterInstance, tmp_path
+) -> None:
+    """The Launchpad's ranges name their topic on a pipeline reading several: a replace of
+    one topic's offsets rewrites those rows only, every record of both topics still once;
+    a range without its topic fails the run in one sentence and plans nothing."""
+    from tests.fixtures.topics_config import several_topics_config
+
+    a, b = (f"orders-{uuid.uuid4().hex[:8]}-{s}" for s in "ab")
+    kafka_client.create_topic(a, 1)
+    kafka_client.create_topic(b, 1)
+    kafka_client.produce(a, pageviews(40))
+    kafka_client.produce(b, pageviews(40, start=100))
+    config = several_topics_config(tmp_path, kafka_broker, {"topics": [a, b]})
+    jobs = pipeline_definitions(tmp_path / "orders.yaml")
+    assert jobs.next_batch.execute_in_process(instance=instance).success
+
+    def ranges_config(*ranges: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ops": {
+                "orders_backfill_ranges": {
+                    "config": {
+                        "mode": "replace",
+                        "ranges": list(ranges),
+                        "transform": "tests.transforms:pageviews_v2",
+                    }
+                }
+            }
+        }
+
+    unnamed = jobs.backfill.execute_in_process(
+        instance=instance,
+        run_config=ranges_config({"partition": 0, "start": 5, "end": 15}),
+        raise_on_error=False,
+    )
+    assert not unnamed.success
+    (failure,) = [e for e in unnamed.all_events if e.event_type_value == "STEP_FAILURE"]
+    message = failure.step_failure_data.error.message.strip()
+    assert "reads several topics" in message and "give each range its topic" in message
+    assert "\n" not in message, message
+    store = LedgerStore(config.ledger.url)
+    try:
+        assert store.batches(app_id="orders.backfill") == []
+    finally:
+        store.dispose()
+
+    named = jobs.backfill.execute_in_process(
+        instance=instance,
+        run_config=ranges_config({"topic": b, "partition": 0, "start": 5, "end": 15}),
+    )
+    assert named.success
+    table = DeltaTable(config.delta.table_uri).to_pyarrow_table().to_pylist()
+    upper = sorted(
+        (r["_kafka_topic"], r["_kafka_offset"]) for r in table if r["app"] != r["app"].lower()
+    )
+    assert upper == [(b, o) for o in range(5, 15)]
+    coordinates = Counter((r["_kafka_topic"], r["_kafka_offset"]) for r in table)
+    assert set(coordinates.values()) == {1}
+    assert len(coordinates) == 80
 
 
 def test_the_next_scheduled_run_finishes_a_backfill_whose_process_died(

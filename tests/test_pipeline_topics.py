@@ -20,43 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
 from ledger.store.ledger_store import LedgerStore
-from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
 from tests.fixtures.pipeline import crash_run, produced_coordinates, shared_spark_env
 from tests.fixtures.topic_admin import delete_topic, recreate_topic
+from tests.fixtures.topics_config import several_topics_config
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
-
-
-def several_topics_config(
-    tmp_path: Path,
-    kafka_broker: str,
-    kafka: dict[str, Any],
-    *,
-    max_records: int = 100_000,
-    **more: Any,
-) -> PipelineConfig:
-    """A pipeline config file on `kafka` (its `topics` or `pattern`), with `more` sections,
-    loaded; the file is `tmp_path/orders.yaml` for the CLI."""
-    doc = {
-        "pipeline": "orders",
-        "kafka": {"bootstrap_servers": kafka_broker, **kafka},
-        "delta": {"table_uri": f"{tmp_path}/table", "quarantine_uri": f"{tmp_path}/quarantine"},
-        "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
-        "spark": {"master": "local[2]"},
-        "batch": {"max_records_per_partition": max_records, "lease_seconds": 30},
-        "transform": "jobs.examples.pageviews:transform",
-        **more,
-    }
-    path = tmp_path / "orders.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return load_config(path)
 
 
 def stored(uri: str) -> Counter[tuple[str, int, int]]:
