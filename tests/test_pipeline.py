@@ -137,6 +137,11 @@ def test_malformed_records_land_in_quarantine_with_their_coordinates(
     assert {q["_batch_id"] for q in quarantine} == {1}
     table, quarantined = assert_exactly_once(config, kafka_client)
     assert (table, quarantined) == (5, 4)
+    # the quarantine's commit names its batch and ranges in DESCRIBE HISTORY too
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{config.delta.quarantine_uri}`").collect()
+    assert [h["userMetadata"] for h in history if h["userMetadata"]] == [
+        f"exactly pageviews/1 live: {config.kafka.topic}-0[0,9)"
+    ]
 
 
 def test_redriving_a_committed_batch_publishes_nothing(

@@ -99,10 +99,22 @@ def artifacts() -> Path:
 def pipeline_file(
     tmp_path_factory: pytest.TempPathFactory, kafka_broker: str, kafka_client: KafkaClient
 ) -> Path:
-    """The pipeline's config file, alone in its folder, for a fresh 2-partition topic."""
+    """The pipeline's config file, alone in its folder, for a fresh 2-partition topic.
+
+    Its transform is where a user keeps one (issue 28): a module in a `code/` folder beside
+    the config, named by `python_path`, beside a `gql.py` that fails when imported (such a
+    file on PYTHONPATH once took the webserver down). Every test here then runs the real
+    webserver, daemon and run workers on that code location."""
     root = tmp_path_factory.mktemp("ui")
     folder = root / "pipelines"
     folder.mkdir()
+    code = folder / "code"
+    code.mkdir()
+    (code / "gql.py").write_text("raise RuntimeError('the user folder gql.py was imported')\n")
+    (code / "ui_views.py").write_text(
+        "from jobs.examples.pageviews import transform as pageviews\n\n\n"
+        "def transform(records):\n    return pageviews(records)\n"
+    )
     topic = f"test_ui-{uuid.uuid4().hex[:8]}"
     kafka_client.create_topic(topic, 2)
     doc = {
@@ -115,7 +127,8 @@ def pipeline_file(
         "ledger": {"url": f"sqlite:///{root / 'ledger.db'}"},
         "spark": {"master": "local[2]"},
         "batch": {"max_records_per_partition": 100_000},
-        "transform": "jobs.examples.pageviews:transform",
+        "transform": "ui_views:transform",
+        "python_path": ["code"],
         # short, so that a batch left PREPARED turns its check red within the test
         "alerts": {"stuck_after_seconds": STUCK_AFTER_S},
         # the sensors tick every 10 s instead of 30-60 s: the test waits for their ticks
