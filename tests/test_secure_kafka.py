@@ -22,14 +22,18 @@ from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
 from resources.kafka.client import KafkaClient
 from tests.fixtures.pipeline import assert_exactly_once
-from tests.fixtures.secure_kafka import SecureKafka
+from tests.fixtures.secure_kafka import RESTRICTED_USER, SecureKafka
 from tests.test_cli import EXACTLY, REPO, one_error_line
 
 PASSWORD_ENV = "EXACTLY_TEST_KAFKA_PASSWORD"
 
 
 def secure_config(
-    tmp_path: Path, kafka: SecureKafka, name: str = "secured", max_records: int = 200
+    tmp_path: Path,
+    kafka: SecureKafka,
+    name: str = "secured",
+    max_records: int = 200,
+    user: str | None = None,
 ) -> PipelineConfig:
     """A pipeline on a fresh topic of the secured broker; the password only by its variable."""
     topic = f"{name}-{time.monotonic_ns()}"
@@ -45,7 +49,7 @@ def secure_config(
             "security": {
                 "protocol": "SASL_SSL",
                 "mechanism": "SCRAM-SHA-512",
-                "username": kafka.user,
+                "username": user or kafka.user,
                 "password": {"env": PASSWORD_ENV},
                 "ca_file": str(kafka.ca_file),
             },
@@ -103,6 +107,81 @@ def test_a_wrong_password_is_one_line_naming_the_broker_and_exit_code_2(
     assert "Traceback" not in result.stdout + result.stderr
     assert secure_kafka.password not in result.stdout + result.stderr
     assert LedgerStore(config.ledger.url).batches(pipeline=config.pipeline, limit=5) == []
+
+
+def _grant(bootstrap: str, operation: str, resource: str, name: str) -> None:
+    """An ACL allowing RESTRICTED_USER `operation` on the topic or group `name`, created on
+    the plaintext listener (whose ANONYMOUS principal is a super user)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    binding = AclBinding(
+        ResourceType[resource],
+        name,
+        ResourcePatternType.LITERAL,
+        f"User:{RESTRICTED_USER}",
+        "*",
+        AclOperation[operation],
+        AclPermissionType.ALLOW,
+    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_acls([binding]).values():
+        future.result(timeout=60)
+
+
+def test_a_user_kafka_does_not_authorize_is_one_line_and_nothing_is_lost(
+    secure_kafka: SecureKafka, tmp_path: Path
+) -> None:
+    """A managed cluster's ACLs, as they are often got wrong: a user with no ACL on the
+    topic stops at the plan; one allowed to describe it but not to read it plans, and
+    Spark's Kafka source is refused the read, in the JVM. Each is one line naming Kafka's
+    authorization and the cluster, exit code 2, nothing voted; once READ is granted (the
+    topic, and the consumer group exactly commits to), the next run commits every record
+    once."""
+    config = secure_config(tmp_path, secure_kafka, "restricted", user=RESTRICTED_USER)
+    path = str(config._path)  # type: ignore[attr-defined]
+    topic, plain = config.kafka.topic, secure_kafka.plain_bootstrap
+    with KafkaClient(plain, timeout=60) as client:
+        client.produce(topic, pageviews(120, malformed_every=30))
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*EXACTLY, "run", "-c", path, "--until-caught-up"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=REPO,
+            env={**os.environ, PASSWORD_ENV: secure_kafka.restricted_password},
+        )
+
+    store = LedgerStore(config.ledger.url)
+    try:
+        for grant in (None, "DESCRIBE"):
+            if grant:
+                _grant(plain, grant, "TOPIC", topic)
+            result = run()
+            line = one_error_line(result)
+            print(f"with {grant or 'no'} ACL: {line}")
+            assert f"Kafka at {secure_kafka.bootstrap} did not authorize" in line, line
+            assert "grant" in line and "credentials" not in line, line
+            assert "SparkException" not in line and "Job aborted" not in line, line
+            assert "Traceback" not in result.stderr and "\tat " not in result.stderr
+            assert not [b for b in store.batches(pipeline=config.pipeline) if b.voted_once]
+
+        _grant(plain, "READ", "TOPIC", topic)
+        _grant(plain, "READ", "GROUP", config.group_id)
+        done = run()
+        assert done.returncode == 0, done.stdout + done.stderr
+    finally:
+        store.dispose()
+    with KafkaClient(plain, timeout=60) as client:
+        assert assert_exactly_once(config, client) == (116, 4)
 
 
 def _files_holding(secret: str, *roots: Path) -> list[str]:

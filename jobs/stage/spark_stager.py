@@ -17,6 +17,7 @@ from ledger.core.layout import QUARANTINE, TABLE, derived_target
 from ledger.core.ports import StageOutput
 from resources.config.derived_spec import AnyOutput, PostgresOutput
 from resources.config.pipeline_config import PipelineConfig
+from resources.kafka.connection import NOT_AUTHORIZED_ADVICE
 from resources.object_storage import storage
 from resources.spark.progress import ProgressSink, watch
 from resources.spark.session import CONNECT_RETRIES, build_session, stop_session
@@ -39,7 +40,13 @@ KAFKA_UNREACHABLE = (
 KAFKA_REFUSED = (
     "org.apache.kafka.common.errors.SaslAuthenticationException",
     "org.apache.kafka.common.errors.SslAuthenticationException",
+)
+#: What Spark's Kafka client raises for a principal the broker's ACLs do not allow: the
+#: credentials were accepted, the read was not.
+KAFKA_NOT_AUTHORIZED = (
     "org.apache.kafka.common.errors.TopicAuthorizationException",
+    "org.apache.kafka.common.errors.GroupAuthorizationException",
+    "org.apache.kafka.common.errors.ClusterAuthorizationException",
 )
 #: What s3a (Hadoop's S3 file system, on the AWS SDK v2) says when the object store does
 #: not answer once its own retries are spent: `java.net.ConnectException: getFileStatus on
@@ -318,6 +325,12 @@ def stage_failure(
     kafka, any_line = f"Kafka at {bootstrap}", ("",)
     store_is = f"the object store holding {store}"
     for names, client, kind, what in (
+        (
+            KAFKA_NOT_AUTHORIZED,
+            any_line,
+            AuthenticationError,
+            f"{kafka} did not authorize exactly's user",
+        ),
         (KAFKA_REFUSED, any_line, AuthenticationError, f"{kafka} refused exactly's credentials"),
         (KAFKA_UNREACHABLE, any_line, UnreachableError, f"{kafka} unreachable"),
         (STORE_REFUSED, STORE_CLIENT, AuthenticationError, f"{store_is} refused access"),
@@ -332,9 +345,12 @@ def stage_failure(
             None,
         )
         if quoted is not None:
+            then = ", the next run plans the range again"
+            if names is KAFKA_NOT_AUTHORIZED:
+                # from the exception's own message: Spark's job-abort preamble says nothing
+                name = next(n for n in names if n in quoted)
+                quoted = quoted[quoted.index(name) :].removeprefix("org.apache.kafka.common.")
+                then = f"; {NOT_AUTHORIZED_ADVICE}"
             quoted = quoted.removeprefix(": ")[:QUOTED_CHARS]
-            return kind(
-                f"{what} while Spark staged {label}: {quoted}; nothing was voted, the next "
-                "run plans the range again"
-            )
+            return kind(f"{what} while Spark staged {label}: {quoted}; nothing was voted{then}")
     return None

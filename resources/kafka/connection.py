@@ -35,6 +35,20 @@ _LOG = logging.getLogger("exactly.kafka")
 _LOG.addHandler(logging.NullHandler())
 
 # Error codes that mean "the broker did not answer", as opposed to "the broker said no".
+#: What the broker answers a principal its ACLs do not allow (the credentials were fine).
+_NOT_AUTHORIZED_CODES = frozenset(
+    {
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.GROUP_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+    }
+)
+#: What an operator does about it, the same from librdkafka and from Spark's Java client.
+NOT_AUTHORIZED_ADVICE = (
+    "grant the pipeline's principal the ACLs it needs (describe and read on its topics, "
+    "read on its consumer group)"
+)
 _UNREACHABLE_CODES = frozenset(
     {
         KafkaError._TRANSPORT,
@@ -145,7 +159,13 @@ class KafkaConnection:
         return text
 
     def _error(self, operation: str, error: KafkaError | str) -> ExactlyError:
-        """One line naming the cluster and the operation; unreachable if nothing answered."""
+        """One line naming the cluster and the operation; unreachable if nothing answered;
+        an authorization the broker refused, with the ACLs it takes."""
+        if isinstance(error, KafkaError) and error.code() in _NOT_AUTHORIZED_CODES:
+            return AuthenticationError(
+                f"Kafka at {self.bootstrap_servers} did not authorize exactly's user while "
+                f"{operation}: {self._reason(error)}; {NOT_AUTHORIZED_ADVICE}"
+            )
         unreachable = isinstance(error, KafkaError) and error.code() in _UNREACHABLE_CODES
         if unreachable:
             return UnreachableError(

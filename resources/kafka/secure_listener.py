@@ -26,6 +26,11 @@ class SecureListener:
     key_store: Path
     users: tuple[tuple[str, str], ...]
     mechanism: str = "SCRAM-SHA-512"
+    #: users allowed everything when ACLs are enforced (`authorize`); the others only what
+    #: an ACL grants them. The plaintext listeners' ANONYMOUS principal always is one.
+    super_users: tuple[str, ...] = ()
+    #: enforce ACLs (KRaft's StandardAuthorizer), as a managed cluster does
+    authorize: bool = False
 
     @property
     def bootstrap(self) -> str:
@@ -48,6 +53,20 @@ def security_properties(secure: SecureListener | None) -> dict[str, str]:
         ),
         f"{prefix}.ssl.keystore.type": "PEM",
         f"{prefix}.ssl.keystore.location": str(secure.key_store),
+        **_authorizer_properties(secure),
+    }
+
+
+def _authorizer_properties(secure: SecureListener) -> dict[str, str]:
+    """ACLs enforced on every listener; the broker itself, its controller and whoever uses
+    the plaintext listeners (ANONYMOUS) stay super users, so only the SASL users are held
+    to their ACLs."""
+    if not secure.authorize:
+        return {}
+    supers = ["User:ANONYMOUS", *(f"User:{name}" for name in secure.super_users)]
+    return {
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": ";".join(supers),
     }
 
 
