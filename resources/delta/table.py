@@ -38,8 +38,7 @@ from resources.object_storage import storage
 
 #: What delta-rs says of a `_delta_log` it cannot read as a table's.
 _NOT_A_TABLE = re.compile(
-    r"Invalid Checkpoint|_last_checkpoint hint|No files in log segment|"
-    r"Invalid table version|not a Delta table"
+    r"Invalid Checkpoint|_last_checkpoint hint|No files in log segment|not a Delta table"
 )
 
 #: Tries of a publish or a replace before its lost races are an error (commit_batch).
@@ -227,8 +226,8 @@ class DeltaTarget:
             # a log delta-rs cannot read as a table's (a checkpoint hint without its
             # checkpoint, a log with no commit): the config points at something that is not
             # a Delta table, an operator's to fix, said with the folder it is about
-            if _NOT_A_TABLE.search(str(exc)) is None:
-                raise
+            if version is not None or _NOT_A_TABLE.search(str(exc)) is None:
+                raise  # a version gone from the log is no news about the folder
             raise ConfigError(
                 f"`{self.uri}` is not a Delta table (delta-rs: {str(exc).splitlines()[0]}); "
                 "point the config at a Delta table's folder, or at a new or empty one"
