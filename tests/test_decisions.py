@@ -15,16 +15,13 @@ from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillError, BackfillMode
 from ledger.core.batch import BatchKind
-from ledger.core.decisions import (
-    Decision,
-    DecisionKind,
-    Request,
-    apply_decisions,
+from ledger.core.decision_rules import (
     check_new_topic,
     lost_offsets_skips,
     resume_command,
     resume_skips,
 )
+from ledger.core.decisions import Decision, DecisionKind, Request, apply_decisions
 from ledger.core.errors import DataLossError, DecisionError, InconsistencyError, TopicChangedError
 from ledger.core.protocol import (
     Available,

@@ -5,20 +5,18 @@ the decision."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 
 from ledger.coordinator.topics import read_topics, reads_several_topics
 from ledger.coordinator.two_phase import TwoPhaseCommit
-from ledger.core.decisions import (
-    Decision,
-    DecisionKind,
-    Request,
+from ledger.core.decision_rules import (
     check_new_topic,
     lost_offsets_skips,
-    new_decision_id,
     resume_skips,
     retire_skips,
 )
+from ledger.core.decisions import Decision, DecisionKind, Request, new_decision_id
 from ledger.core.errors import DecisionError
 from ledger.core.protocol import Available, OffsetRange, Positions
 
@@ -49,39 +47,10 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
         reach = tpc.publisher.rows_reach(topic)
         floor = tpc.publisher.committed_version(tpc.app_id)
 
+    facts = _Facts(topic, current_id, available, reach, frozenset(read_before), still_read)
+
     def decide(positions: Positions, after_batch_id: int) -> Decision:
-        skipped: list[OffsetRange] = []
-        resumed: Mapping[int, int] = {}
-        forced = False
-        if request.kind is DecisionKind.LOST_OFFSETS:
-            skipped = lost_offsets_skips(
-                topic, positions, available, current_id,
-                partition=request.partition, to=request.to, force=request.force,
-            )  # fmt: skip
-            forced = any(r.end > available[r.partition].earliest for r in skipped)
-        elif request.kind is DecisionKind.NEW_TOPIC:
-            check_new_topic(
-                topic,
-                positions,
-                current_id,
-                request.topic_id or "",
-                read_before=read_before,
-                force=request.force,
-                upsert_outputs=request.upsert_outputs,
-            )
-            forced = request.force and (positions.topic_id is None or current_id in read_before)
-        elif request.kind is DecisionKind.RESUME_AT:
-            skipped = resume_skips(topic, request.positions, available, reach, force=request.force)
-            resumed = dict(request.positions)
-            forced = request.force
-        elif request.kind is DecisionKind.RETIRE_TOPIC:
-            skipped = retire_skips(
-                topic, positions, still_read=still_read, current_id=current_id,
-                available=available, force=request.force,
-            )  # fmt: skip
-            forced = bool(skipped)
-        else:
-            raise DecisionError(f"{request.kind} is recorded by exactly only")
+        skipped, resumed, forced = _checked(request, facts, positions)
         return Decision(
             id=new_decision_id(),
             pipeline=tpc.pipeline,
@@ -108,6 +77,58 @@ def record_decision(tpc: TwoPhaseCommit, request: Request, decided_at: datetime)
         floor_batch_id=floor,
         topic=topic if several else None,
     )
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What the rules check a decision against, read once before the ledger transaction:
+    the topic, its id and offsets now (None and nothing once deleted), the table's reach
+    (resume-at), the ids batches read before, and whether the pipeline still reads it."""
+
+    topic: str
+    current_id: str | None
+    available: Mapping[int, Available]
+    reach: Mapping[int, int]
+    read_before: frozenset[str]
+    still_read: bool
+
+
+def _checked(
+    request: Request, facts: _Facts, positions: Positions
+) -> tuple[list[OffsetRange], Mapping[int, int], bool]:
+    """The rule of the request's kind (ledger/core/decision_rules.py), on the positions read
+    in the recording transaction: (skipped ranges, resume positions, forced), or refused."""
+    topic, current_id, available = facts.topic, facts.current_id or "", facts.available
+    if request.kind is DecisionKind.LOST_OFFSETS:
+        skipped = lost_offsets_skips(
+            topic, positions, available, current_id,
+            partition=request.partition, to=request.to, force=request.force,
+        )  # fmt: skip
+        return skipped, {}, any(r.end > available[r.partition].earliest for r in skipped)
+    if request.kind is DecisionKind.NEW_TOPIC:
+        check_new_topic(
+            topic,
+            positions,
+            current_id,
+            request.topic_id or "",
+            read_before=facts.read_before,
+            force=request.force,
+            upsert_outputs=request.upsert_outputs,
+        )
+        unsure = positions.topic_id is None or current_id in facts.read_before
+        return [], {}, request.force and unsure
+    if request.kind is DecisionKind.RESUME_AT:
+        skipped = resume_skips(
+            topic, request.positions, available, facts.reach, force=request.force
+        )
+        return skipped, dict(request.positions), request.force
+    if request.kind is DecisionKind.RETIRE_TOPIC:
+        skipped = retire_skips(
+            topic, positions, still_read=facts.still_read, current_id=facts.current_id,
+            available=available, force=request.force,
+        )  # fmt: skip
+        return skipped, {}, bool(skipped)
+    raise DecisionError(f"{request.kind} is recorded by exactly only")
 
 
 def _retired_topic(

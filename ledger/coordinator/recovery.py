@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ledger.coordinator import topics as topics_coordinator
 from ledger.coordinator.reports import ranges_text, unfinished
 from ledger.core.batch import RESTAGE, Batch, BatchKind
-from ledger.core.decisions import Decision, DecisionKind, resume_command
+from ledger.core.decision_rules import resume_command
+from ledger.core.decisions import Decision, DecisionKind
 from ledger.core.errors import BusyError, ExactlyError, FencedError, InconsistencyError
 from ledger.core.protocol import ABANDONABLE, MUST_FINISH, BatchState, OffsetRange
 

@@ -25,13 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ledger.core.decisions import (
-    Decision,
-    DecisionKind,
-    apply_decisions,
-    retire_topic_command,
-    retired_positions,
-)
+from ledger.core.decision_rules import retire_topic_command
+from ledger.core.decisions import Decision, DecisionKind, apply_decisions, retired_positions
 from ledger.core.errors import TopicChangedError
 from ledger.core.protocol import (
     Available,
