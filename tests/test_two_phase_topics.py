@@ -50,19 +50,32 @@ def publisher(stager: TopicsStager) -> FakePublisher:
     return FakePublisher(disk=stager.disk)
 
 
-@pytest.fixture
-def tpc(
-    store: LedgerStore, source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher
+def coordinator(
+    store: LedgerStore,
+    source: FakeTopicsSource,
+    stager: TopicsStager,
+    publisher: FakePublisher,
+    app_id: str = APP,
+    kind: BatchKind = BatchKind.LIVE,
 ) -> TwoPhaseCommit:
+    """The pipeline's coordinator (or its backfills', by `app_id` and `kind`) on these edges."""
     return TwoPhaseCommit(
         store,
         pipeline=APP,
-        app_id=APP,
+        app_id=app_id,
+        kind=kind,
         source=source,
         stager=stager,
         publisher=publisher,
         max_records_per_partition=100,
     )
+
+
+@pytest.fixture
+def tpc(
+    store: LedgerStore, source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher
+) -> TwoPhaseCommit:
+    return coordinator(store, source, stager, publisher)
 
 
 def test_one_batch_reads_every_matched_topic_with_its_id(
@@ -195,19 +208,24 @@ def test_retiring_a_topic_the_pipeline_still_reads_is_refused(
     assert store.decisions(app_id=APP) == []
 
 
+def listed_a_and_b(
+    store: LedgerStore, stager: TopicsStager, publisher: FakePublisher
+) -> tuple[FakeTopicsSource, TwoPhaseCommit]:
+    """A pipeline on `kafka.topics: [a, b]` (a holds offsets [0, 2), b [0, 3)), whose list
+    a test then changes."""
+    source = FakeTopicsSource(TopicSelection(names=("a", "b")))
+    source.create("a", {0: Available(0, 2)})
+    source.create("b", {0: Available(0, 3)})
+    return source, coordinator(store, source, stager, publisher)
+
+
 def test_retiring_a_topic_dropped_from_the_list_with_records_left_needs_force(
     store: LedgerStore, stager: TopicsStager, publisher: FakePublisher
 ) -> None:
     """A topic taken out of `kafka.topics` but still in Kafka: its records past the positions
     would never be read. Refused, naming them, unless --force; forced, they are recorded as
     skipped."""
-    source = FakeTopicsSource(TopicSelection(names=("a", "b")))
-    source.create("a", {0: Available(0, 2)})
-    source.create("b", {0: Available(0, 3)})
-    tpc = TwoPhaseCommit(
-        store, pipeline=APP, app_id=APP, source=source, stager=stager, publisher=publisher,
-        max_records_per_partition=100,
-    )  # fmt: skip
+    source, tpc = listed_a_and_b(store, stager, publisher)
     tpc.run_batch()
     source.topics_now["b"].offsets[0] = Available(0, 7)
     source.selection = TopicSelection(names=("a",))
@@ -227,13 +245,7 @@ def test_retiring_a_topic_dropped_from_the_list_with_records_left_needs_force(
 def test_a_topic_read_to_its_end_and_dropped_from_the_list_retires_without_force(
     store: LedgerStore, stager: TopicsStager, publisher: FakePublisher
 ) -> None:
-    source = FakeTopicsSource(TopicSelection(names=("a", "b")))
-    source.create("a", {0: Available(0, 2)})
-    source.create("b", {0: Available(0, 3)})
-    tpc = TwoPhaseCommit(
-        store, pipeline=APP, app_id=APP, source=source, stager=stager, publisher=publisher,
-        max_records_per_partition=100,
-    )  # fmt: skip
+    source, tpc = listed_a_and_b(store, stager, publisher)
     tpc.run_batch()
     source.selection = TopicSelection(names=("a",))
     decision = retire(tpc, store, "b")
@@ -339,16 +351,7 @@ def backfiller(
     store: LedgerStore, source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher
 ) -> TwoPhaseCommit:
     """The coordinator of the pipeline's backfills on the same edges, as jobs/ builds it."""
-    return TwoPhaseCommit(
-        store,
-        pipeline=APP,
-        app_id=backfill_app_id(APP),
-        kind=BatchKind.BACKFILL,
-        source=source,
-        stager=stager,
-        publisher=publisher,
-        max_records_per_partition=100,
-    )
+    return coordinator(store, source, stager, publisher, backfill_app_id(APP), BatchKind.BACKFILL)
 
 
 def backfill(fills: TwoPhaseCommit, mode: BackfillMode, *ranges: OffsetRange) -> tuple[Batch, bool]:
@@ -464,13 +467,7 @@ def test_a_retired_topic_named_again_continues_where_it_was_left_not_from_the_st
     """The same incarnation read again after it was retired (taken out of kafka.topics, then
     put back): restarting it at the starting offsets would read its committed records again;
     it continues at the positions the retirement kept, even batches later."""
-    source = FakeTopicsSource(TopicSelection(names=("a", "b")))
-    source.create("a", {0: Available(0, 2)})
-    source.create("b", {0: Available(0, 3)})
-    tpc = TwoPhaseCommit(
-        store, pipeline=APP, app_id=APP, source=source, stager=stager, publisher=publisher,
-        max_records_per_partition=100,
-    )  # fmt: skip
+    source, tpc = listed_a_and_b(store, stager, publisher)
     tpc.run_batch()
     source.selection = TopicSelection(names=("a",))
     retire(tpc, store, "b")
@@ -517,10 +514,7 @@ def test_lost_commit_info_on_several_topics_is_resumed_topic_by_topic(
     a topic left unstated would restart at the starting offsets (duplicates)."""
     lost = LedgerStore(f"sqlite:///{tmp_path}/lost.db")
     try:
-        old = TwoPhaseCommit(
-            lost, pipeline=APP, app_id=APP, source=source, stager=stager,
-            publisher=publisher, max_records_per_partition=100,
-        )  # fmt: skip
+        old = coordinator(lost, source, stager, publisher)
         assert old.run_batch() is not None
         source.topics_now["orders-us"].offsets[0] = Available(0, 6)
         assert old.run_batch() is not None
@@ -530,10 +524,7 @@ def test_lost_commit_info_on_several_topics_is_resumed_topic_by_topic(
     source.topics_now["orders-eu"].offsets[0] = Available(0, 5)
     store = LedgerStore(f"sqlite:///{tmp_path}/new.db")
     try:
-        tpc = TwoPhaseCommit(
-            store, pipeline=APP, app_id=APP, source=source, stager=stager,
-            publisher=publisher, max_records_per_partition=100,
-        )  # fmt: skip
+        tpc = coordinator(store, source, stager, publisher)
         with pytest.raises(InconsistencyError) as info:
             tpc.recover_and_commit()
         message = str(info.value)
