@@ -347,7 +347,8 @@ def test_a_decision_on_several_topics_must_name_its_topic(
         )
 
 
-def backfiller(
+@pytest.fixture
+def fills(
     store: LedgerStore, source: FakeTopicsSource, stager: TopicsStager, publisher: FakePublisher
 ) -> TwoPhaseCommit:
     """The coordinator of the pipeline's backfills on the same edges, as jobs/ builds it."""
@@ -367,15 +368,13 @@ def backfill(fills: TwoPhaseCommit, mode: BackfillMode, *ranges: OffsetRange) ->
 
 def test_a_replace_on_one_of_several_topics_is_one_batch_on_that_topics_id(
     tpc: TwoPhaseCommit,
-    store: LedgerStore,
     source: FakeTopicsSource,
-    stager: TopicsStager,
     publisher: FakePublisher,
+    fills: TwoPhaseCommit,
 ) -> None:
     """A backfill names the topic of each range; the batch is planned on the id each of its
     topics has now (invariant 10), staged over those ranges only, and published."""
     tpc.run_batch()
-    fills = backfiller(store, source, stager, publisher)
     batch, planned = backfill(
         fills,
         BackfillMode.REPLACE,
@@ -402,14 +401,11 @@ def test_a_replace_on_one_of_several_topics_is_one_batch_on_that_topics_id(
 def test_a_backfill_of_a_topic_the_pipeline_does_not_read_is_refused_in_one_line(
     tpc: TwoPhaseCommit,
     store: LedgerStore,
-    source: FakeTopicsSource,
-    stager: TopicsStager,
-    publisher: FakePublisher,
+    fills: TwoPhaseCommit,
 ) -> None:
     """`refunds` exists in Kafka but does not match the pattern: its offsets are not this
     pipeline's to fill, and nothing is planned."""
     tpc.run_batch()
-    fills = backfiller(store, source, stager, publisher)
     with pytest.raises(ConfigError) as info:
         backfill(fills, BackfillMode.FILL, OffsetRange("refunds", 0, 0, 1))
     assert str(info.value).startswith("pipeline orders does not read topic refunds")
@@ -421,14 +417,12 @@ def test_a_replace_on_a_recreated_topic_is_refused_naming_it(
     tpc: TwoPhaseCommit,
     store: LedgerStore,
     source: FakeTopicsSource,
-    stager: TopicsStager,
-    publisher: FakePublisher,
+    fills: TwoPhaseCommit,
 ) -> None:
     """The live positions of orders-us belong to its first incarnation: a backfill on the
     re-created topic's offsets would mean other records (invariant 10)."""
     tpc.run_batch()
     source.create("orders-us", {0: Available(0, 4)})  # deleted and created again
-    fills = backfiller(store, source, stager, publisher)
     with pytest.raises(TopicChangedError) as info:
         backfill(fills, BackfillMode.REPLACE, OffsetRange("orders-us", 0, 0, 4))
     assert "topic orders-us" in str(info.value)
@@ -489,8 +483,7 @@ def test_a_retired_topic_created_again_asks_for_no_new_topic_decision_in_a_backf
     tpc: TwoPhaseCommit,
     store: LedgerStore,
     source: FakeTopicsSource,
-    stager: TopicsStager,
-    publisher: FakePublisher,
+    fills: TwoPhaseCommit,
 ) -> None:
     """The retired positions belong to the deleted incarnation: they do not make the new one
     look re-created to a backfill (which would send the operator to `skip new-topic`, a
@@ -500,7 +493,6 @@ def test_a_retired_topic_created_again_asks_for_no_new_topic_decision_in_a_backf
     del source.topics_now["orders-eu"]
     retire(tpc, store, "orders-eu")
     source.create("orders-eu", {0: Available(0, 4)})
-    fills = backfiller(store, source, stager, publisher)
     with pytest.raises(BackfillError, match="belong to the live pipeline"):
         backfill(fills, BackfillMode.FILL, OffsetRange("orders-eu", 0, 3, 4))
 

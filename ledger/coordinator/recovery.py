@@ -272,15 +272,9 @@ def _resume_hint(tpc: TwoPhaseCommit, topics: Sequence[str | None]) -> str:
     source = tpc.source
     commands = []
     for topic in topics:
-        if topic is None:
-            commands.append(
-                resume_command(tpc.publisher.rows_reach(source.topic), sorted(source.available()))
-            )
-        else:
-            available = source.available_of(topic)  # type: ignore[union-attr]
-            commands.append(
-                resume_command(tpc.publisher.rows_reach(topic), sorted(available), topic=topic)
-            )
+        read = source.available() if topic is None else source.available_of(topic)  # type: ignore[union-attr]
+        reach = tpc.publisher.rows_reach(topic or source.topic)  # type: ignore[union-attr]
+        commands.append(resume_command(reach, sorted(read), topic=topic))
     return "; ".join(commands)
 
 

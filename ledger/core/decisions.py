@@ -13,9 +13,9 @@ an operator records a decision, with who, when and why:
 - `resume-at`: the operator states where every partition continues, when the positions
   cannot be rebuilt.
 - `retire-topic`: on a pipeline reading several topics, a topic it no longer reads (deleted,
-  so the pattern no longer finds it, or dropped from `kafka.topics`) stops holding
-  positions, so the other topics go on; if it is ever read again, it starts again from the
-  `starting_offsets`, like any topic new to the pipeline.
+  so the pattern no longer finds it, or dropped from `kafka.topics`) is held by no batch any
+  more, so the other topics go on; read again later, the same incarnation continues where
+  it was left, and a topic created anew under its name starts from the `starting_offsets`.
 
 A decision is recorded in the ledger (one row per decision) and carried by the commit
 metadata of the next batch planned on it, so a lost ledger gets it back from the Delta log.
@@ -164,6 +164,7 @@ def apply_decisions(
 
     `positions` are that batch's ends (with its topic id); `decisions` are the application's,
     oldest first. A decision taken before that batch was planned is already in its ranges.
+    A topic retired last is left where it was, marked retired (`retired_positions`).
     """
     offsets = dict(positions)
     topic, topic_id = positions.topic, positions.topic_id
@@ -178,9 +179,9 @@ def apply_decisions(
             offsets = {}
         elif d.kind is DecisionKind.RESUME_AT:
             offsets = dict(d.positions)
-        elif d.kind is DecisionKind.RETIRE_TOPIC:
-            offsets = {}
         topic, topic_id = d.topic, d.topic_id
+    if applied and applied[-1].kind is DecisionKind.RETIRE_TOPIC:
+        return retired_positions(applied[-1], applied)
     return Positions(offsets, topic=topic, topic_id=topic_id, decisions=applied)
 
 

@@ -90,17 +90,14 @@ def apply_topic_decisions(
         d for d in decisions if last_batch_id is None or d.after_batch_id >= last_batch_id
     ]
     topics = sorted(set(held) | {d.topic for d in applicable if d.topic})
-    positions: dict[str, Positions] = {}
-    for topic in topics:
-        moved = apply_decisions(
+    positions = {
+        topic: apply_decisions(
             held.get(topic) or Positions(topic=topic),
             last_batch_id,
             [d for d in applicable if d.topic == topic],
         )
-        last = moved.decisions[-1] if moved.decisions else None
-        if last is not None and last.kind is DecisionKind.RETIRE_TOPIC:
-            moved = retired_positions(last, moved.decisions)
-        positions[topic] = moved
+        for topic in topics
+    }
     for d in decisions:  # oldest first: a topic retired again keeps the last retirement
         if d.kind is DecisionKind.RETIRE_TOPIC and d.topic not in topics:
             positions[d.topic] = retired_positions(d)

@@ -76,8 +76,7 @@ ADVICE: dict[str, str] = {
         "see the Spark log for why (often memory: the kernel's OOM killer); the batch is "
         "taken up again by the next run"
     ),
-    # as resources/kafka/connection.py NOT_AUTHORIZED_ADVICE says it (not imported: this
-    # module stays free of the clients)
+    # said too by the Kafka client (resources/kafka/connection.py) and the stage
     KAFKA_AUTHORIZATION: (
         "grant the pipeline's principal the ACLs it needs (describe and read on its topics, "
         "read on its consumer group)"

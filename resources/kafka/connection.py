@@ -27,6 +27,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from ledger.core.errors import AuthenticationError, ExactlyError, UnreachableError
+from resources.failures.causes import ADVICE, KAFKA_AUTHORIZATION
 
 # librdkafka logs through this logger instead of writing to stderr; the NullHandler keeps
 # Python's last-resort handler from printing them when the application configured no logging,
@@ -45,10 +46,7 @@ _NOT_AUTHORIZED_CODES = frozenset(
     }
 )
 #: What an operator does about it, the same from librdkafka and from Spark's Java client.
-NOT_AUTHORIZED_ADVICE = (
-    "grant the pipeline's principal the ACLs it needs (describe and read on its topics, "
-    "read on its consumer group)"
-)
+NOT_AUTHORIZED_ADVICE = ADVICE[KAFKA_AUTHORIZATION]
 _UNREACHABLE_CODES = frozenset(
     {
         KafkaError._TRANSPORT,
