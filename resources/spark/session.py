@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from ledger.core.errors import ConfigError, UnreachableError
+from resources.jvm.class_archive import driver_java_options
 from resources.jvm.jars import spark_jars
 
 if TYPE_CHECKING:
@@ -94,6 +95,8 @@ _CONF_SESSION_CREDENTIALS = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsPro
 #: No keys resolved: the SDK's own chain (instance or container role, web identity, SSO).
 _DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
 
+
+_DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 #: A setting every session started for object storage has (see `s3a_settings`).
 _S3A_MARK = "spark.hadoop.fs.s3.impl"
@@ -249,6 +252,11 @@ def build_session(
     for key, value in driver_settings(master).items():
         settings.setdefault(key, value)
     settings.update(jar_settings(object_store is not None))
+    archive = driver_java_options(object_store is not None)
+    if archive is not None:
+        # first, so that options of the config's own come after it and win
+        own = settings.get(_DRIVER_JAVA_OPTIONS)
+        settings[_DRIVER_JAVA_OPTIONS] = f"{archive} {own}" if own else archive
     _launch_jvm_logging_to_file(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
