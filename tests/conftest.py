@@ -10,7 +10,17 @@ their own broker, Connect server or Dagster webserver). Everything else is `unit
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+from resources.jvm.options import JVM_OPTIONS_ENV
+
+#: Every JVM the suite starts (brokers, Spark drivers and servers, clusters, the S3 server)
+#: compiles with C1 only: they live seconds to minutes, and C2's warm-up was half of a short
+#: driver's CPU on the two cores the suite keeps busy (resources/jvm/options.py).
+SUITE_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+os.environ[JVM_OPTIONS_ENV] = SUITE_JVM_OPTIONS
 
 pytest_plugins = [
     "tests.fixtures.kafka",

@@ -33,6 +33,7 @@ from types import TracebackType
 
 from ledger.core.errors import ConfigError, ExactlyError, UnreachableError
 from resources.jvm.jars import kafka_classpath
+from resources.jvm.options import operator_jvm_options
 from resources.jvm.process import (
     HOST,
     accepts_connections,
@@ -215,6 +216,7 @@ class EmbeddedBroker:
         """Format KRaft storage once; a formatted dir is never formatted again (that is data)."""
         command = [
             java_executable(),
+            *operator_jvm_options(),
             f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_PROPERTIES}",
             "-cp",
             kafka_classpath(),
@@ -256,6 +258,7 @@ class EmbeddedBroker:
         command = [
             java_executable(),
             *JVM_OPTIONS,
+            *operator_jvm_options(),
             f"-Dlog4j2.configurationFile={self.data_dir / LOG4J_PROPERTIES}",
             f"-Dkafka.logs.dir={self.data_dir}",
             "-cp",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ledger.core.errors import ConfigError, ExactlyError
 from resources.jvm.jars import jars_dir
+from resources.jvm.options import operator_jvm_options
 from resources.jvm.process import (
     HOST,
     LoopbackServer,
@@ -138,7 +139,7 @@ def start_s3_server(
         encoding="utf-8",
     )
     properties.chmod(0o600)
-    command = [java_executable(), "-Xmx256m", "-jar", str(s3proxy_jar())]
+    command = [java_executable(), "-Xmx256m", *operator_jvm_options(), "-jar", str(s3proxy_jar())]
     command += ["--properties", str(properties)]
     # s3proxy's logback reads LOG_LEVEL: warnings only, not a line per request
     env = {**os.environ, "LOG_LEVEL": "warn"}

@@ -30,6 +30,7 @@ from resources.spark.session import (
     LOOPBACK,
     executor_credentials,
     jar_settings,
+    java_options,
     loopback_settings,
     s3a_settings,
 )
@@ -109,6 +110,7 @@ def _server_settings(
         **s3,
         **(conf or {}),
         **jar_settings(object_store is not None),
+        **java_options(conf or {}),
         # the URL we hand out depends on these: not overridable, and no silent move to the
         # next port if this one is taken
         "spark.connect.grpc.binding.address": LOOPBACK,

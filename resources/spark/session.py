@@ -36,6 +36,7 @@ from urllib.parse import urlparse
 from ledger.core.errors import ConfigError, UnreachableError
 from resources.jvm.class_archive import driver_java_options
 from resources.jvm.jars import spark_jars
+from resources.jvm.options import with_operator_options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -97,6 +98,22 @@ _DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentia
 
 
 _DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+_EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+
+
+def java_options(settings: Mapping[str, str], archive: str | None = None) -> dict[str, str]:
+    """The driver's and executors' JVM options: `archive` (the driver's class-data archive
+    options, resources/jvm/class_archive.py), then EXACTLY_JVM_OPTIONS (resources/jvm/options.py),
+    then the config's own, so that the config's own win where they disagree."""
+    found: dict[str, str] = {}
+    for key in (_DRIVER_JAVA_OPTIONS, _EXECUTOR_JAVA_OPTIONS):
+        value = with_operator_options(settings.get(key))
+        if key == _DRIVER_JAVA_OPTIONS and archive is not None:
+            value = f"{archive} {value}" if value else archive
+        if value is not None:
+            found[key] = value
+    return found
+
 
 #: A setting every session started for object storage has (see `s3a_settings`).
 _S3A_MARK = "spark.hadoop.fs.s3.impl"
@@ -252,11 +269,7 @@ def build_session(
     for key, value in driver_settings(master).items():
         settings.setdefault(key, value)
     settings.update(jar_settings(object_store is not None))
-    archive = driver_java_options(object_store is not None)
-    if archive is not None:
-        # first, so that options of the config's own come after it and win
-        own = settings.get(_DRIVER_JAVA_OPTIONS)
-        settings[_DRIVER_JAVA_OPTIONS] = f"{archive} {own}" if own else archive
+    settings.update(java_options(settings, driver_java_options(object_store is not None)))
     _launch_jvm_logging_to_file(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():

@@ -22,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import signal
 import sys
 import tempfile
@@ -34,6 +35,7 @@ from types import TracebackType
 from typing import Any
 
 from ledger.core.errors import ConfigError, ExactlyError, UnreachableError
+from resources.jvm.options import operator_jvm_options
 from resources.jvm.process import (
     DetachedJvm,
     accepts_connections,
@@ -134,6 +136,22 @@ class SparkCluster:
         self.stop()
 
 
+def _daemon_env(home: Path, conf_dir: Path) -> dict[str, str]:
+    """The daemons' environment: pyspark's Spark, our conf folder, loopback, their memory,
+    and the operator's JVM options (resources/jvm/options.py)."""
+    env = {
+        **os.environ,
+        "SPARK_HOME": str(home),
+        "SPARK_CONF_DIR": str(conf_dir),
+        "SPARK_LOCAL_IP": LOOPBACK,
+        "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
+    }
+    options = operator_jvm_options()
+    if options:
+        env["SPARK_DAEMON_JAVA_OPTS"] = shlex.join(options)
+    return env
+
+
 def start_spark_cluster(
     workers: int = DEFAULT_WORKERS,
     *,
@@ -169,13 +187,7 @@ def start_spark_cluster(
     properties = conf_dir / "spark-defaults.conf"
     properties.write_text("".join(f"{k} {v}\n" for k, v in CLUSTER_DEFAULTS.items()))
     home = _pyspark_home()
-    env = {
-        **os.environ,
-        "SPARK_HOME": str(home),
-        "SPARK_CONF_DIR": str(conf_dir),
-        "SPARK_LOCAL_IP": LOOPBACK,
-        "SPARK_DAEMON_MEMORY": DAEMON_MEMORY,
-    }
+    env = _daemon_env(home, conf_dir)
     spark_class = str(home / "bin" / "spark-class")
     cluster = SparkCluster(port, free_port(LOOPBACK), folder)
     started = time.monotonic()
