@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/exactly demo
 
 # Two workers, each test file whole on one of them (module fixtures such as the Dagster UI
-# stay single): most of the suite waits on JVMs, brokers and daemons, not on the 2 cores.
+# stay single): one worker per core; the suite keeps both busy (a third gained nothing).
 # --no-loadscope-reorder: files go out in tests/conftest.py's order (LONGEST_FIRST), not
 # xdist's default of most tests first, which sent the few-test long files out last.
 # Each prints its wall time last ("make test: 1234 s"), setup excluded, pass or fail.
