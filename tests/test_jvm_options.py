@@ -74,11 +74,15 @@ def listening_command_line(port: int) -> list[str]:
                 inodes.add(f"socket:[{fields[9]}]")
     for fd_dir in Path("/proc").glob("[0-9]*/fd"):
         try:
-            held = {os.readlink(fd) for fd in fd_dir.iterdir()}
+            fds = list(fd_dir.iterdir())
         except OSError:
             continue  # gone, or not ours to read
-        if held & inodes:
-            return process_args(int(fd_dir.parent.name))
+        for fd in fds:
+            try:
+                if os.readlink(fd) in inodes:
+                    return process_args(int(fd_dir.parent.name))
+            except OSError:
+                continue  # closed since it was listed: a busy JVM opens and closes many
     raise AssertionError(f"nothing listens on port {port}")
 
 
