@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from resources.jvm.jars import jars_dir, pyspark_jars, spark_jars
+from resources.jvm.process import java_executable
 
 #: Set to 0 to start every driver without the archive.
 ARCHIVE_ENV = "EXACTLY_CLASS_ARCHIVE"
@@ -45,16 +45,10 @@ QUIET = "-Xlog:cds=off,cds+dynamic=off"
 BUILD_TIMEOUT = 600
 
 
-def _java() -> str:
-    """The `java` spark-submit runs: JAVA_HOME's, else the first on PATH."""
-    home = os.environ.get("JAVA_HOME")
-    found = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    return os.path.realpath(found) if found else "java"
-
-
 def archive_path(object_store: bool) -> Path:
     """Where the archive for this JDK and this classpath lives (it may not exist)."""
-    digest = hashlib.sha256(_java().encode())
+    # The resolved path: an alternatives symlink switched to another JDK must change the name.
+    digest = hashlib.sha256(os.path.realpath(java_executable()).encode())
     for jar in [*spark_jars(object_store), *pyspark_jars()]:
         stat = jar.stat()
         digest.update(f"\0{jar}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())

@@ -38,7 +38,7 @@ def java_executable() -> str:
         return str(Path(java_home) / "bin" / "java")
     found = shutil.which("java")
     if found is None:
-        raise ConfigError("no `java` on PATH and no JAVA_HOME: the broker needs Java 17")
+        raise ConfigError("no `java` on PATH and no JAVA_HOME: Spark and the broker need Java 17")
     return found
 
 
