@@ -19,6 +19,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import yaml
 
 from jobs.examples.sample_data import pageviews
 from orchestration.pipeline_definitions import pipeline_definitions
@@ -140,6 +141,35 @@ def test_a_read_only_table_folder_is_one_line_naming_it_and_nothing_is_lost_once
     again = cli("run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state)
     assert again.returncode == 0, again.stdout + again.stderr
     assert sum(assert_exactly_once(config, kafka_client)) == 100
+
+
+def test_spark_out_of_memory_is_one_line_naming_it_and_its_log_and_nothing_is_lost(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """A transform whose rows no heap holds, under a 512 MB driver. In local mode the task's
+    OutOfMemoryError ends the driver's JVM (Spark's uncaught-exception handler exits it), so
+    Python sees only a lost connection: the cause is in the JVM's own log. The line says it
+    and names that log; with the transform fixed, the next run commits every record once."""
+    config = pipeline_factory(1, transform="tests.transforms:pageviews_exhausting_memory")
+    path = config_path(config)
+    doc = yaml.safe_load(path.read_text())
+    doc["spark"]["conf"] = {"spark.driver.memory": "512m"}
+    path.write_text(yaml.safe_dump(doc))
+    kafka_client.produce(config.kafka.topic, pageviews(30), partition=0)
+    state = tmp_path / "state"
+
+    line = assert_one_clean_line(cli("run", "-c", str(path), state_dir=state))
+    assert line.startswith(
+        "exactly: error: Spark ran out of memory: Spark at local[2] (Java heap space"
+    ), line
+    (log,) = (state / "logs").glob("spark-*.log")
+    assert str(log) in line and "java.lang.OutOfMemoryError" in log.read_text(), line
+
+    doc["transform"] = "jobs.examples.pageviews:transform"
+    path.write_text(yaml.safe_dump(doc))
+    again = cli("run", "-c", str(path), "--until-caught-up", state_dir=state)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sum(assert_exactly_once(config, kafka_client)) == 30
 
 
 def test_an_unforeseen_failure_is_one_line_naming_the_log_file_with_its_traceback(

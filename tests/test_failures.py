@@ -44,6 +44,7 @@ from resources.failures.causes import (
     unforeseen_line,
     write_traceback,
 )
+from resources.failures.jvm_log import TAIL_BYTES, out_of_memory_in
 
 ATTEMPT = (
     "/tmp/pytest-of-root/pytest-0/test_a_full_disk_is_one_line_n0/mnt/table/staged/pageviews/"
@@ -191,6 +192,32 @@ def test_spark_out_of_memory_and_a_lost_executor_name_spark() -> None:
     refused.__context__ = Py4JNetworkError("Answer from Java side is empty")
     gone = classify(refused, context)
     assert gone is not None and gone.cause == SPARK_GONE
+
+
+def test_a_driver_jvm_that_exited_is_told_by_its_log(tmp_path: Path) -> None:
+    """Python sees only the lost connection; the JVM's log says whether it ran out of heap
+    (Spark's handler exits a local-mode JVM on a task's OutOfMemoryError) and is named."""
+    gone = ConnectionRefusedError(111, "Connection refused")
+    gone.__context__ = Py4JNetworkError("Answer from Java side is empty")
+    log = tmp_path / "spark-1.log"
+    log.write_text(
+        "x"
+        * (TAIL_BYTES + 10)  # what lies before the tail is not read
+        + "\n26/11/27 03:09:39 ERROR SparkUncaughtExceptionHandler: Uncaught exception in "
+        "thread Thread[#71,Executor task launch worker for task 0.0 in stage 2.0 (TID 2)]\n"
+        "java.lang.OutOfMemoryError: Java heap space\n\tat java.base/java.util.Arrays.copyOf\n"
+    )
+    context = FailureContext(spark="local[2]", spark_log=log)
+    oom = classify(gone, context)
+    assert oom is not None and oom.cause == SPARK_OOM
+    assert oom.line().startswith(
+        f"Spark ran out of memory: Spark at local[2] (Java heap space; its log: {log}); "
+    )
+    log.write_text("java.lang.OutOfMemoryError: Java heap space\n" + "y" * TAIL_BYTES)
+    killed = classify(gone, context)  # the OOM killer leaves no word in the log
+    assert killed is not None and killed.cause == SPARK_GONE
+    assert f"(its log: {log}); see its log for why" in killed.line()
+    assert out_of_memory_in(tmp_path / "absent.log") is None
 
 
 def test_a_path_that_is_not_a_delta_table() -> None:

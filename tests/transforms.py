@@ -194,3 +194,10 @@ def every_type(records: DataFrame) -> DataFrame:
         "value",
         error.alias("_error"),
     )
+
+
+def pageviews_exhausting_memory(records: DataFrame) -> DataFrame:
+    """The page-view transform with a column no heap holds: each row an array of 200 million
+    copies of its value, so the JVM running the task runs out of memory."""
+    huge = F.array_repeat(F.col("value").cast("string"), 200_000_000)
+    return pageviews(records).withColumn("app", F.concat_ws(",", huge))

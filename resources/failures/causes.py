@@ -31,6 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from resources.failures.jvm_log import out_of_memory_in
+
 if TYPE_CHECKING:
     from resources.config.pipeline_config import PipelineConfig
 
@@ -73,8 +75,8 @@ ADVICE: dict[str, str] = {
         "the next run"
     ),
     SPARK_GONE: (
-        "see the Spark log for why (often memory: the kernel's OOM killer); the batch is "
-        "taken up again by the next run"
+        "see its log for why (often memory: the kernel's OOM killer); the batch is taken up "
+        "again by the next run"
     ),
     # said too by the Kafka client (resources/kafka/connection.py) and the stage
     KAFKA_AUTHORIZATION: (
@@ -93,6 +95,8 @@ class FailureContext:
     locations: Sequence[str] = ()
     kafka: str | None = None
     spark: str | None = None
+    #: the log this process's Spark driver JVM writes its stderr to, if it started one
+    spark_log: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -114,8 +118,13 @@ def context_of(config: PipelineConfig) -> FailureContext:
     """The locations and services of a pipeline, for errors whose text does not name them."""
     locations = [config.delta.table_uri, config.delta.quarantine_uri]
     locations += [uri for d in config.derived if (uri := getattr(d, "table_uri", None))]
+    from resources.spark.session import driver_log
+
     return FailureContext(
-        locations=locations, kafka=config.kafka.bootstrap_servers, spark=config.spark.master
+        locations=locations,
+        kafka=config.kafka.bootstrap_servers,
+        spark=config.spark.master,
+        spark_log=driver_log(),
     )
 
 
@@ -288,6 +297,11 @@ def classify(
         if cause in _SPARK_SERVICES:
             where = f"Spark at {context.spark}" if context.spark else "Spark"
             detail = (found.groupdict().get("detail") or quoted).strip()[:QUOTED_CHARS]
+            if cause == SPARK_GONE and context.spark_log is not None:
+                # the connection is all Python saw; why the JVM exited is in its log
+                heap = out_of_memory_in(context.spark_log)
+                cause, detail = (SPARK_OOM, heap) if heap else (cause, "")
+                detail += f"{'; ' if detail else ''}its log: {context.spark_log}"
             return KnownCause(cause, where, detail)
         if cause == KAFKA_AUTHORIZATION:
             where = f"Kafka at {context.kafka}" if context.kafka else "Kafka"

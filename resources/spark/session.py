@@ -39,6 +39,8 @@ from resources.jvm.jars import spark_jars
 from resources.jvm.options import with_operator_options
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pyspark.sql import SparkSession
 
     from resources.object_storage.s3 import S3Access
@@ -73,6 +75,14 @@ _remote_lock = threading.Lock()
 _remote_sessions: dict[tuple[str, tuple[tuple[str, str], ...], int], Any] = {}
 #: Whether `build_session` turned Connect mode on (then `stop_session` turns it off again).
 _connect_mode_is_ours = False
+#: The log file this process's Spark JVM writes its stderr to, once one was started.
+_driver_log: Path | None = None
+
+
+def driver_log() -> Path | None:
+    """Where this process's Spark driver JVM writes its stderr (None before it started):
+    where a JVM that exited left its reason (resources/failures/jvm_log.py)."""
+    return _driver_log
 
 
 def jar_settings(object_store: bool = False) -> dict[str, str]:
@@ -307,6 +317,7 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
 
     from resources.failures.causes import log_file
 
+    global _driver_log
     if SparkContext._gateway is not None:
         return
     conf = SparkConf().setMaster(master).setAppName(app_name)
@@ -320,6 +331,7 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
         return  # no state folder to write to: the builder starts the JVM on our stderr
     with log:
         gateway = launch_gateway(conf, popen_kwargs={"stderr": log})
+    _driver_log = path
     SparkContext._ensure_initialized(gateway=gateway)
 
 
