@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
@@ -26,6 +27,8 @@ from resources.spark.session import build_session, driver_settings, stop_session
 from resources.spark.standalone_cluster import SparkCluster, start_spark_cluster
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_cli import exactly
+from tests.test_failure_lines import assert_one_clean_line, cli
+from tests.transforms import KILL_MARKER_ENV
 
 # Generous: the 2 cores are shared with the broker, the cluster and other engineers.
 CONNECT_START_TIMEOUT = 600.0
@@ -133,3 +136,37 @@ def test_a_batch_stages_and_commits_to_s3_through_spark_connect_on_the_cluster(
     # the server ran the stage job's tasks in the cluster's executors, not in its own JVM
     assert [a["cores"] for a in apps] == [2], apps
     assert list(spark_cluster.work_dir.glob(f"worker-*/{apps[0]['id']}/*/stderr"))
+
+
+@pytest.mark.integration
+def test_a_lost_executor_is_one_line_and_a_retried_task_lands_each_record_once(
+    spark_cluster: SparkCluster, kafka_client: KafkaClient, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The first task attempt SIGKILLs its executor JVM. With no task retries that ends the
+    run with one line naming the lost executor (exit code 2, the batch not voted); with
+    Spark's retries the task runs again in a new executor, and the killed attempt's
+    half-written output must not reach the table: every record once."""
+    config = pipeline_factory(
+        2, master=spark_cluster.url, transform="tests.transforms:pageviews_killing_its_executor"
+    )
+    kafka_client.produce(config.kafka.topic, pageviews(200, malformed_every=50))
+    path = config_path(config)
+    doc = yaml.safe_load(path.read_text())
+    marker = f"spark.executorEnv.{KILL_MARKER_ENV}"
+    state = tmp_path / "state"
+
+    doc["spark"]["conf"] = {marker: str(tmp_path / "killed-1"), "spark.task.maxFailures": "1"}
+    path.write_text(yaml.safe_dump(doc))
+    line = assert_one_clean_line(cli("run", "-c", str(path), state_dir=state))
+    assert line.startswith(
+        f"exactly: error: a Spark executor was lost: Spark at {spark_cluster.url} "
+        "(ExecutorLostFailure (executor "
+    ), line
+    assert (tmp_path / "killed-1").exists()
+
+    doc["spark"]["conf"] = {marker: str(tmp_path / "killed-2")}
+    path.write_text(yaml.safe_dump(doc))
+    again = cli("run", "-c", str(path), "--until-caught-up", state_dir=state)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (tmp_path / "killed-2").exists()  # an executor did die under this run
+    assert assert_exactly_once(config, kafka_client) == (196, 4)

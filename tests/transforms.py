@@ -201,3 +201,37 @@ def pageviews_exhausting_memory(records: DataFrame) -> DataFrame:
     copies of its value, so the JVM running the task runs out of memory."""
     huge = F.array_repeat(F.col("value").cast("string"), 200_000_000)
     return pageviews(records).withColumn("app", F.concat_ws(",", huge))
+
+
+#: A file the first task attempt of `pageviews_killing_its_executor` creates; given to the
+#: executors through `spark.executorEnv.<this>`.
+KILL_MARKER_ENV = "EXACTLY_TEST_EXECUTOR_KILL_MARKER"
+
+
+def pageviews_killing_its_executor(records: DataFrame) -> DataFrame:
+    """The page-view transform, whose first task attempt kills the executor running it (a
+    lost executor, as a node's OOM killer or a preempted VM causes); the retry parses."""
+
+    def kill_own_executor_once(value):  # type: ignore[no-untyped-def]  # (hints: a warning)
+        """In a Spark Python worker: the first call anywhere (the marker file is created
+        exclusively) SIGKILLs the executor JVM this worker serves, found up the parent
+        chain; every other call returns `value` as it is. Nested, so that cloudpickle
+        ships it by value: the cluster's Python workers cannot import `tests`."""
+        import signal
+        from pathlib import Path
+
+        try:
+            fd = os.open(os.environ[KILL_MARKER_ENV], os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return value
+        os.close(fd)
+        pid = os.getpid()
+        while pid > 1:
+            if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+                break
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        return value
+
+    killer = F.udf(kill_own_executor_once, T.BinaryType())
+    return pageviews(records.withColumn("value", killer("value")))
