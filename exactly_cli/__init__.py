@@ -15,7 +15,8 @@ import sys
 from collections.abc import Sequence
 
 from ledger.core.errors import ExactlyError, with_config
-from resources.failures.causes import UNFORESEEN, FailureContext, context_of, describe_failure
+from resources.failures.causes import FailureContext, context_of
+from resources.failures.lines import UNFORESEEN, describe_failure
 
 #: The exit code of a failure no known cause explains (a known one's is ExactlyError's, 2).
 UNFORESEEN_EXIT_CODE = 1

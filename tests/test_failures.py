@@ -38,13 +38,16 @@ from resources.failures.causes import (
     SPARK_OOM,
     FailureContext,
     classify,
-    first_line,
     local_folder_problem,
+)
+from resources.failures.jvm_log import TAIL_BYTES, out_of_memory_in
+from resources.failures.lines import (
+    describe_failure,
+    first_line,
     log_file,
     unforeseen_line,
     write_traceback,
 )
-from resources.failures.jvm_log import TAIL_BYTES, out_of_memory_in
 
 ATTEMPT = (
     "/tmp/pytest-of-root/pytest-0/test_a_full_disk_is_one_line_n0/mnt/table/staged/pageviews/"
@@ -208,15 +211,15 @@ def test_a_driver_jvm_that_exited_is_told_by_its_log(tmp_path: Path) -> None:
         "java.lang.OutOfMemoryError: Java heap space\n\tat java.base/java.util.Arrays.copyOf\n"
     )
     context = FailureContext(spark="local[2]", spark_log=log)
-    oom = classify(gone, context)
-    assert oom is not None and oom.cause == SPARK_OOM
-    assert oom.line().startswith(
+    oom = describe_failure(gone, "exactly run", context)
+    assert oom.cause == SPARK_OOM
+    assert oom.line.startswith(
         f"Spark ran out of memory: Spark at local[2] (Java heap space; its log: {log}); "
     )
     log.write_text("java.lang.OutOfMemoryError: Java heap space\n" + "y" * TAIL_BYTES)
-    killed = classify(gone, context)  # the OOM killer leaves no word in the log
-    assert killed is not None and killed.cause == SPARK_GONE
-    assert f"(its log: {log}); see its log for why" in killed.line()
+    killed = describe_failure(gone, "exactly run", context)  # the OOM killer says nothing
+    assert killed.cause == SPARK_GONE
+    assert f"(its log: {log}); see its log for why" in killed.line
     assert out_of_memory_in(tmp_path / "absent.log") is None
 
 

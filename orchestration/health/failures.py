@@ -35,13 +35,8 @@ from dagster._utils.error import SerializableErrorInfo
 
 from ledger.core.errors import ExactlyError
 from orchestration.resources import resource_in
-from resources.failures.causes import (
-    UNFORESEEN,
-    FailureContext,
-    context_of,
-    describe_failure,
-    one_line,
-)
+from resources.failures.causes import FailureContext, context_of
+from resources.failures.lines import UNFORESEEN, describe_failure, one_line
 
 
 class OneLineFailure(DagsterUserCodeProcessError, dg.Failure):

@@ -8,7 +8,7 @@ the texts of the whole chain (Python exceptions, py4j's Py4JJavaError and pyspar
 or Spark Connect errors, whose text carries the Java exceptions, delta-rs errors, OSErrors,
 librdkafka errors), so the command line (exactly_cli) and Dagster's run view
 (orchestration/health/failures.py) say the same thing; what it does not know is written whole to a
-log file (`write_traceback`) and named in one line instead.
+log file and named in one line instead (resources/failures/lines.py).
 
 `classify` is a pure function of the exception and of what the caller says it knows
 (`FailureContext`: the pipeline's locations and services). One question the texts cannot
@@ -20,18 +20,13 @@ created.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import re
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-from resources.failures.jvm_log import out_of_memory_in
 
 if TYPE_CHECKING:
     from resources.config.pipeline_config import PipelineConfig
@@ -97,6 +92,9 @@ class FailureContext:
     spark: str | None = None
     #: the log this process's Spark driver JVM writes its stderr to, if it started one
     spark_log: Path | None = None
+    #: what that log says the JVM ran out of (`Java heap space`), read by the caller: a
+    #: local-mode JVM a task's OutOfMemoryError ended leaves Python only a lost connection
+    spark_out_of_memory: str | None = None
 
 
 @dataclass(frozen=True)
@@ -299,7 +297,7 @@ def classify(
             detail = (found.groupdict().get("detail") or quoted).strip()[:QUOTED_CHARS]
             if cause == SPARK_GONE and context.spark_log is not None:
                 # the connection is all Python saw; why the JVM exited is in its log
-                heap = out_of_memory_in(context.spark_log)
+                heap = context.spark_out_of_memory
                 cause, detail = (SPARK_OOM, heap) if heap else (cause, "")
                 detail += f"{'; ' if detail else ''}its log: {context.spark_log}"
             return KnownCause(cause, where, detail)
@@ -343,102 +341,3 @@ def local_folder_problem(path: str) -> str | None:
     if stats.f_bavail == 0 or stats.f_favail == 0:
         return NO_SPACE
     return None
-
-
-def first_line(exc: BaseException) -> str:
-    """What an unforeseen error says first, for the one line that names its log file: the
-    Java exception for py4j's errors (their own first line is `An error occurred while
-    calling o262.parquet.`), else the exception's first line."""
-    lines = [ln.strip() for ln in text_of(exc).splitlines() if ln.strip()]
-    if not lines:
-        return type(exc).__name__
-    java = next((ln for ln in lines[1:3] if ln.startswith(": ")), None)
-    head = f"{type(exc).__name__}: {java.removeprefix(': ')}" if java else lines[0]
-    return head[:QUOTED_CHARS]
-
-
-def logs_dir() -> Path:
-    """Where full tracebacks and the Spark driver's own output go: `logs/` under the state
-    folder (EXACTLY_STATE_DIR, else XDG's state home; resources/spark/shared_server.py)."""
-    from resources.spark.shared_server import state_dir
-
-    return state_dir() / "logs"
-
-
-#: Log files kept per kind: every Dagster run and every CLI start that uses Spark writes one,
-#: so the oldest beyond these go when a new one is made.
-KEEP_LOGS = 200
-
-
-def log_file(kind: str, keep: int = KEEP_LOGS) -> Path:
-    """A new log file's path for `kind` (`error`, `spark`), unique to this process; older
-    files of the kind beyond the `keep` newest are deleted (a file a live process still
-    writes only loses its name)."""
-    folder = logs_dir()
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    older = sorted(folder.glob(f"{kind}-*.log"), key=_modified) if folder.is_dir() else []
-    for stale in older[: max(len(older) - keep + 1, 0)]:
-        with contextlib.suppress(OSError):
-            stale.unlink()
-    return folder / f"{kind}-{stamp}-{os.getpid()}.log"
-
-
-def _modified(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
-
-
-def write_traceback(exc: BaseException, what: str) -> Path | None:
-    """Write `exc`'s full traceback (its Java stack included) to a new log file; returns
-    its path, or None when no log file could be written (then the line says so)."""
-    path = log_file("error")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        text = "".join(traceback.format_exception(exc))
-        for error in chain(exc):
-            if (stack := java_stack(error)) is not None and stack not in text:
-                text += f"\nJVM stack of {type(error).__name__}:\n{stack}"
-        path.write_text(f"{what} failed at {datetime.now(UTC).isoformat()}\n\n{text}")
-    except OSError:
-        return None
-    return path
-
-
-def unforeseen_line(exc: BaseException, what: str, log: Path | None) -> str:
-    """One line for an error no known cause explains: what failed, what it said first, and
-    where its full traceback is."""
-    where = f"full traceback in {log}" if log else "no log file could be written"
-    return f"{what} failed: {first_line(exc)} ({where})"
-
-
-def one_line(text: str) -> str:
-    """`text` on one line: its non-blank lines joined by a space."""
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
-
-
-#: The cause a failure no known cause explains is reported under.
-UNFORESEEN = "unforeseen"
-
-
-@dataclass(frozen=True)
-class FailureLine:
-    """What the CLI prints and Dagster's run view shows for an error that is not an
-    ExactlyError: the line, the known cause's name (or UNFORESEEN), and for an unforeseen
-    one the log file holding its traceback (None when none could be written)."""
-
-    line: str
-    cause: str
-    log: Path | None = None
-
-
-def describe_failure(exc: BaseException, what: str, context: FailureContext) -> FailureLine:
-    """The one line for `exc`, raised by `what`: its known cause with the path or service,
-    or, for anything else, what failed and where its full traceback was written (the file
-    is written here). The CLI and the Dagster ops both say failures through this."""
-    known = classify(exc, context, probe=local_folder_problem)
-    if known is not None:
-        return FailureLine(one_line(known.line()), known.cause)
-    log = write_traceback(exc, what)
-    return FailureLine(one_line(unforeseen_line(exc, what, log)), UNFORESEEN, log)

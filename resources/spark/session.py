@@ -304,7 +304,7 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
     console appender logs every failed task with its stack (three times for one failed
     write), and the JVM prints what nothing caught. The command line promises one line per
     failure on stderr (exactly_cli), so those go to `logs/spark-<when>-<pid>.log` under the
-    state folder (resources/failures/causes.py) instead; the error that reaches Python still
+    state folder (resources/failures/lines.py) instead; the error that reaches Python still
     carries the Java exceptions, which is what the one line is made from. Where the state
     folder cannot be written (a read-only home), the JVM is started without the log file: a session
     that cannot log is better than none. The JVM is
@@ -315,7 +315,7 @@ def _launch_jvm_logging_to_file(master: str, app_name: str, settings: Mapping[st
     from pyspark.core.context import SparkContext
     from pyspark.java_gateway import launch_gateway
 
-    from resources.failures.causes import log_file
+    from resources.failures.lines import log_file
 
     global _driver_log
     if SparkContext._gateway is not None:
