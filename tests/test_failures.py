@@ -36,6 +36,7 @@ from resources.failures.causes import (
     READ_ONLY,
     SPARK_GONE,
     SPARK_OOM,
+    WORKER_IMPORT,
     FailureContext,
     classify,
     local_folder_problem,
@@ -221,6 +222,46 @@ def test_a_driver_jvm_that_exited_is_told_by_its_log(tmp_path: Path) -> None:
     assert killed.cause == SPARK_GONE
     assert f"(its log: {log}); see its log for why" in killed.line
     assert out_of_memory_in(tmp_path / "absent.log") is None
+
+
+class PythonException(Exception):
+    """Stands for pyspark's PythonException: what a Spark Python worker raised, as text."""
+
+
+def python_worker_error(last_line: str) -> PythonException:
+    """The error pyspark raises in the driver when a Python worker's UDF failed (its text
+    as captured from a standalone cluster's worker; frames shortened)."""
+    worker = "/venv/lib/python3.11/site-packages/pyspark/python/lib/pyspark.zip/pyspark"
+    return PythonException(
+        "An exception was thrown from the Python worker:\n"
+        "Traceback (most recent call last):\n"
+        f'  File "{worker}/worker.py", line 3602, in main\n'
+        "    func, profiler, deserializer, serializer = read_udfs(\n"
+        "                                               ^^^^^^^^^^\n"
+        f'  File "{worker}/serializers.py", line 454, in loads\n'
+        "    return cloudpickle.loads(obj, encoding=encoding)\n"
+        f"{last_line}\n"
+    )
+
+
+def test_a_module_spark_s_python_workers_cannot_import_is_named_with_what_to_do() -> None:
+    """A transform importable in the driver (PYTHONPATH, a package installed there only)
+    whose UDF's module the cluster's workers lack."""
+    error = python_worker_error("ModuleNotFoundError: No module named 'orders_clean'")
+    known = classify(error, FailureContext(spark="spark://10.0.0.2:7077"))
+    assert known is not None and known.cause == WORKER_IMPORT
+    assert known.line().startswith(
+        f"{WORKER_IMPORT}: Spark at spark://10.0.0.2:7077 (No module named 'orders_clean'); "
+        "install it where Spark runs its Python workers, or keep it beside the config"
+    )
+
+
+def test_a_python_worker_s_own_error_is_quoted_in_the_unforeseen_line() -> None:
+    error = python_worker_error("ZeroDivisionError: division by zero")
+    assert classify(error) is None
+    assert first_line(error) == (
+        "PythonException in a Spark Python worker: ZeroDivisionError: division by zero"
+    )
 
 
 def test_a_path_that_is_not_a_delta_table() -> None:

@@ -19,6 +19,7 @@ import yaml
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
 from ledger.core.errors import ExactlyError, UnreachableError
+from resources.failures.causes import WORKER_IMPORT
 from resources.jvm.process import free_port
 from resources.kafka.client import KafkaClient
 from resources.object_storage.s3 import S3Access
@@ -170,3 +171,31 @@ def test_a_lost_executor_is_one_line_and_a_retried_task_lands_each_record_once(
     assert again.returncode == 0, again.stdout + again.stderr
     assert (tmp_path / "killed-2").exists()  # an executor did die under this run
     assert assert_exactly_once(config, kafka_client) == (196, 4)
+
+
+@pytest.mark.integration
+def test_a_module_the_workers_cannot_import_is_one_line_saying_what_to_do(
+    spark_cluster: SparkCluster, kafka_client: KafkaClient, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The driver imports the transform's module (the suite's folder is its working
+    directory); the cluster's Python workers do not have it. One line naming the module and
+    what to do, exit code 2; with a transform the workers can run, every record once."""
+    config = pipeline_factory(
+        1, master=spark_cluster.url, transform="tests.transforms:pageviews_via_a_top_level_udf"
+    )
+    kafka_client.produce(config.kafka.topic, pageviews(20), partition=0)
+    path = config_path(config)
+    state = tmp_path / "state"
+
+    line = assert_one_clean_line(cli("run", "-c", str(path), state_dir=state))
+    assert line.startswith(
+        f"exactly: error: {WORKER_IMPORT}: Spark at {spark_cluster.url} "
+        "(No module named 'tests'); install it where Spark runs its Python workers"
+    ), line
+
+    doc = yaml.safe_load(path.read_text())
+    doc["transform"] = "jobs.examples.pageviews:transform"
+    path.write_text(yaml.safe_dump(doc))
+    again = cli("run", "-c", str(path), state_dir=state)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert assert_exactly_once(config, kafka_client) == (20, 0)

@@ -235,3 +235,14 @@ def pageviews_killing_its_executor(records: DataFrame) -> DataFrame:
 
     killer = F.udf(kill_own_executor_once, T.BinaryType())
     return pageviews(records.withColumn("value", killer("value")))
+
+
+def _same(value):  # type: ignore[no-untyped-def]  # (hints: pyspark warns it cannot use them)
+    return value
+
+
+def pageviews_via_a_top_level_udf(records: DataFrame) -> DataFrame:
+    """The page-view transform through a UDF defined at this module's top level, which
+    cloudpickle ships by reference: a Python worker must import `tests.transforms`, which a
+    cluster's workers cannot (a transform importable in the driver only)."""
+    return pageviews(records.withColumn("value", F.udf(_same, T.BinaryType())("value")))

@@ -44,6 +44,7 @@ PYTHON_OOM = "out of memory"
 EXECUTOR_LOST = "a Spark executor was lost"
 SPARK_GONE = "the Spark driver (JVM) stopped"
 KAFKA_AUTHORIZATION = "Kafka refused authorization"
+WORKER_IMPORT = "a Spark Python worker cannot import a module"
 
 #: What each cause asks of the operator; every line ends with it.
 ADVICE: dict[str, str] = {
@@ -72,6 +73,11 @@ ADVICE: dict[str, str] = {
     SPARK_GONE: (
         "see its log for why (often memory: the kernel's OOM killer); the batch is taken up "
         "again by the next run"
+    ),
+    WORKER_IMPORT: (
+        "install it where Spark runs its Python workers, or keep it beside the config "
+        "(transform: <file>.py:<function>, or python_path) so its code travels with the "
+        "transform"
     ),
     # said too by the Kafka client (resources/kafka/connection.py) and the stage
     KAFKA_AUTHORIZATION: (
@@ -189,6 +195,13 @@ _TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (SPARK_OOM, re.compile(r"java\.lang\.OutOfMemoryError(?::\s*(?P<detail>[^\n]+))?")),
     (PYTHON_OOM, re.compile(r"\bMemoryError\b[^\n]*")),
     (
+        WORKER_IMPORT,
+        re.compile(
+            r"from the Python worker:\s*\nTraceback \(most recent call last\):\n(?:[ \t][^\n]*\n)*"
+            r"(?:ModuleNotFoundError|ImportError): (?P<detail>[^\n]+)"
+        ),
+    ),
+    (
         EXECUTOR_LOST,
         re.compile(
             r"ExecutorLostFailure[^\n]*|Executor heartbeat timed out[^\n]*|"
@@ -243,7 +256,7 @@ _PATHS = (
 )
 #: Hadoop's commit protocol writes under `<folder>/_temporary/...`: the folder is the news.
 _TEMPORARY = re.compile(r"/_temporary(?:/.*)?$")
-_SPARK_SERVICES = (SPARK_OOM, EXECUTOR_LOST, SPARK_GONE)
+_SPARK_SERVICES = (SPARK_OOM, EXECUTOR_LOST, SPARK_GONE, WORKER_IMPORT)
 #: The causes that are a folder's, not a service's: each names a path.
 STORAGE_CAUSES = (NO_SPACE, READ_ONLY, NOT_WRITABLE, CANNOT_CREATE)
 

@@ -32,12 +32,25 @@ def first_line(exc: BaseException) -> str:
     """What an unforeseen error says first, for the one line that names its log file: the
     Java exception for py4j's errors (their own first line is `An error occurred while
     calling o262.parquet.`), else the exception's first line."""
-    lines = [ln.strip() for ln in text_of(exc).splitlines() if ln.strip()]
+    text = text_of(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     if not lines:
         return type(exc).__name__
+    if "from the Python worker:" in lines[0] and (raised := _raised_after_traceback(text)):
+        # pyspark's first line says only that a worker raised; the news is what it raised
+        return f"{type(exc).__name__} in a Spark Python worker: {raised}"[:QUOTED_CHARS]
     java = next((ln for ln in lines[1:3] if ln.startswith(": ")), None)
     head = f"{type(exc).__name__}: {java.removeprefix(': ')}" if java else lines[0]
     return head[:QUOTED_CHARS]
+
+
+def _raised_after_traceback(text: str) -> str | None:
+    """The exception line of the first Python traceback in `text`: the first line after
+    `Traceback (most recent call last):` that is not indented (frames and code are)."""
+    start = text.find("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    return next((ln for ln in text[start:].splitlines()[1:] if ln and not ln[0].isspace()), None)
 
 
 def logs_dir() -> Path:
