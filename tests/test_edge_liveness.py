@@ -177,7 +177,13 @@ def test_a_staged_batch_alerts_once_and_resolves_once_it_is_abandoned(
         "attempt": 1,
         "state": "STAGED",
         "app_id": "pageviews",
+        "owner": alert["details"]["owner"],
+        "owner_alive": False,  # it died at its crash point
     }
+    assert (
+        "Its owner " in alert["text"]
+        and " is gone and no Dagster run holds it: " in (alert["text"])
+    )
     assert "has not voted" in alert["text"] and "nothing is published" in alert["text"]
     staged = jobs.resource.pipeline().store.get(config.app_id, 1)
     assert staged is not None and all(str(r) in alert["text"] for r in staged.ranges if r.span)

@@ -442,6 +442,9 @@ def test_a_stuck_batch_turns_the_check_red_then_green(
     time.sleep(STUCK_AFTER_S)
     stuck_check_shows(page, dagster_dev, "Failed", SENSOR_WAIT_S)
     expect(page.get_by_text(re.compile(r"stuck past")).first).to_be_visible()  # the verdict
+    # who holds it and what frees it: its owner died, and the re-drive sensor ships stopped
+    freed = rf"is gone and no Dagster run holds it: {PIPELINE}_redrive_sensor is stopped: turn"
+    expect(page.get_by_text(re.compile(freed)).first).to_be_visible()
     shot(page, "09-stuck-check-red")
 
     # Recovery commits the voted batch; the next tick turns the check green again.

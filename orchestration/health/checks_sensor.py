@@ -117,7 +117,7 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
     )
     def checks(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SensorResult:
         log = context.log.warning
-        found = verdicts(resource_in(context, name), log)
+        found = verdicts(resource_in(context, name), log, context.instance)
         alerts = alerts_in(context, name)
         decision, cursor = evaluate_checks(config, found, alerts, context.cursor, log)
         failing = sorted(v.check for v in found if not v.passed)

@@ -36,6 +36,7 @@ from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.errors import TopicChangedError
 from ledger.core.protocol import IN_FLIGHT, BatchState
+from orchestration.health.holder import Holder, holder_of, stuck_text
 from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
 from resources.alerts.webhook import Alert, AlertsResource
 from resources.config.pipeline_config import PipelineConfig
@@ -202,9 +203,14 @@ def evaluate_stuck(
 
 
 def evaluate(
-    pipeline: Pipeline, alerts: AlertsResource, cursor: str | None, log: Callable[[str], None]
+    pipeline: Pipeline,
+    alerts: AlertsResource,
+    cursor: str | None,
+    log: Callable[[str], None],
+    instance: dg.DagsterInstance | None = None,
 ) -> tuple[Evaluation, str]:
-    """One evaluation of both alerts: send what it decides, return it and the new cursor."""
+    """One evaluation of both alerts: send what it decides, return it and the new cursor.
+    `instance`: the Dagster instance whose runs may hold a stuck batch (none: not asked)."""
     config = pipeline.config
     store = pipeline.store
     memory = Cursor.loads(cursor)
@@ -219,7 +225,7 @@ def evaluate(
     now = store.now()
     stuck = decide_stuck(memory.stuck, candidates, current, now, config.alerts.stuck_after_seconds)
     for batch in stuck.stuck:
-        alerts.send(_stuck_alert(config, batch, now), log)
+        alerts.send(_stuck_alert(config, batch, now, holder_of(pipeline, batch, instance)), log)
     for batch, alerted in stuck.resolved:
         alerts.send(_resolved_alert(batch, alerted), log)
 
@@ -262,59 +268,13 @@ def _minutes(now: datetime, since: datetime | None) -> float:
     return (now - since).total_seconds() / 60 if since is not None else 0.0
 
 
-def _stuck_text(config: PipelineConfig, batch: Batch, now: datetime) -> str:
-    """What a person needs to act: how long, what is at stake, who retries, where to look."""
-    minutes = _minutes(now, in_state_since(batch))
-    ranges = " ".join(str(r) for r in batch.ranges if r.span) or "(empty)"
-    head = f"batch {batch.batch_id} (attempt {batch.attempt})"
-    name = config.pipeline
-    run_of = (
-        f"the {name}_micro_batch run of partition {batch.batch_id}"
-        if batch.kind == BatchKind.LIVE
-        else f"the {name}_backfill run of {batch_key(batch)}"
-    )
-    if batch.state is S.PREPARED:
-        return (
-            f"{head} voted {minutes:.1f} min ago and is not committed; its ranges {ranges} must "
-            "be published before Kafka retention deletes them. The re-drive sensor retries; "
-            f"see `exactly ledger -c <config>` and the {name}_redrive runs."
-        )
-    if batch.state is S.COMMITTED:
-        return (
-            f"{head} was committed {minutes:.1f} min ago and its consumer group was not moved "
-            f"since: its records ({ranges}) are in the table, but the run died before the "
-            "ack, so lag tools show the group behind. The re-drive sensor acks it; see "
-            f"`exactly ledger -c <config>` and the {name}_redrive runs."
-        )
-    if batch.voted_once:
-        return (
-            f"{head} voted, then lost staged files and went back to be staged again "
-            f"{minutes:.1f} min ago ({batch.error}); its ranges {ranges} must be read again "
-            "before Kafka retention deletes them. It is never abandoned: the re-drive sensor "
-            f"stages it again; see `exactly ledger -c <config>` and the {name}_redrive runs."
-        )
-    what = (
-        f"was planned {minutes:.1f} min ago and has not been staged"
-        if batch.state is S.PLANNED
-        else f"staged its files {minutes:.1f} min ago and has not voted"
-    )
-    heard = _minutes(now, batch.heartbeat_at)
-    return (
-        f"{head} {what}; nothing is published, and its ranges {ranges} wait to be read "
-        f"before Kafka retention deletes them. Its owner {batch.owner} was last heard from "
-        f"{heard:.1f} min ago. Once the owner is gone (batch.lease_seconds on another host) "
-        "and no Dagster run of the batch is alive, the schedule and the re-drive sensor "
-        "abandon it and the next batch reads its ranges again; a run that Dagster still "
-        "shows as running after its process died (killed, out of memory) holds it until "
-        f"it is terminated. See `exactly ledger -c <config>` and {run_of}."
-    )
-
-
-def _stuck_alert(config: PipelineConfig, batch: Batch, now: datetime) -> Alert:
+def _stuck_alert(config: PipelineConfig, batch: Batch, now: datetime, holder: Holder) -> Alert:
     state = str(batch.state)
-    return _batch_alert(
-        f"stuck_{state.lower()}", f"stuck in {state}", _stuck_text(config, batch, now), batch
-    )
+    minutes = _minutes(now, in_state_since(batch))
+    text = stuck_text(config.pipeline, batch, minutes, _minutes(now, batch.heartbeat_at), holder)
+    held = {"owner": str(batch.owner), "owner_alive": holder.owner_alive}
+    held |= {"run_id": holder.runs[0]} if holder.runs else {}
+    return _batch_alert(f"stuck_{state.lower()}", f"stuck in {state}", text, batch, held)
 
 
 def _resolved_alert(batch: Batch, alerted: BatchState) -> Alert:
@@ -395,7 +355,9 @@ def _ack_resolved_alert(config: PipelineConfig) -> Alert:
     )
 
 
-def _batch_alert(kind: str, what: str, text: str, batch: Batch) -> Alert:
+def _batch_alert(
+    kind: str, what: str, text: str, batch: Batch, extra: Mapping[str, Any] | None = None
+) -> Alert:
     live = batch.kind == BatchKind.LIVE
     label = str(batch.batch_id) if live else f"{batch.app_id}/{batch.batch_id}"
     return Alert(
@@ -408,6 +370,7 @@ def _batch_alert(kind: str, what: str, text: str, batch: Batch) -> Alert:
             "attempt": batch.attempt,
             "state": str(batch.state),
             "app_id": batch.app_id,
+            **(extra or {}),
         },
     )
 
@@ -434,6 +397,7 @@ def build_stuck_sensor(config: PipelineConfig) -> dg.SensorDefinition:
             alerts_in(context, name),
             context.cursor,
             context.log.warning,
+            context.instance,
         )
         context.update_cursor(cursor)
         decision = evaluation.stuck

@@ -41,6 +41,7 @@ from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import IN_FLIGHT, PUBLISHED
 from orchestration.assets import quarantine_key, table_key
 from orchestration.health.derived_checks import derived_check_specs, derived_verdicts
+from orchestration.health.holder import Holder, holder_metadata, holder_of, release_text
 from orchestration.health.stuck_sensor import batch_key, decide_stuck, in_state_since
 from orchestration.health.verdict import Verdict
 from orchestration.resources import PipelineResource, pipeline_key, resource_in
@@ -95,10 +96,15 @@ def check_specs(config: PipelineConfig) -> list[dg.AssetCheckSpec]:
 
 
 def judge_stuck(
-    pipeline: str, candidates: Iterable[Batch], now: datetime, threshold_s: float
+    pipeline: str,
+    candidates: Iterable[Batch],
+    now: datetime,
+    threshold_s: float,
+    holders: Mapping[str, Holder] | None = None,
 ) -> Verdict:
     """Pure: the stuck alert's rule (orchestration/health/stuck_sensor.py `decide_stuck`) as a
-    check."""
+    check; with `holders` (by batch key), who holds each stuck batch and what frees it
+    (orchestration/health/holder.py), and the oldest one's holding run linked."""
     stuck = decide_stuck({}, candidates, {}, now, threshold_s).stuck
     ages = {
         f"{batch_key(b)} {b.state}": (now - (in_state_since(b) or now)).total_seconds()
@@ -119,13 +125,18 @@ def judge_stuck(
         )
     listed = ", ".join(f"{key} {ages[key] / 60:.1f} min" for key in ages)
     metadata["batches"] = dg.MetadataValue.text(listed)
+    held = [(b, h) for b in stuck if (h := (holders or {}).get(batch_key(b))) is not None]
+    released = " ".join(f"Batch {batch_key(b)}: {release_text(b, h, pipeline)}" for b, h in held)
+    if held:
+        oldest = max(held, key=lambda bh: ages[f"{batch_key(bh[0])} {bh[0].state}"])
+        metadata |= holder_metadata(oldest[1])
     return Verdict(
         NO_STUCK_BATCH,
         table_key(pipeline),
         False,
         f"{len(stuck)} batch(es) stuck past {threshold_s:g}s: {listed}. "
-        f"{pipeline}_stuck_prepared_sensor alerts on each and says who retries; see "
-        f"`exactly ledger -c {CONFIG_PLACEHOLDER}`.",
+        + (released or f"{pipeline}_stuck_prepared_sensor alerts on each and says who holds it")
+        + f" See `exactly ledger -c {CONFIG_PLACEHOLDER}`.",
         metadata,
     )
 
@@ -305,9 +316,14 @@ def last_committed(pipeline: Pipeline) -> Batch | None:
     return max(newest, key=lambda b: b.committed_at or never, default=None)
 
 
-def verdicts(resource: PipelineResource, log: Callable[[str], None]) -> list[Verdict]:
+def verdicts(
+    resource: PipelineResource,
+    log: Callable[[str], None],
+    instance: dg.DagsterInstance | None = None,
+) -> list[Verdict]:
     """Every check's verdict now, as Dagster shows it (the commands it names spelled for the
-    config file); a check that cannot tell is left out, and logged."""
+    config file); a check that cannot tell is left out, and logged. `instance`: whose runs
+    may hold a stuck batch."""
     pipeline = resource.pipeline()
     config = pipeline.config
     store = pipeline.store
@@ -316,7 +332,12 @@ def verdicts(resource: PipelineResource, log: Callable[[str], None]) -> list[Ver
         *store.batches(app_id=config.app_id, states=IN_FLIGHT),
         *store.batches(app_id=backfill_app_id(name), states=IN_FLIGHT),
     ]
-    found = [judge_stuck(name, candidates, store.now(), config.alerts.stuck_after_seconds)]
+    now, threshold = store.now(), config.alerts.stuck_after_seconds
+    holders = {
+        batch_key(b): holder_of(pipeline, b, instance)
+        for b in decide_stuck({}, candidates, {}, now, threshold).stuck
+    }
+    found = [judge_stuck(name, candidates, now, threshold, holders)]
     try:
         lag = pipeline.source.consumer_lag()
         found.append(judge_lag(name, lag, config.alerts.max_consumer_lag))
@@ -355,7 +376,7 @@ def build_table_checks(config: PipelineConfig) -> dg.AssetChecksDefinition:
         required_resource_keys={pipeline_key(name)},
     )
     def table_checks(context: dg.AssetCheckExecutionContext) -> Iterator[dg.AssetCheckResult]:
-        found = verdicts(resource_in(context, name), context.log.warning)
+        found = verdicts(resource_in(context, name), context.log.warning, context.instance)
         yield from (v.result() for v in found)
         missing = sorted({s.name for s in specs} - {v.check for v in found})
         if missing:
