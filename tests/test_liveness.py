@@ -20,8 +20,9 @@ from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.batch import Batch, utcnow
 from ledger.core.errors import ConfigError, ExactlyError
 from ledger.core.protocol import Available, BatchState, OffsetRange, Owner
+from ledger.core.stuck import decide_stuck
 from ledger.store.ledger_store import LedgerStore
-from orchestration.health.stuck_sensor import Cursor, decide_ack, decide_blocked, decide_stuck
+from orchestration.health.stuck_sensor import Cursor, decide_ack, decide_blocked
 from resources.config.loading import parse_config
 from tests.fixtures.batches import a_batch
 from tests.fixtures.fakes import FakePublisher, FakeSource, FakeStager

@@ -25,8 +25,8 @@ from deltalake import DeltaTable
 from jobs.examples.sample_data import pageviews
 from ledger.core.batch import Batch, utcnow
 from ledger.core.protocol import BatchState
+from ledger.core.stuck import decide_stuck
 from ledger.store.ledger_store import LedgerStore
-from orchestration.health.stuck_sensor import decide_stuck
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.tags import BATCH_TAG
 from tests.fixtures.batches import a_batch

@@ -9,10 +9,10 @@ from typing import Any
 
 import yaml
 
-from jobs.wiring.pipeline import Pipeline
+from jobs.wiring.pipeline import Pipeline, last_committed
 from ledger.core.layout import QUARANTINE, TABLE
 from orchestration.health.derived_checks import derived_verdicts
-from orchestration.health.table_checks import judge_rows, last_committed
+from orchestration.health.table_checks import judge_rows
 from resources.config.loading import load_config
 from tests.fixtures.partitioned import produce, run_until_caught_up
 from tests.fixtures.pipeline import config_path

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import cached_property
 from types import TracebackType
 from typing import Any
@@ -23,6 +24,7 @@ from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillMode, backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.ports import Incident
+from ledger.core.protocol import PUBLISHED
 from ledger.store.ledger_store import LedgerStore
 from resources.config.pipeline_config import PipelineConfig
 from resources.kafka.client import KafkaClient
@@ -214,3 +216,15 @@ def build_backfill(
     """The backfill coordinator (through `transform`, default the pipeline's) of a Pipeline
     nobody closes, as `build`."""
     return Pipeline(config, spark_factory=spark_factory, log=log).backfill(transform)
+
+
+def last_committed(pipeline: Pipeline) -> Batch | None:
+    """The batch, live or backfill, committed most recently (by the database's clock)."""
+    config = pipeline.config
+    newest = [
+        found[0]
+        for app_id in (config.app_id, backfill_app_id(config.pipeline))
+        if (found := pipeline.store.batches(app_id=app_id, states=PUBLISHED, limit=1))
+    ]
+    never = datetime.min.replace(tzinfo=UTC)
+    return max(newest, key=lambda b: b.committed_at or never, default=None)

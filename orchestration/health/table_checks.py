@@ -27,22 +27,22 @@ an operator run them from the UI (same verdicts, no alert).
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import dagster as dg
 
-from jobs.wiring.pipeline import Pipeline
+from jobs.wiring.pipeline import Pipeline, last_committed
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch
 from ledger.core.decisions import DecisionKind
 from ledger.core.errors import CONFIG_PLACEHOLDER
 from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import IN_FLIGHT, PUBLISHED
+from ledger.core.stuck import batch_key, decide_stuck, in_state_since
 from orchestration.assets import quarantine_key, table_key
 from orchestration.health.derived_checks import derived_check_specs, derived_verdicts
 from orchestration.health.holder import Holder, holder_metadata, holder_of, release_text
-from orchestration.health.stuck_sensor import batch_key, decide_stuck, in_state_since
 from orchestration.health.verdict import Verdict
 from orchestration.resources import PipelineResource, pipeline_key, resource_in
 from resources.config.pipeline_config import PipelineConfig
@@ -302,18 +302,6 @@ def _other_incarnations(pipeline: Pipeline, batch: Batch) -> frozenset[int]:
         for b in store.batches(app_id=app_id, states=PUBLISHED)
     ]
     return other_incarnations(batch, published)
-
-
-def last_committed(pipeline: Pipeline) -> Batch | None:
-    """The batch, live or backfill, committed most recently (by the database's clock)."""
-    config = pipeline.config
-    newest = [
-        found[0]
-        for app_id in (config.app_id, backfill_app_id(config.pipeline))
-        if (found := pipeline.store.batches(app_id=app_id, states=PUBLISHED, limit=1))
-    ]
-    never = datetime.min.replace(tzinfo=UTC)
-    return max(newest, key=lambda b: b.committed_at or never, default=None)
 
 
 def verdicts(
