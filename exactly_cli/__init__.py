@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         backfill_cmd,
         bench_cmd,
         clean_cmd,
+        demo_cmd,
         derived_cmd,
         kafka_cmd,
         pipeline_cmd,
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     kafka_cmd.register(sub)
     pipeline_cmd.register(sub)
+    demo_cmd.register(sub)
     bench_cmd.register(sub)
     backfill_cmd.register(sub)
     clean_cmd.register(sub)
