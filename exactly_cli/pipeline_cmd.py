@@ -9,9 +9,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from exactly_cli.progress import ProgressLine
+from jobs.metrics.exposition import MetricsOutput
 from jobs.wiring.continuous import Cadence, run_continuously
 from ledger.core.batch import Batch
 from ledger.core.errors import BusyError, ExactlyError
@@ -71,6 +73,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds between two progress lines of a running stage (default: 1 on a "
         "terminal, updated in place; 10 otherwise, one line each); 0 shows none",
     )
+    run.add_argument(
+        "--metrics",
+        metavar="ADDR",
+        help="serve the pipeline's figures for Prometheus at host:port (:port: every "
+        "interface) while the command runs",
+    )
+    run.add_argument(
+        "--metrics-textfile",
+        metavar="PATH",
+        type=Path,
+        help="write the same figures to PATH after every batch (node-exporter's textfile "
+        "collector)",
+    )
     run.set_defaults(func=cmd_run)
 
     recover = sub.add_parser("recover", help="finish prepared batches, abandon dead ones")
@@ -125,14 +140,19 @@ def run_pipeline(
     busy_timeout: float = 120.0,
     spark_factory: Callable[[], Any] | None = None,
     progress: ProgressSink | None = None,
+    metrics: Metrics = (None, None),
 ) -> int:
     """Recover, then run batches; returns how many batches were committed.
 
     `spark_factory` is for a caller that has a Spark session already (the tests): the
-    command itself starts the process's own."""
+    command itself starts the process's own. `metrics`: where to serve and write the
+    pipeline's figures (jobs/metrics)."""
     from jobs.wiring.pipeline import Pipeline
 
-    with Pipeline(config, log=say, spark_factory=spark_factory, progress=progress) as pipeline:
+    with (
+        Pipeline(config, log=say, spark_factory=spark_factory, progress=progress) as pipeline,
+        metrics_output(pipeline, metrics) as figures,
+    ):
         tpc = pipeline.live
         for batch in _with_busy_retry(pipeline.recover, busy_timeout):
             say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
@@ -143,8 +163,21 @@ def run_pipeline(
                 say(f"{config.pipeline}: caught up, nothing new to read")
                 break
             say(report.line())
+            figures.after_batch()
             done += 1
     return done
+
+
+#: (address to serve at, text file to write), each optional: `exactly run --metrics ...`
+Metrics = tuple[str | None, Path | None]
+
+
+def metrics_output(pipeline: Any, metrics: Metrics) -> MetricsOutput:
+    """The run's metrics output: served and written as `metrics` asks, or nowhere."""
+    from jobs.metrics.collector import PipelineCollector
+
+    collector = PipelineCollector(pipeline.config.pipeline, lambda: pipeline, log=say)
+    return MetricsOutput(collector, *metrics)
 
 
 def run_continuous(
@@ -154,6 +187,7 @@ def run_continuous(
     allow_empty: bool = False,
     busy_timeout: float = 120.0,
     progress: ProgressSink | None = None,
+    metrics: Metrics = (None, None),
 ) -> int:
     """Recover, then run batches until SIGTERM or SIGINT; returns how many committed.
 
@@ -167,7 +201,10 @@ def run_continuous(
 
     stop = threading.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
-    with Pipeline(config, log=say, progress=progress) as pipeline:
+    with (
+        Pipeline(config, log=say, progress=progress) as pipeline,
+        metrics_output(pipeline, metrics) as figures,
+    ):
         tpc = pipeline.live
         for batch in _with_busy_retry(pipeline.recover, busy_timeout):
             say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
@@ -180,6 +217,10 @@ def run_continuous(
             stop.set()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+        def on_batch(report: Any) -> None:
+            say(report.line())
+            figures.after_batch()
 
         def sweep() -> None:
             for batch in pipeline.recover_backfills():
@@ -194,7 +235,7 @@ def run_continuous(
                 ),
                 cadence,
                 stop,
-                lambda report: say(report.line()),
+                on_batch,
                 sweep=sweep,
             )
         finally:
@@ -219,6 +260,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             allow_empty=args.allow_empty,
             busy_timeout=args.busy_timeout,
             progress=progress_sink(args.progress_every),
+            metrics=(args.metrics, args.metrics_textfile),
         )
         return 0
     run_pipeline(
@@ -227,6 +269,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         allow_empty=args.allow_empty,
         busy_timeout=args.busy_timeout,
         progress=progress_sink(args.progress_every),
+        metrics=(args.metrics, args.metrics_textfile),
     )
     return 0
 

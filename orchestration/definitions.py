@@ -4,7 +4,9 @@ folder (orchestration/pipelines.py), each pipeline's assembled in one place
 
 Loading the code location also starts the shared Spark server of every pipeline that stages
 on one (`spark.server: shared`, or EXACTLY_SPARK_SERVER=shared as `make ui` sets), in the
-background: runs the daemon launches then connect to a warm JVM from the first one on.
+background: runs the daemon launches then connect to a warm JVM from the first one on; and,
+when EXACTLY_METRICS names an address, serves every pipeline's figures for Prometheus there
+(orchestration/metrics_endpoint.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import dagster as dg
 
 from jobs.stage.spark_stager import SharedSpark
 from ledger.core.errors import ExactlyError
+from orchestration.metrics_endpoint import serve_code_location_metrics
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.pipelines import config_files
 from resources.config.pipeline_config import PipelineConfig
@@ -24,9 +27,11 @@ _log = logging.getLogger("exactly")
 
 
 def build_definitions() -> dg.Definitions:
-    pipelines = [pipeline_definitions(p) for p in config_files()]
+    files = config_files()
+    pipelines = [pipeline_definitions(p) for p in files]
     for pipeline in pipelines:
         _warm_shared_spark(pipeline.config)
+    serve_code_location_metrics(files)
     return dg.Definitions.merge(*(p.definitions for p in pipelines))
 
 

@@ -6,6 +6,7 @@ playwright). One `dagster dev` serves the whole module, whose tests walk one his
    partition shows as materialized on the table asset (and the table holds every record once);
 2. a batch committed by the CLI, outside Dagster, appears in the asset's Partitions view once
    the history sensor (running by default under the daemon) has ticked;
+   The code location's metrics endpoint (EXACTLY_METRICS) then says what the ledger says;
 3. a fill backfill over those committed offsets, launched from the backfill job's Launchpad,
    fails with its one-sentence refusal as the error on the run page;
 4. the lineage graph shows the Kafka topic upstream of the table and of the quarantine;
@@ -42,9 +43,11 @@ from jobs.wiring.pipeline import build
 from ledger.coordinator.crash import CRASH_EXIT_CODE
 from ledger.core.protocol import PUBLISHED
 from ledger.store.ledger_store import LedgerStore
+from orchestration.metrics_endpoint import METRICS_ENV
 from orchestration.tags import BATCH_TAG, REJECTED_TAG
 from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
+from resources.jvm.process import free_port
 from resources.kafka.client import KafkaClient
 from tests.fixtures.dagster_ui import (
     ARTIFACTS,
@@ -53,6 +56,7 @@ from tests.fixtures.dagster_ui import (
     chromium_executable,
 )
 from tests.fixtures.pipeline import assert_exactly_once
+from tests.test_metrics import assert_figures_match_the_ledger, scrape, value
 
 pytestmark = pytest.mark.integration
 
@@ -72,6 +76,8 @@ TOPIC_ASSET = f"{PIPELINE}_topic"
 QUARANTINE = f"{PIPELINE}_quarantine"
 CHECKS_SENSOR = f"{PIPELINE}_checks_sensor"
 NO_STUCK_BATCH = "no_stuck_batch"
+#: where the code location serves its metrics (EXACTLY_METRICS)
+METRICS_ADDRESS = f"127.0.0.1:{free_port()}"
 RECORDS = 300
 STUCK_AFTER_S = 5
 CLI_RECORDS = 120
@@ -152,9 +158,8 @@ def dagster_dev(
     process group is gone after."""
     root = tmp_path_factory.mktemp("dagster")
     log = root / "dagster-dev.log"
-    dev = DagsterDev(
-        root / "dagster_home", {"EXACTLY_PIPELINES_DIR": str(pipeline_file.parent)}, log
-    )
+    env = {"EXACTLY_PIPELINES_DIR": str(pipeline_file.parent), METRICS_ENV: METRICS_ADDRESS}
+    dev = DagsterDev(root / "dagster_home", env, log)
     try:
         dev.start()
         yield dev
@@ -345,6 +350,26 @@ def test_a_batch_committed_by_the_cli_appears_in_the_partitions_view(
     with dg.DagsterInstance.from_config(str(dagster_dev.dagster_home)) as instance:
         runs = instance.get_runs(dg.RunsFilter(tags={BATCH_TAG: key}))
     assert runs == []  # the picture is the ledger's, not a run's
+
+
+def test_the_code_location_serves_figures_that_match_the_ledger(
+    dagster_dev: DagsterDev, config: PipelineConfig
+) -> None:
+    """EXACTLY_METRICS: the code server `dagster dev` started serves every pipeline's figures
+    (orchestration/metrics_endpoint.py); its run workers, which load the same code location,
+    do not take the port from it. Checked against the ledger after the two batches above."""
+    port = int(METRICS_ADDRESS.rpartition(":")[2])
+    deadline = time.monotonic() + SENSOR_WAIT_S
+    while True:
+        try:
+            figures = scrape(port)
+            break
+        except OSError:  # the code server loads the location in the background
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1.0)
+    assert_figures_match_the_ledger(figures, config, RECORDS + CLI_RECORDS)
+    assert value(figures, "exactly_batches", pipeline=PIPELINE, state="ACKED") == 2
 
 
 def test_a_refused_fill_shows_its_sentence_on_the_run_page(

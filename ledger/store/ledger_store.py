@@ -3,10 +3,10 @@
 `LedgerStore` is the one object the coordinator, the jobs and the commands hold. It is the
 union of the store's concerns, each a class of its own module on the shared connection
 (ledger/store/connection.py): planning under the one in-flight guard (planning.py), the
-fenced writes of an attempt (fencing.py), operator decisions (decisions.py) and the rebuild
-from the Delta logs (rebuild.py). What stays here are the public reads, each on a
-connection of its own (the queries themselves in reads.py, shared with the writes, which
-read inside their transactions).
+fenced writes of an attempt (fencing.py), operator decisions (decisions.py), the rebuild
+from the Delta logs (rebuild.py) and the sums the metrics endpoint reads (totals.py). What
+stays here are the public reads, each on a connection of its own (the queries themselves in
+reads.py, shared with the writes, which read inside their transactions).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from ledger.store.fencing import Fencing
 from ledger.store.planning import Planning
 from ledger.store.rebuild import Rebuilding
 from ledger.store.schema import batches_table, files_table, meta_table, ranges_table
+from ledger.store.totals import Totals
 
 
-class LedgerStore(Planning, Fencing, DecisionRecording, Rebuilding):
+class LedgerStore(Planning, Fencing, DecisionRecording, Rebuilding, Totals):
     """Durable batch records for one or many pipelines in one database."""
 
     def now(self) -> datetime:
