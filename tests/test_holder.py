@@ -4,6 +4,7 @@ as pure decisions: each case the stuck alert and check must tell apart."""
 from __future__ import annotations
 
 from datetime import timedelta
+from unittest.mock import MagicMock
 
 import dagster as dg
 import pytest
@@ -81,3 +82,18 @@ def test_the_check_says_each_stuck_batch_s_holder_and_links_the_oldest_one_s_run
     assert verdict.metadata["holding_run"] == dg.MetadataValue.dagster_run("run-1")
     assert verdict.metadata["owner_alive"] is False
     assert holder_metadata(Holder(True)) == {"owner_alive": True}
+
+
+def test_with_the_dagster_ui_s_address_the_run_is_linked_in_the_alert() -> None:
+    from orchestration.health.stuck_sensor import _stuck_alert
+    from resources.config.sections import AlertSettings
+
+    holder = Holder(True, ("run-a",), True)
+    text = release_text(PREPARED, holder, "pv", "https://dagster.example.com/")
+    assert "in Dagster run run-a (https://dagster.example.com/runs/run-a), and" in text
+    config = MagicMock(pipeline="pv", alerts=AlertSettings(dagster_url="https://d.example"))
+    alert = _stuck_alert(config, PREPARED, utcnow(), holder)
+    assert alert.details["run_url"] == "https://d.example/runs/run-a"
+    assert "(https://d.example/runs/run-a)" in alert.text
+    with pytest.raises(ValueError, match="dagster_url"):
+        AlertSettings(dagster_url="dagster.example.com")

@@ -91,19 +91,30 @@ def _who_finishes(batch: Batch, holder: Holder, pipeline: str, when: str) -> str
     return f"{sensor} (when it runs) or {recover} {_finishes(batch)}"
 
 
-def release_text(batch: Batch, holder: Holder, pipeline: str) -> str:
-    """Pure: who holds `batch` and the one action that frees it, as one or two sentences."""
+def run_url(dagster_url: str | None, run_id: str) -> str | None:
+    """The run's page in the Dagster UI at `dagster_url` (alerts.dagster_url), if set."""
+    return f"{dagster_url.rstrip('/')}/runs/{run_id}" if dagster_url else None
+
+
+def release_text(
+    batch: Batch, holder: Holder, pipeline: str, dagster_url: str | None = None
+) -> str:
+    """Pure: who holds `batch` and the one action that frees it, as one or two sentences;
+    a run it names is linked when the Dagster UI's address is known."""
     owner = f"Its owner, process {batch.owner.pid} on {batch.owner.host},"
     then = _who_finishes(batch, holder, pipeline, "after that")
+    if holder.runs:
+        url = run_url(dagster_url, holder.runs[0])
+        run = f"{holder.runs[0]} ({url})" if url else holder.runs[0]
     if holder.runs and holder.owner_alive:
         return (
-            f"{owner} is alive, in Dagster run {holder.runs[0]}, and recovery leaves a live "
-            f"owner its batch: if that run is hung, terminate it; then {then}."
+            f"{owner} is alive, in Dagster run {run}, and recovery leaves a live owner its "
+            f"batch: if that run is hung, terminate it; then {then}."
         )
     if holder.runs:
         return (
-            f"{owner} is gone, but Dagster still shows run {holder.runs[0]} as running (its "
-            f"process died unseen): terminate that run; then {then}."
+            f"{owner} is gone, but Dagster still shows run {run} as running (its process "
+            f"died unseen): terminate that run; then {then}."
         )
     if holder.owner_alive:
         return (
@@ -124,12 +135,19 @@ def holder_metadata(holder: Holder) -> dict[str, Any]:
     return found
 
 
-def stuck_text(pipeline: str, batch: Batch, minutes: float, heard: float, holder: Holder) -> str:
+def stuck_text(
+    pipeline: str,
+    batch: Batch,
+    minutes: float,
+    heard: float,
+    holder: Holder,
+    dagster_url: str | None = None,
+) -> str:
     """Pure: the stuck alert's text: how long, what is at stake, who holds the batch and
     the one action that frees it. `minutes` in its state, `heard` since its heartbeat."""
     ranges = " ".join(str(r) for r in batch.ranges if r.span) or "(empty)"
     head = f"batch {batch.batch_id} (attempt {batch.attempt})"
-    release = release_text(batch, holder, pipeline)
+    release = release_text(batch, holder, pipeline, dagster_url)
     if batch.state is S.PREPARED:
         return (
             f"{head} voted {minutes:.1f} min ago and is not committed; its ranges {ranges} must "

@@ -42,7 +42,7 @@ from ledger.core.stuck import (
     decide_stuck,
     in_state_since,
 )
-from orchestration.health.holder import Holder, holder_of, stuck_text
+from orchestration.health.holder import Holder, holder_of, run_url, stuck_text
 from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
 from resources.alerts.webhook import Alert, AlertsResource
 from resources.config.pipeline_config import PipelineConfig
@@ -207,9 +207,12 @@ def _minutes(now: datetime, since: datetime | None) -> float:
 def _stuck_alert(config: PipelineConfig, batch: Batch, now: datetime, holder: Holder) -> Alert:
     state = str(batch.state)
     minutes = _minutes(now, in_state_since(batch))
-    text = stuck_text(config.pipeline, batch, minutes, _minutes(now, batch.heartbeat_at), holder)
-    held = {"owner": str(batch.owner), "owner_alive": holder.owner_alive}
-    held |= {"run_id": holder.runs[0]} if holder.runs else {}
+    url = config.alerts.dagster_url
+    heard = _minutes(now, batch.heartbeat_at)
+    text = stuck_text(config.pipeline, batch, minutes, heard, holder, url)
+    held: dict[str, Any] = {"owner": str(batch.owner), "owner_alive": holder.owner_alive}
+    if holder.runs:
+        held |= {"run_id": holder.runs[0], "run_url": run_url(url, holder.runs[0])}
     return _batch_alert(f"stuck_{state.lower()}", f"stuck in {state}", text, batch, held)
 
 

@@ -149,6 +149,8 @@ class AlertSettings(_Strict):
     slack_channel: str | None = None
     #: Slack's API root, for an egress proxy; default Slack itself
     slack_api_url: str | None = None
+    #: the Dagster UI's address (`https://dagster.example.com`): alerts that name a run link it
+    dagster_url: str | None = Field(default=None, pattern=r"^https?://\S+$")
 
     @model_validator(mode="before")
     @classmethod
