@@ -18,20 +18,27 @@ import re
 import dagster as dg
 
 from ledger.core.errors import ConfigError
+from orchestration.names import dagster_name
 from resources.config.derived_spec import AggregateOutput, PostgresOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
 
 
+def group_of(pipeline: str) -> str:
+    """The asset group of a pipeline's assets: its name as Dagster spells names, so each
+    pipeline is one group in the UI and its health one view."""
+    return dagster_name(pipeline)
+
+
 def topic_key(pipeline: str) -> dg.AssetKey:
-    return dg.AssetKey(f"{pipeline}_topic")
+    return dg.AssetKey(f"{dagster_name(pipeline)}_topic")
 
 
 def table_key(pipeline: str) -> dg.AssetKey:
-    return dg.AssetKey(f"{pipeline}_table")
+    return dg.AssetKey(f"{dagster_name(pipeline)}_table")
 
 
 def quarantine_key(pipeline: str) -> dg.AssetKey:
-    return dg.AssetKey(f"{pipeline}_quarantine")
+    return dg.AssetKey(f"{dagster_name(pipeline)}_quarantine")
 
 
 def topic_spec(config: PipelineConfig) -> dg.AssetSpec:
@@ -42,7 +49,7 @@ def topic_spec(config: PipelineConfig) -> dg.AssetSpec:
             f"Kafka {kafka.selection().describe()} on {kafka.bootstrap_servers} "
             "(read, never written)"
         ),
-        group_name="exactly",
+        group_name=group_of(config.pipeline),
         kinds={"kafka"},
     )
 
@@ -59,7 +66,7 @@ def quarantine_spec(
         ),
         partitions_def=batches,
         deps=[topic_key(config.pipeline)],
-        group_name="exactly",
+        group_name=group_of(config.pipeline),
         kinds={"delta"},
     )
 
@@ -90,7 +97,7 @@ def derived_key(pipeline: str, name: str) -> dg.AssetKey:
             f"derived output {name!r} of pipeline {pipeline}: Dagster names its asset check "
             "after it and takes only letters, digits and '_'; rename the output"
         )
-    return dg.AssetKey(f"{pipeline}_{name}")
+    return dg.AssetKey(f"{dagster_name(pipeline)}_{name}")
 
 
 def describe_output(output: AggregateOutput | UpsertOutput | PostgresOutput) -> str:
@@ -132,6 +139,6 @@ def derived_spec(
         ),
         partitions_def=batches,
         deps=[table_key(config.pipeline)],
-        group_name="exactly",
+        group_name=group_of(config.pipeline),
         kinds={"postgres"} if isinstance(output, PostgresOutput) else {"delta"},
     )

@@ -29,6 +29,7 @@ from jobs.publish.delta_publisher import DERIVED_METRICS
 from jobs.wiring.pipeline import Pipeline
 from ledger.core.batch import Batch, BatchKind
 from orchestration.assets import derived_key, quarantine_key
+from orchestration.names import dagster_name
 
 _COUNTS = (
     "records_read",
@@ -174,7 +175,10 @@ def maintenance_metadata(
             meta[f"{target}_files"] = layout.files
             meta[f"{target}_bytes"] = layout.bytes
     name = pipeline.config.pipeline
-    for job, key in ((f"{name}_compact", "compacted"), (f"{name}_clean", "cleaned")):
+    for job, key in (
+        (f"{dagster_name(name)}_compact", "compacted"),
+        (f"{dagster_name(name)}_clean", "cleaned"),
+    ):
         when = done_now.get(key)
         if when is None:
             runs = instance.get_run_records(

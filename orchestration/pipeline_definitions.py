@@ -17,7 +17,7 @@ from typing import Any
 
 import dagster as dg
 
-from orchestration.assets import derived_spec, quarantine_spec, topic_spec
+from orchestration.assets import derived_spec, group_of, quarantine_spec, topic_spec
 from orchestration.batches.backfill_job import build_backfill_job
 from orchestration.batches.continuous_job import build_continuous_job
 from orchestration.batches.micro_batch_job import build_micro_batch_graph, build_micro_batch_job
@@ -34,6 +34,7 @@ from orchestration.maintenance.clean_job import build_clean_job
 from orchestration.maintenance.clean_schedule import build_clean_schedule
 from orchestration.maintenance.compact_job import build_compact_job
 from orchestration.maintenance.compact_schedule import build_compact_schedule
+from orchestration.names import dagster_name
 from orchestration.resources import PipelineResource, alerts_key, alerts_resource, pipeline_key
 from resources.config.pipeline_config import PipelineConfig
 
@@ -73,14 +74,14 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         pipeline_key(name): resource,
         alerts_key(name): alerts_resource(config.alerts, resource.config_path),
     }
-    batches = dg.DynamicPartitionsDefinition(name=f"{name}_batches")
+    batches = dg.DynamicPartitionsDefinition(name=f"{dagster_name(name)}_batches")
     topic = topic_spec(config)
     table = dg.AssetSpec(
-        key=f"{name}_table",
+        key=f"{dagster_name(name)}_table",
         description=f"Delta table {config.delta.table_uri}, one partition per committed batch",
         partitions_def=batches,
         deps=[topic.key],
-        group_name="exactly",
+        group_name=group_of(name),
         kinds={"delta"},
     )
     quarantine = quarantine_spec(config, batches)

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ledger.core.errors import ConfigError
+from orchestration.names import dagster_name
 from resources.config.loading import load_config
 
 DEFAULT_DIR = Path(__file__).resolve().parent.parent / "pipelines"
@@ -30,4 +31,11 @@ def config_files(folder: Path | None = None) -> list[Path]:
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
         raise ConfigError(f"pipelines in {folder} share names {dupes}: names must be unique")
+    spelled = [dagster_name(n) for n in names]
+    alike = sorted({n for n, d in zip(names, spelled, strict=True) if spelled.count(d) > 1})
+    if alike:
+        raise ConfigError(
+            f"pipelines {alike} in {folder} have one Dagster name ({dagster_name(alike[0])}: "
+            "Dagster spells '.' and '-' as '_'); rename one of them"
+        )
     return files

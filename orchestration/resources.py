@@ -26,6 +26,7 @@ from pydantic import Field
 
 from jobs.wiring.pipeline import Pipeline
 from ledger.core.errors import with_config
+from orchestration.names import dagster_name
 from resources.alerts.webhook import AlertsResource
 from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
@@ -36,11 +37,11 @@ _open_lock = threading.Lock()
 
 
 def pipeline_key(pipeline: str) -> str:
-    return f"{pipeline}_pipeline"
+    return f"{dagster_name(pipeline)}_pipeline"
 
 
 def alerts_key(pipeline: str) -> str:
-    return f"{pipeline}_alerts"
+    return f"{dagster_name(pipeline)}_alerts"
 
 
 class PipelineResource(dg.ConfigurableResource):

@@ -173,6 +173,21 @@ def test_one_code_location_cannot_serve_a_pipeline_and_its_backfills_name(
     assert "pipeline: Value error, must not end in '.backfill'" in message
 
 
+def test_one_code_location_cannot_serve_two_pipelines_dagster_spells_alike(
+    tmp_path: Path,
+) -> None:
+    from orchestration.pipelines import config_files
+
+    for name in ("orders-eu", "orders_eu"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config_with(pipeline=name)))
+    with pytest.raises(ConfigError) as info:
+        config_files(tmp_path)
+    assert str(info.value) == (
+        f"pipelines ['orders-eu', 'orders_eu'] in {tmp_path} have one Dagster name "
+        "(orders_eu: Dagster spells '.' and '-' as '_'); rename one of them"
+    )
+
+
 def test_every_problem_is_reported_at_once() -> None:
     data = config_with(
         kafka__topik="x",

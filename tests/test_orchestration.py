@@ -20,6 +20,7 @@ import dagster as dg
 import pytest
 import sqlalchemy as sa
 import yaml
+from dagster._core.storage.dagster_run import DagsterRun
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
@@ -28,7 +29,7 @@ from ledger.core.protocol import BatchState
 from ledger.core.stuck import decide_stuck
 from ledger.store.ledger_store import LedgerStore
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
-from orchestration.tags import BATCH_TAG
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from tests.fixtures.batches import a_batch
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run, save_config
 from tests.test_restage_pipeline import delete_one_voted_file
@@ -137,6 +138,30 @@ def test_the_code_location_loads_when_its_shared_spark_server_cannot_be_set_up(
     assert defs.resolve_job_def("pageviews_micro_batch") is not None
 
 
+def test_each_pipeline_is_an_asset_group_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two pipelines in one code location: each one's topic, table, quarantine and derived
+    outputs form a group named for it, so the UI shows one pipeline's health in one view. A
+    name with '.' and '-', which the config allows, is spelled with '_' in every Dagster
+    name (orchestration/names.py): the location failed to load on it before."""
+    from orchestration.definitions import build_definitions
+
+    folder = tmp_path / "pipelines"
+    folder.mkdir()
+    demo = yaml.safe_load((REPO / "pipelines" / "pageviews.yaml").read_text())
+    for name in ("pageviews", "orders-eu.v2"):
+        doc = {**demo, "pipeline": name}
+        (folder / f"{name}.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.setenv("EXACTLY_PIPELINES_DIR", str(folder))
+    graph = build_definitions().resolve_asset_graph()
+    groups = {str(key.path[0]): graph.get(key).group_name for key in graph.get_all_asset_keys()}
+    assert groups["pageviews_table"] == groups["pageviews_topic"] == "pageviews"
+    assert groups["pageviews_views_per_app"] == "pageviews"
+    assert groups["orders_eu_v2_quarantine"] == groups["orders_eu_v2_table"] == "orders_eu_v2"
+    assert set(groups.values()) == {"pageviews", "orders_eu_v2"}
+
+
 def test_dagster_validates_the_workspace() -> None:
     dagster = Path(sys.executable).parent / "dagster"
     result = subprocess.run(
@@ -213,6 +238,46 @@ def test_redrive_sensor_finishes_a_batch_left_prepared(
     assert again.success
     assert not [e for e in again.all_events if e.event_type_value == "STEP_OUTPUT"]
     assert assert_exactly_once(config, kafka_client) == (880, 20)
+
+
+def test_a_pipeline_named_with_dots_and_dashes_runs_and_recovers_under_dagster(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    """`orders-eu.v2` is a valid pipeline name (the ledger's application id), not a valid
+    Dagster name: its jobs, ops, sensors and assets are spelled `orders_eu_v2_...`, while
+    its run tags keep the real name, which is what the liveness checks look runs up by."""
+    config = pipeline_factory(2, name="orders-eu.v2")
+    kafka_client.produce(config.kafka.topic, pageviews(200))
+    crash_run(config, "after_prepare")
+    jobs = pipeline_definitions(config_path(config))
+    assert jobs.micro_batch.name == "orders_eu_v2_micro_batch"
+
+    redrive = sensor(jobs, "_redrive_sensor")
+    (request,) = list(redrive(sensor_context(jobs, instance)))
+    assert request.run_key == "orders-eu.v2:1:1"
+    # while Dagster shows a run of the batch as running, the sensor launches none
+    instance.add_run(
+        DagsterRun(
+            job_name=jobs.redrive.name,
+            tags={PIPELINE_TAG: "orders-eu.v2", BATCH_TAG: "1"},
+            status=dg.DagsterRunStatus.STARTED,
+        )
+    )
+    assert list(redrive(sensor_context(jobs, instance))) == []
+    done = jobs.redrive.execute_in_process(instance=instance, partition_key="1", tags=request.tags)
+    assert done.output_for_node("orders_eu_v2_redrive_commit").state is BatchState.ACKED
+
+    kafka_client.produce(config.kafka.topic, pageviews(100, start=200))
+    nxt = tick(jobs, instance)
+    assert isinstance(nxt, dg.RunRequest) and nxt.partition_key == "2"
+    result = jobs.micro_batch.execute_in_process(
+        instance=instance, partition_key="2", tags=nxt.tags
+    )
+    table, _quarantine = result.asset_materializations_for_node("orders_eu_v2_commit")
+    assert table.asset_key == dg.AssetKey("orders_eu_v2_table") and table.partition == "2"
+    run = instance.get_run_by_id(result.run_id)
+    assert run is not None and run.tags[PIPELINE_TAG] == "orders-eu.v2"
+    assert assert_exactly_once(config, kafka_client) == (300, 0)
 
 
 def test_redrive_sensor_finishes_a_restaging_batch_whose_run_died(

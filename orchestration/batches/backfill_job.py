@@ -27,6 +27,7 @@ from ledger.core.protocol import OffsetRange
 from orchestration.health.failures import one_line_failures
 from orchestration.health.rejection import rejections_end_the_run
 from orchestration.metadata import batch_label, batch_metadata, log_commit
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -64,7 +65,7 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
     name = config.pipeline
 
     @dg.op(
-        name=f"{name}_backfill_ranges",
+        name=f"{dagster_name(name)}_backfill_ranges",
         out=dg.Out(Batch, is_required=False),
         required_resource_keys={pipeline_key(name)},
     )
@@ -112,12 +113,12 @@ def build_backfill_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDef
         yield dg.Output(report.batch, metadata=batch_metadata(report.batch))
 
     @dg.job(
-        name=f"{name}_backfill",
+        name=f"{dagster_name(name)}_backfill",
         description=(
             f"Fill or replace offset ranges of pipeline {name!r}, exactly once, while the live "
             "pipeline keeps running. Without ranges it only recovers: it finishes every voted "
             "batch of the pipeline, backfill or live. Launchpad example: ops: "
-            f"{{{name}_backfill_ranges: {{config: {{mode: fill, "
+            f"{{{dagster_name(name)}_backfill_ranges: {{config: {{mode: fill, "
             "ranges: [{partition: 0, start: 0, end: 1000}]}}}"
         ),
         executor_def=dg.in_process_executor,

@@ -32,6 +32,7 @@ from orchestration.metadata import (
     maintenance_metadata,
     quarantine_materialization,
 )
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -59,7 +60,10 @@ def build_continuous_job(
 ) -> dg.JobDefinition:
     name = config.pipeline
 
-    @dg.op(name=f"{name}_commit_continuously", required_resource_keys={pipeline_key(name)})
+    @dg.op(
+        name=f"{dagster_name(name)}_commit_continuously",
+        required_resource_keys={pipeline_key(name)},
+    )
     @one_line_failures(name)
     def continuous(context: dg.OpExecutionContext, config: ContinuousRequest) -> dg.Output[int]:
         """Recover, then commit batches until terminated or `max_batches` have committed."""
@@ -107,7 +111,7 @@ def build_continuous_job(
     # the op's name differs from the job's: a graph and an op of one name conflict in the
     # code location (`dagster definitions validate` refuses it)
     @dg.job(
-        name=f"{name}_continuous",
+        name=f"{dagster_name(name)}_continuous",
         description=(
             f"Commit exactly-once micro-batches of pipeline {name!r} one after another in one "
             "long-running run (freshness); every batch gets its partition and materialization."

@@ -37,6 +37,7 @@ from orchestration.health.failures import one_line_failures
 from orchestration.health.liveness import warn_if_not_acked
 from orchestration.health.rejection import rejected, rejections_end_the_run
 from orchestration.metadata import batch_label, batch_metadata, log_commit
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -64,11 +65,12 @@ def _timed(coordinator: TwoPhaseCommit, batch: Batch, phase: str, started: float
 def committed_sentence(pipeline: str, batch: Batch) -> str:
     """Why a run on a committed batch's partition did nothing, and how to reprocess it."""
     ranges = " ".join(str(r) for r in batch.ranges if r.span) or "no offsets"
+    name = dagster_name(pipeline)
     return (
         f"Batch {batch.batch_id} is already committed ({batch.state}, table version "
         f"{batch.table_version}), so this run changed nothing; to reprocess its offsets "
         f"({ranges}) and replace its committed rows, run this partition again with "
-        f"`ops: {pipeline}_plan: config: reprocess: true`, or run {pipeline}_backfill in "
+        f"`ops: {name}_plan: config: reprocess: true`, or run {name}_backfill in "
         "replace mode over those ranges."
     )
 
@@ -78,17 +80,18 @@ def unfinished_sentence(pipeline: str, batch: Batch) -> str:
     finishes it. Recovery, which every run does first, has already finished the batch if it
     voted and abandoned it if its owner is gone; one still in flight belongs to an attempt
     that moved it on meanwhile."""
+    name = dagster_name(pipeline)
     if batch.state is BatchState.ABORTED:
         return (
             f"Batch {batch.batch_id} was abandoned ({batch.state}: {batch.error}), so this run "
             "changed nothing: nothing of it was published and it never will be, and the next "
-            f"batch reads its offsets again; launch {pipeline}_next_batch (or turn on "
-            f"{pipeline}_schedule) instead of re-running this partition."
+            f"batch reads its offsets again; launch {name}_next_batch (or turn on "
+            f"{name}_schedule) instead of re-running this partition."
         )
     return (
         f"Batch {batch.batch_id} is {batch.state} and another attempt (owner {batch.owner}) "
         "is moving it on, so this run changed nothing; once that attempt is gone, "
-        f"{pipeline}_redrive_sensor finishes a batch that voted and {pipeline}_schedule "
+        f"{name}_redrive_sensor finishes a batch that voted and {name}_schedule "
         f"abandons one that did not; see `exactly ledger -c {CONFIG_PLACEHOLDER}`."
     )
 
@@ -137,7 +140,7 @@ def _plan_op(
     name: str, batches: dg.DynamicPartitionsDefinition, table: dg.AssetSpec
 ) -> dg.OpDefinition:
     @dg.op(
-        name=f"{name}_plan",
+        name=f"{dagster_name(name)}_plan",
         out=dg.Out(Batch, is_required=False),
         required_resource_keys={pipeline_key(name)},
     )
@@ -190,7 +193,7 @@ def build_micro_batch_graph(
     plan = _plan_op(name, batches, table)
 
     @dg.op(
-        name=f"{name}_stage",
+        name=f"{dagster_name(name)}_stage",
         out={"batch": dg.Out(Batch), "staged_files": dg.Out(StageOutput)},
         required_resource_keys=needs,
     )
@@ -203,7 +206,7 @@ def build_micro_batch_graph(
         yield dg.Output(staged, "batch", metadata=batch_metadata(staged))
         yield dg.Output(output, "staged_files", metadata={"files": len(output.files)})
 
-    @dg.op(name=f"{name}_prepare", out=dg.Out(Batch), required_resource_keys=needs)
+    @dg.op(name=f"{dagster_name(name)}_prepare", out=dg.Out(Batch), required_resource_keys=needs)
     @one_line_failures(name)
     def prepare(
         context: dg.OpExecutionContext, batch: Batch, staged_files: StageOutput
@@ -213,7 +216,7 @@ def build_micro_batch_graph(
         prepared = _timed(tpc, tpc.pre_commit(batch, staged_files), "prepare", started)
         return dg.Output(prepared, metadata=batch_metadata(prepared))
 
-    @dg.op(name=f"{name}_commit", out=dg.Out(Batch), required_resource_keys=needs)
+    @dg.op(name=f"{dagster_name(name)}_commit", out=dg.Out(Batch), required_resource_keys=needs)
     @one_line_failures(name)
     def commit(context: dg.OpExecutionContext, batch: Batch) -> dg.Output[Batch]:
         started = time.perf_counter()
@@ -224,7 +227,7 @@ def build_micro_batch_graph(
         log_commit(context, table.key, pipeline, acked)
         return dg.Output(acked, metadata=batch_metadata(acked))
 
-    @dg.graph(name=f"{name}_batch")
+    @dg.graph(name=f"{dagster_name(name)}_batch")
     def one_batch() -> None:
         batch, staged_files = stage(plan())
         commit(prepare(batch, staged_files))
@@ -237,7 +240,7 @@ def build_micro_batch_job(
 ) -> dg.JobDefinition:
     name = config.pipeline
     return graph.to_job(
-        name=f"{name}_micro_batch",
+        name=f"{dagster_name(name)}_micro_batch",
         description=f"One exactly-once micro-batch of pipeline {name!r}; partition = batch id.",
         executor_def=dg.in_process_executor,
         partitions_def=batches,

@@ -9,6 +9,7 @@ so the batch is in the history as if the schedule had launched it.
 
 import dagster as dg
 
+from orchestration.names import dagster_name
 from orchestration.tags import PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
 
@@ -16,7 +17,7 @@ from resources.config.pipeline_config import PipelineConfig
 def build_next_batch_job(config: PipelineConfig, graph: dg.GraphDefinition) -> dg.JobDefinition:
     name = config.pipeline
     return graph.to_job(
-        name=f"{name}_next_batch",
+        name=f"{dagster_name(name)}_next_batch",
         description=(
             f"Plan and run the next exactly-once micro-batch of pipeline {name!r}, adding its "
             "partition; does nothing when the topic has nothing new."

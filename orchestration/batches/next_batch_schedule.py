@@ -15,6 +15,7 @@ import dagster as dg
 
 from jobs.wiring.pipeline import Pipeline
 from orchestration.health.liveness import abandon_dead_batches
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -57,7 +58,7 @@ def build_next_batch_schedule(
     name = config.pipeline
 
     @dg.schedule(
-        name=f"{name}_schedule",
+        name=f"{dagster_name(name)}_schedule",
         job=micro_batch,
         cron_schedule=config.schedule.cron,
         execution_timezone=config.schedule.timezone,

@@ -16,6 +16,7 @@ from ledger.core.batch import Batch
 from orchestration.health.failures import one_line_failures
 from orchestration.health.liveness import warn_if_not_acked
 from orchestration.metadata import batch_metadata, log_commit
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -27,7 +28,7 @@ def build_redrive_job(
     name = config.pipeline
 
     @dg.op(
-        name=f"{name}_redrive_commit",
+        name=f"{dagster_name(name)}_redrive_commit",
         out=dg.Out(Batch, is_required=False),
         required_resource_keys={pipeline_key(name)},
     )
@@ -52,7 +53,7 @@ def build_redrive_job(
         yield dg.Output(acked, metadata=batch_metadata(acked))
 
     @dg.job(
-        name=f"{name}_redrive",
+        name=f"{dagster_name(name)}_redrive",
         description=f"Commit-only re-drive of one prepared batch of pipeline {name!r}.",
         executor_def=dg.in_process_executor,
         partitions_def=batches,

@@ -20,6 +20,7 @@ from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.batch import Batch
 from ledger.core.protocol import IN_FLIGHT
 from orchestration.health.liveness import abandon_dead_batches, run_alive
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -78,7 +79,7 @@ def build_redrive_sensor(
     name = config.pipeline
 
     @dg.sensor(
-        name=f"{name}_redrive_sensor",
+        name=f"{dagster_name(name)}_redrive_sensor",
         jobs=[redrive, backfill],
         minimum_interval_seconds=config.schedule.sensor_interval(30),
         default_status=dg.DefaultSensorStatus.STOPPED,

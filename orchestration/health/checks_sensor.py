@@ -26,6 +26,7 @@ import dagster as dg
 
 from orchestration.health.stuck_sensor import decide_blocked
 from orchestration.health.table_checks import NO_STUCK_BATCH, Verdict, check_specs, verdicts
+from orchestration.names import dagster_name
 from orchestration.resources import alerts_in, alerts_key, pipeline_key, resource_in
 from resources.alerts.webhook import Alert, AlertsResource
 from resources.config.pipeline_config import PipelineConfig
@@ -104,14 +105,14 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
     name = config.pipeline
 
     @dg.sensor(
-        name=f"{name}_checks_sensor",
+        name=f"{dagster_name(name)}_checks_sensor",
         minimum_interval_seconds=config.schedule.sensor_interval(60),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(
             "Evaluates the asset checks of the pipeline's table, quarantine and derived outputs, "
             "shows them on the assets, and alerts once when a check fails and once when it "
-            "passes again; "
-            f"a stuck batch is alerted by {name}_stuck_prepared_sensor, batch by batch."
+            "passes again; a stuck batch is alerted by "
+            f"{dagster_name(name)}_stuck_prepared_sensor, batch by batch."
         ),
         required_resource_keys={pipeline_key(name), alerts_key(name)},
     )

@@ -40,6 +40,7 @@ from orchestration.metadata import (
     derived_materializations,
     quarantine_materialization,
 )
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from resources.config.pipeline_config import PipelineConfig
 
@@ -186,7 +187,7 @@ def build_history_sensor(
     name = config.pipeline
 
     @dg.sensor(
-        name=f"{name}_history_sensor",
+        name=f"{dagster_name(name)}_history_sensor",
         minimum_interval_seconds=config.schedule.sensor_interval(30),
         default_status=dg.DefaultSensorStatus.RUNNING,
         description=(

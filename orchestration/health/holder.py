@@ -28,6 +28,7 @@ from ledger.core.batch import Batch, BatchKind
 from ledger.core.errors import CONFIG_PLACEHOLDER
 from ledger.core.protocol import BatchState
 from orchestration.health.liveness import ALIVE, batch_run_tags
+from orchestration.names import dagster_name
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 
 S = BatchState
@@ -82,7 +83,7 @@ def _finishes(batch: Batch) -> str:
 
 
 def _who_finishes(batch: Batch, holder: Holder, pipeline: str, when: str) -> str:
-    sensor = f"{pipeline}_redrive_sensor"
+    sensor = f"{dagster_name(pipeline)}_redrive_sensor"
     recover = f"`exactly recover -c {CONFIG_PLACEHOLDER}`"
     if holder.redrive_on:
         return f"{sensor} {_finishes(batch)} {when}"

@@ -14,6 +14,7 @@ from typing import Any
 
 import dagster as dg
 
+from orchestration.names import dagster_name
 from orchestration.resources import alerts_in, alerts_key
 from orchestration.tags import BATCH_TAG, REJECTED_TAG
 from resources.alerts.webhook import Alert
@@ -69,7 +70,7 @@ def build_run_failure_sensor(
         )
 
     return dg.RunStatusSensorDefinition(
-        name=f"{name}_run_failure_sensor",
+        name=f"{dagster_name(name)}_run_failure_sensor",
         run_status=dg.DagsterRunStatus.FAILURE,
         run_status_sensor_fn=run_failed,
         monitored_jobs=list(jobs),

@@ -43,6 +43,7 @@ from ledger.core.stuck import (
     in_state_since,
 )
 from orchestration.health.holder import Holder, holder_of, run_url, stuck_text
+from orchestration.names import dagster_name
 from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
 from resources.alerts.webhook import Alert, AlertsResource
 from resources.config.pipeline_config import PipelineConfig
@@ -318,7 +319,7 @@ def build_stuck_sensor(config: PipelineConfig) -> dg.SensorDefinition:
     name = config.pipeline
 
     @dg.sensor(
-        name=f"{name}_stuck_prepared_sensor",
+        name=f"{dagster_name(name)}_stuck_prepared_sensor",
         minimum_interval_seconds=config.schedule.sensor_interval(30),
         default_status=dg.DefaultSensorStatus.STOPPED,
         description=(

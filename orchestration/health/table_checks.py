@@ -44,6 +44,7 @@ from orchestration.assets import quarantine_key, table_key
 from orchestration.health.derived_checks import derived_check_specs, derived_verdicts
 from orchestration.health.holder import Holder, holder_metadata, holder_of, release_text
 from orchestration.health.verdict import Verdict
+from orchestration.names import dagster_name
 from orchestration.resources import PipelineResource, pipeline_key, resource_in
 from resources.config.pipeline_config import PipelineConfig
 
@@ -135,7 +136,7 @@ def judge_stuck(
         table_key(pipeline),
         False,
         f"{len(stuck)} batch(es) stuck past {threshold_s:g}s: {listed}. "
-        + (released or f"{pipeline}_stuck_prepared_sensor alerts on each and says who holds it")
+        + (released or f"{dagster_name(pipeline)}_stuck_prepared_sensor alerts on each")
         + f" See `exactly ledger -c {CONFIG_PLACEHOLDER}`.",
         metadata,
     )
@@ -358,7 +359,7 @@ def build_table_checks(config: PipelineConfig) -> dg.AssetChecksDefinition:
     specs = check_specs(config)
 
     @dg.multi_asset_check(
-        name=f"{name}_table_checks",
+        name=f"{dagster_name(name)}_table_checks",
         specs=specs,
         description="The pipeline's table checks, run now (the checks sensor runs them too).",
         required_resource_keys={pipeline_key(name)},

@@ -19,6 +19,7 @@ from jobs.maintenance.cleaner import clean
 from ledger.core.cleaning import parse_duration
 from orchestration.health.failures import one_line_failures
 from orchestration.metadata import maintenance_metadata
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -37,7 +38,7 @@ class CleanRequest(dg.Config):
 def build_clean_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefinition:
     name = config.pipeline
 
-    @dg.op(name=f"{name}_clean_staged", required_resource_keys={pipeline_key(name)})
+    @dg.op(name=f"{dagster_name(name)}_clean_staged", required_resource_keys={pipeline_key(name)})
     @one_line_failures(name)
     def clean_staged(context: dg.OpExecutionContext, config: CleanRequest) -> Iterator[dg.Output]:
         """Delete (or list) the staged files no batch and no table version needs."""
@@ -65,7 +66,7 @@ def build_clean_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefini
         yield dg.Output(report.summary(), metadata=report.metadata())
 
     @dg.job(
-        name=f"{name}_clean",
+        name=f"{dagster_name(name)}_clean",
         description=(
             f"Delete staged files of pipeline {name!r} that no vote names, no table version "
             "reads and no batch in flight may use, older than the grace period."

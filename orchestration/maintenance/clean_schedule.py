@@ -6,12 +6,13 @@ retention settings it relies on are in the README ("Cleaning and VACUUM").
 
 import dagster as dg
 
+from orchestration.names import dagster_name
 from resources.config.pipeline_config import PipelineConfig
 
 
 def build_clean_schedule(config: PipelineConfig, clean: dg.JobDefinition) -> dg.ScheduleDefinition:
     return dg.ScheduleDefinition(
-        name=f"{config.pipeline}_clean_schedule",
+        name=f"{dagster_name(config.pipeline)}_clean_schedule",
         job=clean,
         cron_schedule=config.clean.cron,
         execution_timezone=config.schedule.timezone,

@@ -15,6 +15,7 @@ import dagster as dg
 
 from orchestration.health.failures import one_line_failures
 from orchestration.metadata import maintenance_metadata
+from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
@@ -23,7 +24,7 @@ from resources.config.pipeline_config import PipelineConfig
 def build_compact_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefinition:
     name = config.pipeline
 
-    @dg.op(name=f"{name}_compact_tables", required_resource_keys={pipeline_key(name)})
+    @dg.op(name=f"{dagster_name(name)}_compact_tables", required_resource_keys={pipeline_key(name)})
     @one_line_failures(name)
     def compact_tables(context: dg.OpExecutionContext) -> Iterator[dg.Output[str]]:
         """Compact the quarantine table, then the data table (the order of their commits)."""
@@ -50,7 +51,7 @@ def build_compact_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefi
         yield dg.Output(f"{removed} files compacted", metadata=metadata)
 
     @dg.job(
-        name=f"{name}_compact",
+        name=f"{dagster_name(name)}_compact",
         description=(
             f"Merge the small files of pipeline {name!r}'s table and quarantine table "
             "(Delta OPTIMIZE compact), beside live batches and backfills."

@@ -7,6 +7,7 @@ and VACUUM").
 
 import dagster as dg
 
+from orchestration.names import dagster_name
 from resources.config.pipeline_config import PipelineConfig
 
 
@@ -14,7 +15,7 @@ def build_compact_schedule(
     config: PipelineConfig, compact: dg.JobDefinition
 ) -> dg.ScheduleDefinition:
     return dg.ScheduleDefinition(
-        name=f"{config.pipeline}_compact_schedule",
+        name=f"{dagster_name(config.pipeline)}_compact_schedule",
         job=compact,
         cron_schedule=config.compact.cron,
         execution_timezone=config.schedule.timezone,
