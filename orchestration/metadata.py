@@ -29,6 +29,7 @@ from jobs.publish.delta_publisher import DERIVED_METRICS
 from jobs.wiring.pipeline import Pipeline
 from ledger.core.batch import Batch, BatchKind
 from orchestration.assets import derived_key, quarantine_key
+from orchestration.health.checks_now import report_checks_after_commit
 from orchestration.names import dagster_name
 
 _COUNTS = (
@@ -146,7 +147,8 @@ def log_commit(
     context: dg.OpExecutionContext, table: dg.AssetKey, pipeline: Pipeline, batch: Batch
 ) -> None:
     """Materialize the table asset for a batch the run committed (on the run's partition,
-    when it has one), and the quarantine's and each derived output's for the same commit."""
+    when it has one), and the quarantine's and each derived output's for the same commit;
+    then evaluate the checks on them (orchestration/health/checks_now.py)."""
     partition = context.partition_key if context.has_partition_key else None
     extra = maintenance_metadata(pipeline, context.instance)
     materialization = commit_materialization(
@@ -156,6 +158,7 @@ def log_commit(
     context.log_event(quarantine_materialization(pipeline, batch, materialization.partition))
     for derived in derived_materializations(pipeline, batch, materialization.partition):
         context.log_event(derived)
+    report_checks_after_commit(context, pipeline.config.pipeline)
 
 
 def maintenance_metadata(

@@ -68,6 +68,36 @@ def evaluate(
     )
 
 
+def latest_statuses(instance: dg.DagsterInstance) -> dict[str, str]:
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        list(CHECKS.values())
+    )
+    return {name: latest[key].status.value for name, key in CHECKS.items() if key in latest}
+
+
+def test_the_run_that_commits_evaluates_every_check_with_no_sensor_tick(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    """A commit materializes the table, and Dagster shows its checks "Not evaluated" until
+    some evaluation follows: the committing run evaluates them itself, right after, so no
+    check waits for the checks sensor (which ships stopped)."""
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200, malformed_every=50))
+    jobs = pipeline_definitions(config_path(config))
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    result = jobs.micro_batch.execute_in_process(instance=instance, partition_key="1")
+    assert result.success
+    assert latest_statuses(instance) == dict.fromkeys(CHECKS, PASSED)
+    latest = instance.event_log_storage.get_latest_asset_check_execution_by_key(
+        [CHECKS[LAST_BATCH_COMPLETE]]
+    )[CHECKS[LAST_BATCH_COMPLETE]]
+    assert latest.event is not None and latest.event.dagster_event is not None
+    shown = latest.event.dagster_event.asset_check_evaluation_data.description
+    assert shown is not None and "pageviews/1" in shown, shown
+    materialized = instance.get_latest_materialization_event(TABLE)
+    assert materialized is not None and latest.event.timestamp >= materialized.timestamp
+
+
 def tick_stuck_sensor(
     jobs: PipelineDefinitions, instance: dg.DagsterInstance, cursor: str | None
 ) -> str | None:
