@@ -15,18 +15,21 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from confluent_kafka import Producer
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from ledger.core.protocol import BatchState
+from orchestration.health.freshness import FRESHNESS
 from orchestration.health.table_checks import (
     CONSUMER_LAG,
     LAST_BATCH_COMPLETE,
     NO_STUCK_BATCH,
     QUARANTINE_RATIO,
+    verdicts,
 )
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
-from tests.fixtures.pipeline import config_path, crash_run
+from tests.fixtures.pipeline import config_path, crash_run, save_config
 from tests.fixtures.topic_admin import recreate_topic
 
 WEBHOOK = "EXACTLY_TEST_WEBHOOK_URL"
@@ -96,6 +99,36 @@ def test_the_run_that_commits_evaluates_every_check_with_no_sensor_tick(
     assert shown is not None and "pageviews/1" in shown, shown
     materialized = instance.get_latest_materialization_event(TABLE)
     assert materialized is not None and latest.event.timestamp >= materialized.timestamp
+
+
+def test_the_freshness_check_measures_the_newest_committed_record_s_kafka_timestamp(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, instance: dg.DagsterInstance
+) -> None:
+    """Records produced with Kafka timestamps an hour old: the check reports their age, and
+    fails once a bound below it is set; the metrics endpoint's figure is the same record's."""
+    config = pipeline_factory(2, alerts={"max_staleness_seconds": 7200})
+    hour_ago_ms = int((time.time() - 3600) * 1000)
+    producer = Producer({"bootstrap.servers": config.kafka.bootstrap_servers})
+    for value in pageviews(50):
+        producer.produce(config.kafka.topic, value, timestamp=hour_ago_ms)
+    assert producer.flush(30) == 0
+    jobs = pipeline_definitions(config_path(config))
+    instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    assert jobs.micro_batch.execute_in_process(instance=instance, partition_key="1").success
+    batch = jobs.resource.pipeline().store.get(config.app_id, 1)
+    assert batch is not None and batch.metrics["newest_record_ms"] == hour_ago_ms
+
+    (fresh,) = [v for v in verdicts(jobs.resource, lambda _m: None) if v.check == FRESHNESS]
+    assert fresh.passed and 3590 < fresh.metadata["staleness_seconds"] < 3700, fresh.text
+    assert "within 7200s" in fresh.text
+
+    strict = config.model_copy(
+        update={"alerts": config.alerts.model_copy(update={"max_staleness_seconds": 600})}
+    )
+    tight = pipeline_definitions(save_config(strict, config_path(config).with_name("s.yaml")))
+    (stale,) = [v for v in verdicts(tight.resource, lambda _m: None) if v.check == FRESHNESS]
+    assert not stale.passed
+    assert "over the bound of 600s: is the schedule on" in stale.text, stale.text
 
 
 def tick_stuck_sensor(
@@ -228,6 +261,7 @@ def test_too_much_quarantine_and_a_deleted_row_fail_their_checks(
         CONSUMER_LAG: True,
         LAST_BATCH_COMPLETE: False,
         QUARANTINE_RATIO: False,
+        FRESHNESS: True,  # no bound set: it reports the age
     }
     assert webhook.kinds() == ["check_failed", "check_failed"]
 
@@ -306,6 +340,7 @@ def test_the_checks_of_a_pipeline_on_two_topics_pass_and_name_each_topic(
         CONSUMER_LAG: True,
         LAST_BATCH_COMPLETE: True,
         QUARANTINE_RATIO: True,
+        FRESHNESS: True,
     }
     lag = " ".join(str(v.value) for v in ran[CONSUMER_LAG].metadata.values())
     lag += " ".join(ran[CONSUMER_LAG].metadata)

@@ -83,6 +83,11 @@ def assert_figures_match_the_ledger(
         pytest.approx(newest.timestamp())
     )
     assert value(figures, "exactly_stuck_batches", pipeline=name) == 0
+    newest_read = max(int(b.metrics["newest_record_ms"]) for b in published) / 1000
+    assert value(figures, "exactly_newest_record_timestamp_seconds", pipeline=name) == (
+        pytest.approx(newest_read)
+    )
+    assert newest_read <= newest.timestamp()  # read before it committed
     assert value(figures, "exactly_quarantine_ratio", pipeline=name) == 0
     store.dispose()
 

@@ -78,6 +78,7 @@ def test_the_lineage_has_the_topic_upstream_of_the_table_and_the_quarantine(
     assert graph.get(table).check_keys == {
         dg.AssetCheckKey(table, NO_STUCK_BATCH),
         dg.AssetCheckKey(table, CONSUMER_LAG),
+        dg.AssetCheckKey(table, "fresh_within_bound"),
         dg.AssetCheckKey(table, LAST_BATCH_COMPLETE),
     }
     assert graph.get(quarantine).check_keys == {dg.AssetCheckKey(quarantine, QUARANTINE_RATIO)}
@@ -179,3 +180,23 @@ def test_rows_of_another_topic_incarnation_at_the_same_coordinates_are_left_out(
     published = [last, old, elsewhere, other_partition, same, unknown, shared_id]
     assert other_incarnations(last, published) == {2}
     assert other_incarnations(replace(last, topic_id=None), published) == frozenset()
+
+
+def test_freshness_reports_the_age_and_fails_only_past_its_bound() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from orchestration.health.freshness import FRESHNESS, judge_freshness
+
+    now = datetime(2026, 11, 27, 12, 0, tzinfo=UTC)
+    newest = (a_batch(4, BatchState.ACKED), now - timedelta(seconds=90))
+    never = judge_freshness("pv", None, now, 60)
+    assert never.passed and never.check == FRESHNESS
+    told = judge_freshness("pv", newest, now, None)
+    assert told.passed and told.metadata["staleness_seconds"] == 90
+    assert "alerts.max_staleness_seconds" in told.text
+    assert judge_freshness("pv", newest, now, 120).passed
+    late = judge_freshness("pv", newest, now, 60)
+    assert not late.passed and late.text.startswith(
+        "the newest committed record (batch pv/4) has Kafka timestamp 2026-11-27T11:58:30+00:00, "
+        "90s ago, over the bound of 60s"
+    )

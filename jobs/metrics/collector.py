@@ -18,7 +18,8 @@ and all three say the same numbers for the same ledger.
 - `exactly_stuck_batches`: invariant 16's rule (ledger/core/stuck.py), as the alert and the
   check apply it.
 - `exactly_quarantine_ratio` and `exactly_last_commit_timestamp_seconds`: of the batch
-  committed last.
+  committed last; `exactly_newest_record_timestamp_seconds`: the Kafka timestamp of the
+  newest record published (freshness: `time() - exactly_newest_record_timestamp_seconds`).
 Every family carries a `pipeline` label.
 """
 
@@ -36,7 +37,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from jobs.wiring.pipeline import last_committed
+from jobs.wiring.pipeline import last_committed, newest_record
 from ledger.core.backfill import backfill_app_id
 from ledger.core.protocol import IN_FLIGHT, PUBLISHED
 from ledger.core.stuck import decide_stuck
@@ -214,6 +215,14 @@ class PipelineCollector(Collector):
             name,
             len(stuck),
         )
+        newest = newest_record(pipeline)
+        if newest is not None:
+            yield _gauge(
+                "exactly_newest_record_timestamp_seconds",
+                "Kafka timestamp of the newest record a published batch read",
+                name,
+                newest[1].timestamp(),
+            )
         batch = last_committed(pipeline)
         if batch is None:
             return

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -33,7 +34,7 @@ from jobs.stage.routing import (
 )
 from jobs.stage.staged_partials import stage_partials
 from ledger.coordinator.crash import crashpoint
-from ledger.core.layout import KEY, QUARANTINE, TABLE, attempt_path
+from ledger.core.layout import KEY, QUARANTINE, TABLE, TIMESTAMP, attempt_path
 from ledger.core.ports import StageOutput
 from ledger.core.protocol import OffsetRange
 from resources.config.derived_spec import AnyOutput
@@ -42,6 +43,8 @@ from resources.delta.schema import encode_schema
 from resources.object_storage import storage
 
 RECORDS_READ = "records_read"
+#: the newest Kafka timestamp read (epoch ms), observed in the same job as the count
+NEWEST_RECORD_MS = "newest_record_ms"
 #: how long the observed count may lag behind the job that produced it (listener bus)
 _OBSERVATION_WAIT_S = 10.0
 
@@ -118,7 +121,12 @@ def stage(
     observation = Observation()
     source = with_coordinates(
         read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
-    ).observe(observation, F.count(F.lit(1)).alias(RECORDS_READ), coordinates.fingerprint())
+    ).observe(
+        observation,
+        F.count(F.lit(1)).alias(RECORDS_READ),
+        coordinates.fingerprint(),
+        F.max(F.unix_millis(F.col(TIMESTAMP))).alias(NEWEST_RECORD_MS),
+    )
     out = _transformed(source, transform, transform_name)
     out = with_partition_columns(out, partition_by, transform_name)
     tombstones = carries_tombstones(derived)
@@ -141,6 +149,9 @@ def stage(
         table_roots=table_roots,
         seconds=seconds,
     )
+    newest = _observed_metrics(observation, wait_s=0.0) or {}
+    if newest.get(NEWEST_RECORD_MS) is not None:
+        output = replace(output, newest_record_ms=int(newest[NEWEST_RECORD_MS]))
     check_coordinates(
         spark,
         output,

@@ -228,3 +228,21 @@ def last_committed(pipeline: Pipeline) -> Batch | None:
     ]
     never = datetime.min.replace(tzinfo=UTC)
     return max(newest, key=lambda b: b.committed_at or never, default=None)
+
+
+def newest_record(pipeline: Pipeline, recent: int = 20) -> tuple[Batch, datetime] | None:
+    """The published batch, live or backfill, holding the newest record read, and that
+    record's Kafka timestamp; None when none of the `recent` newest batches of each observed
+    one (nothing committed yet, only empty batches, or batches rebuilt from a Delta log).
+    The stage observes it (`newest_record_ms`, jobs/stage/staging.py)."""
+    config = pipeline.config
+    found = [
+        (b, int(b.metrics["newest_record_ms"]))
+        for app_id in (config.app_id, backfill_app_id(config.pipeline))
+        for b in pipeline.store.batches(app_id=app_id, states=PUBLISHED, limit=recent)
+        if b.metrics.get("newest_record_ms") is not None
+    ]
+    if not found:
+        return None
+    batch, ms = max(found, key=lambda bm: bm[1])
+    return batch, datetime.fromtimestamp(ms / 1000, tz=UTC)

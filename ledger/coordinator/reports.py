@@ -49,6 +49,9 @@ def stage_metrics(output: StageOutput) -> dict[str, Any]:
         "quarantine_records": output.quarantine_records,
         "files": len(output.files),
         "stage_detail_s": output.seconds,
+        **(
+            {} if output.newest_record_ms is None else {"newest_record_ms": output.newest_record_ms}
+        ),
     }
 
 

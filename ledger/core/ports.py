@@ -28,6 +28,9 @@ class StageOutput:
     table_records: int
     quarantine_records: int
     seconds: dict[str, float] = field(default_factory=dict)
+    #: the newest Kafka timestamp among the records read (epoch ms), None when not observed:
+    #: what the freshness check measures (orchestration/health/freshness.py)
+    newest_record_ms: int | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 import dagster as dg
 
-from jobs.wiring.pipeline import Pipeline, last_committed
+from jobs.wiring.pipeline import Pipeline, last_committed, newest_record
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch
 from ledger.core.decisions import DecisionKind
@@ -42,6 +42,7 @@ from ledger.core.protocol import IN_FLIGHT, PUBLISHED
 from ledger.core.stuck import batch_key, decide_stuck, in_state_since
 from orchestration.assets import quarantine_key, table_key
 from orchestration.health.derived_checks import derived_check_specs, derived_verdicts
+from orchestration.health.freshness import freshness_spec, judge_freshness
 from orchestration.health.holder import Holder, holder_metadata, holder_of, release_text
 from orchestration.health.verdict import Verdict
 from orchestration.names import dagster_name
@@ -92,6 +93,7 @@ def check_specs(config: PipelineConfig) -> list[dg.AssetCheckSpec]:
                 f"({ratio_bound}) of its records"
             ),
         ),
+        freshness_spec(name, alerts.max_staleness_seconds),
         *derived_check_specs(config),
     ]
 
@@ -332,6 +334,8 @@ def verdicts(
         found.append(judge_lag(name, lag, config.alerts.max_consumer_lag))
     except Exception as exc:  # Kafka cannot say now: the runs that need it fail loudly
         log(f"{CONSUMER_LAG}: could not read the consumer lag: {exc}")
+    newest = newest_record(pipeline)
+    found.append(judge_freshness(name, newest, now, config.alerts.max_staleness_seconds))
     batch = last_committed(pipeline)
     publisher = pipeline.publisher
     rows = (0, 0)

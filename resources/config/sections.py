@@ -144,6 +144,9 @@ class AlertSettings(_Strict):
     #: the share of the last committed batch's records that may go to the quarantine
     #: before the quarantine's ratio check fails; unset: the check passes with the figure
     max_quarantine_ratio: float | None = Field(default=None, ge=0, le=1)
+    #: how old the newest committed record (its Kafka timestamp) may be before the table's
+    #: freshness check fails; unset: the check passes and only reports the age
+    max_staleness_seconds: float | None = Field(default=None, gt=0)
     webhook_url_env: str | None = None
     slack_token_env: str | None = None
     slack_channel: str | None = None
