@@ -99,6 +99,11 @@ def test_the_run_that_commits_evaluates_every_check_with_no_sensor_tick(
     assert shown is not None and "pageviews/1" in shown, shown
     materialized = instance.get_latest_materialization_event(TABLE)
     assert materialized is not None and latest.event.timestamp >= materialized.timestamp
+    # the lag, as an observation of the topic: plotted on a time axis on its page
+    (observed,) = instance.fetch_observations(dg.AssetKey("pageviews_topic"), limit=5).records
+    assert observed.asset_observation is not None
+    lag = {k: v.value for k, v in observed.asset_observation.metadata.items()}
+    assert lag == {"total_lag": 0, "lag_partition_0": 0, "lag_partition_1": 0}
 
 
 def test_the_freshness_check_measures_the_newest_committed_record_s_kafka_timestamp(

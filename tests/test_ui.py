@@ -420,6 +420,14 @@ def test_the_lineage_runs_from_the_topic_to_both_tables(
     for asset in (TABLE, QUARANTINE):
         page.goto(f"{dagster_dev.url}/assets/{asset}?view=lineage")
         expect(page.get_by_text(TOPIC_ASSET, exact=True).first).to_be_visible()
+    # The pipeline's assets are one group, named for it.
+    page.goto(f"{dagster_dev.url}/asset-groups/{PIPELINE}")
+    for asset in (TOPIC_ASSET, TABLE, QUARANTINE):
+        expect(page.get_by_text(asset, exact=True).first).to_be_visible()
+    # The lag over time: each commit's check evaluation observes the topic asset.
+    page.goto(f"{dagster_dev.url}/assets/{TOPIC_ASSET}?view=events")
+    expect(page.get_by_text("total_lag").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+    shot(page, "08b-topic-lag-observations")
 
 
 def stuck_check_shows(page: Page, dev: DagsterDev, result: str, timeout_s: float) -> None:

@@ -3,8 +3,9 @@
 Why: a commit materializes the table, and Dagster then shows each of its checks as "Not
 evaluated" until the checks sensor's next tick: up to a minute, and for ever while that
 sensor is off (it ships stopped). The run that committed has the pipeline open, so it
-evaluates them itself and reports the results as runless events. The checks sensor still
-alerts on them, once per failure, as before.
+evaluates them itself and reports the results as runless events, with the lag as an
+observation of the topic asset. The checks sensor still alerts on them, once per failure,
+as before.
 
 It never fails the run: the batch is committed and acked by then. A check that cannot be
 evaluated now (Kafka unreachable for the lag) is logged in one line, left to the sensor.
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from orchestration.health.table_checks import verdicts
+from orchestration.health.table_checks import lag_observations, verdicts
 from orchestration.resources import resource_in
 from resources.failures.lines import one_line
 
@@ -31,4 +32,6 @@ def report_checks_after_commit(context: dg.OpExecutionContext, pipeline: str) ->
         return 0
     for verdict in found:
         context.instance.report_runless_asset_event(verdict.evaluation())
+    for observation in lag_observations(pipeline, found):
+        context.instance.report_runless_asset_event(observation)
     return len(found)

@@ -25,7 +25,13 @@ from typing import Any
 import dagster as dg
 
 from orchestration.health.stuck_sensor import decide_blocked
-from orchestration.health.table_checks import NO_STUCK_BATCH, Verdict, check_specs, verdicts
+from orchestration.health.table_checks import (
+    NO_STUCK_BATCH,
+    Verdict,
+    check_specs,
+    lag_observations,
+    verdicts,
+)
 from orchestration.names import dagster_name
 from orchestration.resources import alerts_in, alerts_key, pipeline_key, resource_in
 from resources.alerts.webhook import Alert, AlertsResource
@@ -123,7 +129,7 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
         decision, cursor = evaluate_checks(config, found, alerts, context.cursor, log)
         failing = sorted(v.check for v in found if not v.passed)
         return dg.SensorResult(
-            asset_events=[v.evaluation() for v in found],
+            asset_events=[*(v.evaluation() for v in found), *lag_observations(name, found)],
             cursor=cursor,
             skip_reason=(
                 f"{len(found) - len(failing)} checks passed, failed: {', '.join(failing) or '-'}; "

@@ -40,7 +40,7 @@ from ledger.core.errors import CONFIG_PLACEHOLDER
 from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import IN_FLIGHT, PUBLISHED
 from ledger.core.stuck import batch_key, decide_stuck, in_state_since
-from orchestration.assets import quarantine_key, table_key
+from orchestration.assets import quarantine_key, table_key, topic_key
 from orchestration.health.derived_checks import derived_check_specs, derived_verdicts
 from orchestration.health.freshness import freshness_spec, judge_freshness
 from orchestration.health.holder import Holder, holder_metadata, holder_of, release_text
@@ -166,6 +166,17 @@ def judge_lag(pipeline: str, lag: Mapping[int, int], bound: int | None) -> Verdi
         "behind the topic (is the schedule on, are runs failing, is a batch stuck?)"
     )
     return Verdict(CONSUMER_LAG, table_key(pipeline), passed, text, metadata)
+
+
+def lag_observations(pipeline: str, found: Iterable[Verdict]) -> list[dg.AssetObservation]:
+    """The lag check's figures as an observation of the topic asset: Dagster plots an
+    unpartitioned asset's observations on a time axis, so the topic's page shows the lag
+    over time (the table's materializations are plotted by batch id, with gaps)."""
+    return [
+        dg.AssetObservation(asset_key=topic_key(pipeline), metadata=dict(v.metadata))
+        for v in found
+        if v.check == CONSUMER_LAG
+    ]
 
 
 def _counts(batch: Batch) -> tuple[int, int] | None:
