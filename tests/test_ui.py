@@ -408,6 +408,19 @@ def test_a_refused_fill_shows_its_sentence_on_the_run_page(
         run = instance.get_run_by_id(run_id)
     assert run is not None and run.tags[REJECTED_TAG] == "BackfillError"
 
+    # Told apart from failures at a glance: the Runs list shows the tag on the run's row,
+    # and filtering by it lists the refused runs alone.
+    page.goto(f"{dagster_dev.url}/runs")
+    chip = page.get_by_text(f"{REJECTED_TAG}: BackfillError", exact=True).first
+    expect(chip).to_be_visible()
+    shot(page, "07b-runs-list-rejected-tag")
+    chip.hover()  # Dagster's own tag menu: "Add tag to filter" lists the refused runs alone
+    page.get_by_text("Add tag to filter", exact=True).click()
+    expect(page).to_have_url(re.compile(r"rejected"))
+    expect(page.get_by_text(run_id[:8]).first).to_be_visible()
+    expect(page.get_by_text("Success", exact=True)).to_have_count(0)  # batch 1's run is gone
+    shot(page, "07c-runs-filtered-by-rejected")
+
 
 def test_the_lineage_runs_from_the_topic_to_both_tables(
     dagster_dev: DagsterDev, page: Page
