@@ -14,15 +14,11 @@ read committed ones again, is refused unless `--force`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import getpass
 import os
-from typing import Any
 
-from ledger.coordinator.decisions import record_decision
 from ledger.core.decisions import DecisionKind, Request
 from ledger.core.errors import ConfigError
-from resources.config.derived_spec import UpsertOutput
 from resources.config.loading import load_config
 
 
@@ -118,15 +114,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     retire.set_defaults(func=cmd_skip)
 
 
-def _upsert_tables(pipeline: Any) -> tuple[str, ...]:
-    """The pipeline's upsert outputs whose table exists (holds the rows of batches)."""
-    return tuple(
-        spec.name
-        for spec, delta in getattr(pipeline.live.publisher, "derived", ())
-        if isinstance(spec, UpsertOutput) and delta.load() is not None
-    )
-
-
 def cmd_skip(args: argparse.Namespace) -> int:
     from jobs.wiring.pipeline import Pipeline
 
@@ -149,10 +136,7 @@ def cmd_skip(args: argparse.Namespace) -> int:
         topic=args.topic,
     )
     with Pipeline(config, log=print) as pipeline:
-        if kind is DecisionKind.NEW_TOPIC:
-            # refused while an upsert table holds the old topic's rows (check_new_topic)
-            request = dataclasses.replace(request, upsert_outputs=_upsert_tables(pipeline))
-        decision = record_decision(pipeline.live, request, pipeline.live.store.now())
+        decision = pipeline.decide(request)
     print(f"recorded decision {decision.id[:8]} of {config.pipeline}: {decision.describe()}")
     print("the next batch continues from there, and its commit carries this decision")
     return 0

@@ -25,6 +25,8 @@ from orchestration.batches.next_batch_job import build_next_batch_job
 from orchestration.batches.next_batch_schedule import build_next_batch_schedule
 from orchestration.batches.redrive_job import build_redrive_job
 from orchestration.batches.redrive_sensor import build_redrive_sensor
+from orchestration.decisions.decide_job import build_decide_job
+from orchestration.decisions.recover_job import build_recover_job
 from orchestration.health.checks_sensor import build_checks_sensor
 from orchestration.health.history_sensor import build_history_sensor
 from orchestration.health.run_failure_sensor import build_run_failure_sensor
@@ -56,6 +58,8 @@ class PipelineDefinitions:
     backfill: dg.JobDefinition
     clean: dg.JobDefinition
     compact: dg.JobDefinition
+    decide: dg.JobDefinition
+    recover: dg.JobDefinition
     schedule: dg.ScheduleDefinition
     clean_schedule: dg.ScheduleDefinition
     compact_schedule: dg.ScheduleDefinition
@@ -94,6 +98,8 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     backfill = build_backfill_job(config, table)
     clean = build_clean_job(config, table)
     compact = build_compact_job(config, table)
+    decide = build_decide_job(config)
+    recover = build_recover_job(config)
     schedule = build_next_batch_schedule(config, micro_batch, batches)
     clean_schedule = build_clean_schedule(config, clean)
     compact_schedule = build_compact_schedule(config, compact)
@@ -101,7 +107,8 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         build_redrive_sensor(config, batches, redrive, backfill),
         build_stuck_sensor(config),
         build_run_failure_sensor(
-            config, [micro_batch, next_batch, continuous, redrive, backfill, clean, compact]
+            config,
+            [micro_batch, next_batch, continuous, redrive, backfill, clean, compact, recover],
         ),
         build_history_sensor(config, batches, table),
         build_checks_sensor(config),
@@ -109,7 +116,10 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     definitions = dg.Definitions(
         assets=[topic, table, quarantine, *derived],
         asset_checks=[build_table_checks(config)],
-        jobs=[micro_batch, next_batch, continuous, redrive, backfill, clean, compact],
+        jobs=[
+            *(micro_batch, next_batch, continuous, redrive, backfill, clean, compact),
+            *(decide, recover),
+        ],
         schedules=[schedule, clean_schedule, compact_schedule],
         sensors=sensors,
         resources=resources,
@@ -127,6 +137,8 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         backfill=definitions.resolve_job_def(backfill.name),
         clean=definitions.resolve_job_def(clean.name),
         compact=definitions.resolve_job_def(compact.name),
+        decide=definitions.resolve_job_def(decide.name),
+        recover=definitions.resolve_job_def(recover.name),
         schedule=schedule,
         clean_schedule=clean_schedule,
         compact_schedule=compact_schedule,

@@ -683,7 +683,8 @@ def test_derived_outputs_are_assets_materialized_per_batch_and_checked_against_t
         ) as context:
             result = checks(context)
         assert isinstance(result, dg.SensorResult)
-        found = {e.check_name: e for e in result.asset_events if e.check_name in names}
+        evaluations = [e for e in result.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
+        found = {e.check_name: e for e in evaluations if e.check_name in names}
         assert sorted(found) == sorted(names)
         return found, result.cursor
 

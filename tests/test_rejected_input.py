@@ -124,13 +124,19 @@ def test_only_refusals_of_the_request_become_rejections(instance: dg.DagsterInst
     run = instance.get_run_by_id(refused.run_id)
     assert run is not None and run.tags[REJECTED_TAG] == "BusyError"
 
-    # a command the refusal names is spelled for the pipeline's config file, as in the CLI
-    recreated = TopicChangedError(f"topic t was re-created; run `{accept_topic_command('id-2')}`")
+    # a command the refusal names reads, in the UI, as the job that does it and its
+    # Launchpad config (orchestration/decisions/spelling.py); the rest spelled for the file
+    recreated = TopicChangedError(
+        f"topic t was re-created; run `{accept_topic_command('id-2')}`; see {CONFIG_PLACEHOLDER}"
+    )
     spelled = run_refusing(instance, recreated)
     (failed,) = [e for e in spelled.all_events if e.event_type_value == "STEP_FAILURE"]
     shown = failed.step_failure_data.user_failure_data
     assert shown is not None and CONFIG_PLACEHOLDER not in (shown.description or "")
-    assert f"exactly skip new-topic -c {CONFIG_FILE} --topic-id id-2" in (shown.description or "")
+    assert shown.description == (
+        "Refused: topic t was re-created; run the pv_decide job with "
+        f"`kind: new-topic, topic_id: id-2, reason: <why>`; see {CONFIG_FILE}."
+    )
 
     lost = DataLossError("t-0[0,10): offsets [0, 5) are no longer in Kafka")
     assert rejection_sentence(lost) == (

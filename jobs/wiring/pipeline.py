@@ -9,6 +9,7 @@ code. `build` and `build_backfill` hand out a single coordinator for short-lived
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -20,12 +21,15 @@ from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.sources.topics_source import offset_source_for
 from jobs.stage.spark_stager import SharedSpark, SparkStager
 from ledger.coordinator.backfill import plan_backfill
+from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillMode, backfill_app_id
 from ledger.core.batch import Batch, BatchKind
+from ledger.core.decisions import Decision, DecisionKind, Request
 from ledger.core.ports import Incident
 from ledger.core.protocol import PUBLISHED
 from ledger.store.ledger_store import LedgerStore
+from resources.config.derived_spec import UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
 from resources.kafka.client import KafkaClient
 from resources.object_storage import storage
@@ -89,6 +93,20 @@ class Pipeline:
         if batch.kind == BatchKind.BACKFILL:
             return self.backfill(batch.params.get("transform"))
         return self.live
+
+    def decide(self, request: Request) -> Decision:
+        """Record an operator's decision (ledger/core/decisions.py) on the live positions,
+        as `exactly skip` and the `<pipeline>_decide` job both ask. A new-topic decision is
+        refused while an upsert output's table holds the old topic's rows, so it is told
+        which of them exist."""
+        if request.kind is DecisionKind.NEW_TOPIC:
+            upserts = tuple(
+                spec.name
+                for spec, delta in getattr(self.live.publisher, "derived", ())
+                if isinstance(spec, UpsertOutput) and delta.load() is not None
+            )
+            request = dataclasses.replace(request, upsert_outputs=upserts)
+        return record_decision(self.live, request, self.live.store.now())
 
     def recover(self, planning: BatchKind = BatchKind.LIVE) -> list[Batch]:
         """Finish every voted batch of the pipeline, live and backfill alike, and abandon

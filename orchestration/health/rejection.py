@@ -31,7 +31,14 @@ from dagster._core.errors import DagsterUserCodeProcessError
 from dagster._utils.error import SerializableErrorInfo
 
 from ledger.core.backfill import BackfillError
-from ledger.core.errors import BusyError, DataLossError, ExactlyError, TopicChangedError
+from ledger.core.errors import (
+    BusyError,
+    DataLossError,
+    DecisionError,
+    ExactlyError,
+    TopicChangedError,
+)
+from orchestration.decisions.spelling import as_launchpad
 from orchestration.resources import resource_in
 from orchestration.tags import REJECTED_TAG
 
@@ -43,6 +50,7 @@ REJECTIONS: Mapping[type[ExactlyError], str | None] = {
     BusyError: None,
     TopicChangedError: None,
     DataLossError: "choose ranges that Kafka still holds",
+    DecisionError: None,
 }
 
 
@@ -90,7 +98,9 @@ def rejected(
     metadata: Mapping[str, Any],
 ) -> Refusal:
     """Mark the run as rejected input and return the failure that ends it with `sentence`,
-    the commands it names spelled for the pipeline's config file."""
+    the commands it names as the jobs that do them (orchestration/decisions/spelling.py)
+    and the rest spelled for the pipeline's config file."""
     context.instance.add_run_tags(context.run_id, {REJECTED_TAG: refused_by})
-    shown = resource_in(context, pipeline).spell(sentence)
+    launchpad = as_launchpad(sentence, pipeline, flags=refused_by == DecisionError.__name__)
+    shown = resource_in(context, pipeline).spell(launchpad)
     return Refusal(shown, {**metadata, "refused_by": refused_by})
