@@ -113,19 +113,14 @@ def stage(
     cache: the rows of both outputs go through one write that routes each row to its
     output's folder (`routed`), the count and fingerprint of the records read and the
     fingerprint of the rows written are observed inside that job, and the quarantined rows
-    are then moved to the quarantine's folder (`move_quarantine`). (The former plans, which
-    cached the batch to write the two outputs in two jobs, survive only in the benchmark,
-    which compares them: bench/, BENCHMARKS.md.)
+    are then moved to the quarantine's folder (`move_quarantine`). (The former plans, two
+    jobs over a cached batch, survive in the benchmark only: bench/, BENCHMARKS.md.)
     """
     seconds: dict[str, float] = {}
     observation = Observation()
-    source = with_coordinates(
-        read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
-    ).observe(
+    source = _observed(
+        with_coordinates(read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id),
         observation,
-        F.count(F.lit(1)).alias(RECORDS_READ),
-        coordinates.fingerprint(),
-        F.max(F.unix_millis(F.col(TIMESTAMP))).alias(NEWEST_RECORD_MS),
     )
     out = _transformed(source, transform, transform_name)
     out = with_partition_columns(out, partition_by, transform_name)
@@ -149,9 +144,7 @@ def stage(
         table_roots=table_roots,
         seconds=seconds,
     )
-    newest = _observed_metrics(observation, wait_s=0.0) or {}
-    if newest.get(NEWEST_RECORD_MS) is not None:
-        output = replace(output, newest_record_ms=int(newest[NEWEST_RECORD_MS]))
+    output = replace(output, newest_record_ms=_newest_record_ms(observation))
     check_coordinates(
         spark,
         output,
@@ -247,6 +240,24 @@ def check_coordinates(
         read_coordinates=read_again,
     )
     output.seconds["check"] = time.perf_counter() - started
+
+
+def _observed(source: DataFrame, observation: Observation) -> DataFrame:
+    """`source` observed in the job that reads it: the records' count and fingerprint (the
+    vote's proof, `check_coordinates`) and the newest Kafka timestamp (the freshness
+    check's, orchestration/health/freshness.py), all in the one pass that stages them."""
+    return source.observe(
+        observation,
+        F.count(F.lit(1)).alias(RECORDS_READ),
+        coordinates.fingerprint(),
+        F.max(F.unix_millis(F.col(TIMESTAMP))).alias(NEWEST_RECORD_MS),
+    )
+
+
+def _newest_record_ms(observation: Observation) -> int | None:
+    """The newest Kafka timestamp `_observed` saw (epoch ms), if it was reported."""
+    newest = (_observed_metrics(observation, wait_s=0.0) or {}).get(NEWEST_RECORD_MS)
+    return None if newest is None else int(newest)
 
 
 def observed_fingerprint(
