@@ -447,3 +447,39 @@ def test_a_table_created_with_a_timestamp_ntz_column_stays_readable_by_delta_spa
     version = DeltaTable(uri).version()
     target.ensure_table(schema)
     assert DeltaTable(uri).version() == version
+
+
+def test_a_log_entry_listed_before_its_content_is_readable_is_read_again(
+    tmp_path: Path,
+) -> None:
+    """A store that lists a log entry while its writer is still writing it (s3proxy's
+    filesystem backend creates the object with its If-None-Match check, then streams the
+    bytes in) shows a version 0 with no metadata. Found by tests/test_s3_commit_race.py on
+    a loaded machine: the loser of a race to create the table failed with delta-rs's `No
+    table metadata or protocol found`. A fresh load reads such a log again, briefly."""
+    made = tmp_path / "made"
+    write_deltalake(str(made), pa.table({"x": [1, 2]}))
+    root = tmp_path / "table"
+    shutil.copytree(made, root)
+    entry = root / "_delta_log" / "00000000000000000000.json"
+    content = entry.read_bytes()
+    entry.write_bytes(b"")  # listed, not yet written
+
+    writer = threading.Timer(0.4, entry.write_bytes, args=(content,))
+    writer.start()
+    try:
+        table = DeltaTarget(str(root)).load()
+    finally:
+        writer.join()
+    assert table is not None and table.version() == 0
+    assert table.to_pyarrow_table()["x"].to_pylist() == [1, 2]
+
+
+def test_a_log_that_never_gets_its_metadata_is_not_a_delta_table(tmp_path: Path) -> None:
+    from ledger.core.errors import ConfigError
+
+    log = tmp_path / "table" / "_delta_log"
+    log.mkdir(parents=True)
+    (log / "00000000000000000000.json").write_text('{"commitInfo": {"timestamp": 1}}\n')
+    with pytest.raises(ConfigError, match=r"`.*/table` is not a Delta table \(delta-rs: "):
+        DeltaTarget(str(tmp_path / "table")).load()
