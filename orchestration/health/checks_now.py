@@ -7,6 +7,9 @@ evaluates them itself and reports the results as runless events, with the lag as
 observation of the topic asset. The checks sensor still alerts on them, once per failure,
 as before.
 
+The derived outputs' checks are left to the sensor: each recomputes its output from the
+whole table, a cost that grows with the table and has no place in every batch's run.
+
 It never fails the run: the batch is committed and acked by then. A check that cannot be
 evaluated now (Kafka unreachable for the lag) is logged in one line, left to the sensor.
 """
@@ -23,7 +26,8 @@ from resources.failures.lines import one_line
 def report_checks_after_commit(context: dg.OpExecutionContext, pipeline: str) -> int:
     """Evaluate and report every check of `pipeline` now; returns how many were reported."""
     try:
-        found = verdicts(resource_in(context, pipeline), context.log.warning, context.instance)
+        resource = resource_in(context, pipeline)
+        found = verdicts(resource, context.log.warning, context.instance, derived=False)
     except Exception as exc:  # the commit stands; the sensor evaluates on its next tick
         context.log.warning(
             f"the checks were not evaluated after the commit: {one_line(str(exc))}; "
