@@ -223,6 +223,15 @@ def test_a_driver_jvm_that_exited_is_told_by_its_log(tmp_path: Path) -> None:
     assert f"(its log: {log}); see its log for why" in killed.line
     assert out_of_memory_in(tmp_path / "absent.log") is None
 
+    # the JVM died under the call: py4j's error cannot even print itself (seen in CI)
+    class Py4JJavaError(Exception):
+        def __str__(self) -> str:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    log.write_text("java.lang.OutOfMemoryError: Java heap space\n")
+    unreadable = describe_failure(Py4JJavaError(), "exactly run", context)
+    assert unreadable.cause == SPARK_OOM, unreadable.line
+
 
 class PythonException(Exception):
     """Stands for pyspark's PythonException: what a Spark Python worker raised, as text."""

@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from resources.config.pipeline_config import PipelineConfig
 
+#: What `text_of` says of an error that cannot print itself: py4j asks the JVM for a Java
+#: error's text, and a JVM that died under the call (a local-mode OutOfMemoryError) cannot.
+UNREADABLE = "its text cannot be read: the JVM that raised it is gone"
 #: The longest part of an error's text a line quotes.
 QUOTED_CHARS = 300
 
@@ -158,8 +161,8 @@ def text_of(exc: BaseException) -> str:
     exceptions and their causes too, and the Java stack pyspark keeps beside its own."""
     try:
         text = f"{type(exc).__name__}: {exc}"
-    except Exception:  # a py4j error whose JVM is gone cannot always print itself
-        text = type(exc).__name__
+    except Exception:  # a py4j error asks the JVM for its text: it cannot once the JVM is gone
+        text = f"{type(exc).__name__}: {UNREADABLE}"
     stack = java_stack(exc)
     return f"{text}\n{stack}" if stack and stack not in text else text
 
@@ -213,7 +216,7 @@ _TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
         re.compile(
             r"Answer from Java side is empty|Error while sending or "
             r"receiving|SparkContext was shut down|Py4JNetworkError|"
-            r"Cannot call methods on a stopped SparkContext"
+            r"Cannot call methods on a stopped SparkContext|" + re.escape(UNREADABLE)
         ),
     ),
     (
