@@ -24,6 +24,7 @@ UNFORESEEN_EXIT_CODE = 1
 
 def build_parser() -> argparse.ArgumentParser:
     from exactly_cli import (
+        abandon_cmd,
         backfill_cmd,
         bench_cmd,
         clean_cmd,
@@ -48,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     clean_cmd.register(sub)
     derived_cmd.register(sub)
     skip_cmd.register(sub)
+    abandon_cmd.register(sub)
     spark_cmd.register(sub)
     return parser
 

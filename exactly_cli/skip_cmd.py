@@ -22,7 +22,7 @@ from ledger.core.errors import ConfigError
 from resources.config.loading import load_config
 
 
-def _default_user() -> str:
+def default_user() -> str:
     try:
         return getpass.getuser()
     except (OSError, KeyError):
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-c", "--config", required=True, help="pipeline config file (YAML)")
     common.add_argument("--reason", required=True, help="why; recorded with the decision")
-    common.add_argument("--by", default=_default_user(), help="who decides (default: the OS user)")
+    common.add_argument("--by", default=default_user(), help="who decides (default: the OS user)")
     common.add_argument(
         "--topic", help="the topic the decision is about (required when the pipeline reads several)"
     )

@@ -1,6 +1,6 @@
 """Everything Dagster knows of one pipeline config, assembled in one place: its resources,
 its batch partitions, its assets (the topic, the table, the quarantine and one per derived
-output) and the table checks, its seven jobs, its three schedules and its five sensors.
+output) and the table checks, its jobs, its three schedules and its five sensors.
 
 Each piece is built by the module named for it; this module only wires them together and
 declares the resources once, in the pipeline's `Definitions`, which the code location
@@ -25,6 +25,7 @@ from orchestration.batches.next_batch_job import build_next_batch_job
 from orchestration.batches.next_batch_schedule import build_next_batch_schedule
 from orchestration.batches.redrive_job import build_redrive_job
 from orchestration.batches.redrive_sensor import build_redrive_sensor
+from orchestration.decisions.abandon_job import build_abandon_job
 from orchestration.decisions.decide_job import build_decide_job
 from orchestration.decisions.recover_job import build_recover_job
 from orchestration.health.checks_sensor import build_checks_sensor
@@ -60,6 +61,7 @@ class PipelineDefinitions:
     compact: dg.JobDefinition
     decide: dg.JobDefinition
     recover: dg.JobDefinition
+    abandon: dg.JobDefinition
     schedule: dg.ScheduleDefinition
     clean_schedule: dg.ScheduleDefinition
     compact_schedule: dg.ScheduleDefinition
@@ -91,35 +93,32 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
     quarantine = quarantine_spec(config, batches)
     derived = tuple(derived_spec(config, output, batches) for output in config.derived)
     one_batch = build_micro_batch_graph(config, batches, table)
-    micro_batch = build_micro_batch_job(config, one_batch, batches)
-    next_batch = build_next_batch_job(config, one_batch)
-    continuous = build_continuous_job(config, batches, table)
-    redrive = build_redrive_job(config, batches, table)
-    backfill = build_backfill_job(config, table)
-    clean = build_clean_job(config, table)
-    compact = build_compact_job(config, table)
-    decide = build_decide_job(config)
-    recover = build_recover_job(config)
-    schedule = build_next_batch_schedule(config, micro_batch, batches)
-    clean_schedule = build_clean_schedule(config, clean)
-    compact_schedule = build_compact_schedule(config, compact)
+    jobs = {
+        "micro_batch": build_micro_batch_job(config, one_batch, batches),
+        "next_batch": build_next_batch_job(config, one_batch),
+        "continuous": build_continuous_job(config, batches, table),
+        "redrive": build_redrive_job(config, batches, table),
+        "backfill": build_backfill_job(config, table),
+        "clean": build_clean_job(config, table),
+        "compact": build_compact_job(config, table),
+        "decide": build_decide_job(config),
+        "recover": build_recover_job(config),
+        "abandon": build_abandon_job(config),
+    }
+    schedule = build_next_batch_schedule(config, jobs["micro_batch"], batches)
+    clean_schedule = build_clean_schedule(config, jobs["clean"])
+    compact_schedule = build_compact_schedule(config, jobs["compact"])
     sensors = [
-        build_redrive_sensor(config, batches, redrive, backfill),
+        build_redrive_sensor(config, batches, jobs["redrive"], jobs["backfill"]),
         build_stuck_sensor(config),
-        build_run_failure_sensor(
-            config,
-            [micro_batch, next_batch, continuous, redrive, backfill, clean, compact, recover],
-        ),
+        build_run_failure_sensor(config, list(jobs.values())),
         build_history_sensor(config, batches, table),
         build_checks_sensor(config),
     ]
     definitions = dg.Definitions(
         assets=[topic, table, quarantine, *derived],
         asset_checks=[build_table_checks(config)],
-        jobs=[
-            *(micro_batch, next_batch, continuous, redrive, backfill, clean, compact),
-            *(decide, recover),
-        ],
+        jobs=list(jobs.values()),
         schedules=[schedule, clean_schedule, compact_schedule],
         sensors=sensors,
         resources=resources,
@@ -130,15 +129,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         resources=resources,
         batches=batches,
         table=table,
-        micro_batch=definitions.resolve_job_def(micro_batch.name),
-        next_batch=definitions.resolve_job_def(next_batch.name),
-        continuous=definitions.resolve_job_def(continuous.name),
-        redrive=definitions.resolve_job_def(redrive.name),
-        backfill=definitions.resolve_job_def(backfill.name),
-        clean=definitions.resolve_job_def(clean.name),
-        compact=definitions.resolve_job_def(compact.name),
-        decide=definitions.resolve_job_def(decide.name),
-        recover=definitions.resolve_job_def(recover.name),
+        **{key: definitions.resolve_job_def(job.name) for key, job in jobs.items()},
         schedule=schedule,
         clean_schedule=clean_schedule,
         compact_schedule=compact_schedule,

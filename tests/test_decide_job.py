@@ -56,6 +56,11 @@ def test_the_ledger_s_commands_read_as_the_jobs_that_do_them() -> None:
     assert as_launchpad("or run `exactly recover -c <config>`, which commits it", "p") == (
         "or run the p_recover job, which commits it"
     )
+    hung = "if it is hung, run `exactly abandon -c <config> 7 --backfill --reason '...'`, which"
+    assert as_launchpad(hung, "p") == (
+        "if it is hung, run the p_abandon job with `batch_id: 7, backfill: true, reason: <why>`,"
+        " which"
+    )
 
 
 @pytest.mark.integration

@@ -9,7 +9,7 @@ from unittest.mock import MagicMock
 import dagster as dg
 import pytest
 
-from ledger.core.batch import RESTAGE, utcnow
+from ledger.core.batch import RESTAGE, BatchKind, utcnow
 from ledger.core.protocol import BatchState
 from orchestration.health.holder import Holder, holder_metadata, release_text
 from orchestration.health.table_checks import judge_stuck
@@ -24,9 +24,14 @@ def test_a_live_owner_outside_dagster_is_named_by_process_and_host() -> None:
     text = release_text(PREPARED, Holder(owner_alive=True, redrive_on=True), "pv")
     assert text == (
         "Its owner, process 1 on h, is alive outside Dagster (a command line or a continuous "
-        "run), and recovery leaves a live owner its batch: if it is hung, stop it; then "
-        "pv_redrive_sensor commits it after that."
+        "run), and recovery leaves a live owner its batch: if it is hung, run `exactly "
+        "abandon -c <config> 7 --reason '...'`, which fences its attempt and commits it; then "
+        "stop the process."
     )
+    backfill = a_batch(7, S.PLANNED, kind=BatchKind.BACKFILL)
+    hung = release_text(backfill, Holder(owner_alive=True), "pv")
+    assert "`exactly abandon -c <config> 7 --backfill --reason '...'`" in hung
+    assert "abandons it, and the next batch reads its ranges again" in hung
 
 
 def test_a_run_holding_the_batch_is_named_whether_its_owner_lives_or_not() -> None:
@@ -34,7 +39,10 @@ def test_a_run_holding_the_batch_is_named_whether_its_owner_lives_or_not() -> No
     assert alive.startswith(
         "Its owner, process 1 on h, is alive, in Dagster run run-a, and recovery "
     )
-    assert "if that run is hung, terminate it; then pv_redrive_sensor commits it" in alive
+    assert alive.endswith(
+        "if that run is hung, launch the pv_abandon job with `batch_id: 7, reason: <why>`, "
+        "which terminates the run, fences its attempt and commits it."
+    )
     unseen = release_text(PREPARED, Holder(False, ("run-a",), False), "pv")
     assert unseen == (
         "Its owner, process 1 on h, is gone, but Dagster still shows run run-a as running "

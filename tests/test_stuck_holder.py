@@ -100,14 +100,16 @@ def test_a_hung_owner_and_a_run_that_died_unseen_are_named_with_what_frees_the_b
             f"Its owner, process {child.pid} on {host}, is alive outside Dagster" in (alert["text"])
         ), alert["text"]
         assert (
-            "if it is hung, stop it; then pageviews_redrive_sensor is stopped: turn it on, or "
-            f"run `exactly recover -c {config_path(config)}`, which commits it."
+            f"if it is hung, run `exactly abandon -c {config_path(config)} 1 --reason '...'`, "
+            "which fences its attempt and commits it; then stop the process."
         ) in alert["text"], alert["text"]
         assert "retries" not in alert["text"], alert["text"]
         assert alert["details"]["owner_alive"] is True
         assert alert["details"]["owner"].startswith(f"{host}:{child.pid}")
         held = stuck_check(jobs, instance)
         assert f"process {child.pid} on {host}, is alive" in held.text, held.text
+        # in the UI, the command is the job that does it
+        assert "run the pageviews_abandon job with `batch_id: 1, reason: <why>`" in held.text
         assert held.metadata["owner_alive"] is True and "holding_run" not in held.metadata
         # while it lives, recovery leaves it alone: the re-drive sensor launches nothing
         requests, _ = evaluate(jobs, instance, "_redrive_sensor", None)

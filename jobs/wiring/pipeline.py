@@ -22,6 +22,7 @@ from jobs.sources.topics_source import offset_source_for
 from jobs.stage.spark_stager import SharedSpark, SparkStager
 from ledger.coordinator.backfill import plan_backfill
 from ledger.coordinator.decisions import record_decision
+from ledger.coordinator.release import release
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillMode, backfill_app_id
 from ledger.core.batch import Batch, BatchKind
@@ -107,6 +108,12 @@ class Pipeline:
             )
             request = dataclasses.replace(request, upsert_outputs=upserts)
         return record_decision(self.live, request, self.live.store.now())
+
+    def abandon(self, batch_id: int, *, backfill: bool, who: str, reason: str) -> Batch:
+        """Release a batch its hung owner holds (ledger/coordinator/release.py): abandoned if
+        it never voted, finished now if it did; its attempt fenced either way. As
+        `exactly abandon` and the `<pipeline>_abandon` job both ask."""
+        return release(self.backfill() if backfill else self.live, batch_id, who, reason)
 
     def recover(self, planning: BatchKind = BatchKind.LIVE) -> list[Batch]:
         """Finish every voted batch of the pipeline, live and backfill alike, and abandon

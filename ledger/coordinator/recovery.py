@@ -126,6 +126,21 @@ def redrive(tpc: TwoPhaseCommit, batch_id: int) -> Batch | None:
     return None
 
 
+def take_over(tpc: TwoPhaseCommit, batch: Batch) -> Batch:
+    """Finish a voted batch now under a new attempt, whether or not its owner may be alive:
+    an operator's release of a batch its hung owner holds (ledger/coordinator/release.py).
+
+    Safe against the owner waking up: its token stops working at the takeover, so its next
+    ledger write is refused (invariant 6), and a publish it had already begun meets this
+    one at each output's compare-and-set (one Delta version per batch, max_commit_retries
+    0, the PostgreSQL state row), so each output holds the batch once.
+    """
+    with finishing(tpc, batch):
+        if batch.state in MUST_FINISH:
+            return _finish_voted(tpc, batch)
+        return _finish_restaging(tpc, batch)
+
+
 @contextmanager
 def finishing(tpc: TwoPhaseCommit, batch: Batch) -> Iterator[None]:
     """Say, when a voted batch cannot be finished now, which outputs hold it.

@@ -4,7 +4,8 @@ The ledger's refusals name what to do as the command line does it (`exactly skip
 -c <config> --topic-id X`, "add --force"): one text for both, written once, where the rule
 lives. In a run's failure the operator is in the UI, so the same sentence names the
 `<pipeline>_decide` job and its Launchpad config instead (`kind: new-topic, topic_id: X`),
-and `exactly recover` the `<pipeline>_recover` job. Pure text, tested on the ledger's own
+`exactly recover` the `<pipeline>_recover` job, and `exactly abandon` the
+`<pipeline>_abandon` job. Pure text, tested on the ledger's own
 sentences (tests/test_decide_job.py).
 """
 
@@ -19,6 +20,9 @@ from orchestration.names import dagster_name
 #: backticks
 _SKIP = re.compile(r"`?exactly skip (?P<kind>[a-z-]+) -c \S+(?P<args>.*?) --reason '\.\.\.'`?")
 _RECOVER = re.compile(r"`?exactly recover -c [^\s`]+`?")
+_ABANDON = re.compile(
+    r"`?exactly abandon -c \S+ (?P<id>\d+)(?P<backfill> --backfill)? --reason '\.\.\.'`?"
+)
 #: the CLI's flags and the decide job's config keys (longest first: --topic-id before --topic)
 _FLAGS = {
     "topic-id": "topic_id",
@@ -57,13 +61,21 @@ def _key(flag: re.Match[str]) -> str:
 
 
 def as_launchpad(text: str, pipeline: str, flags: bool = False) -> str:
-    """`text` with each `exactly skip`/`exactly recover` command as the job that does it;
+    """`text` with each `exactly skip`/`recover`/`abandon` command as the job that does it;
     with `flags` (a decision's own refusal), its option names as the decide job's keys."""
     name = dagster_name(pipeline)
     text = _SKIP.sub(
         lambda m: f"the {name}_decide job with `{_launchpad(m['kind'], m['args'])}`", text
     )
     text = _RECOVER.sub(f"the {name}_recover job", text)
+    text = _ABANDON.sub(
+        lambda m: (
+            f"the {name}_abandon job with `batch_id: {m['id']}"
+            + (", backfill: true" if m["backfill"] else "")
+            + ", reason: <why>`"
+        ),
+        text,
+    )
     if flags:
         text = _FLAG.sub(
             lambda m: "`force: true`" if m[1] == "force" else f"`{_FLAGS[m[1]]}`", text

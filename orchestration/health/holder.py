@@ -10,8 +10,10 @@ it is terminated. And the re-drive sensor ships stopped. So an operator told to 
 for ever.
 
 `release_text` says, from three facts gathered by `holder_of`, who holds the batch and the
-one thing to do: terminate run X, stop process P on host H, turn the re-drive sensor on or
-run `exactly recover`, or nothing (the sensor is about to finish it). The stuck alert
+one thing to do: release a hung run's batch with the `<pipeline>_abandon` job, or a hung
+process's with `exactly abandon` (ledger/coordinator/release.py: both fence its attempt and
+abandon or finish the batch); terminate a run whose process died unseen; turn the re-drive
+sensor on or run `exactly recover`; or nothing (the sensor is about to finish it). The stuck alert
 (orchestration/health/stuck_sensor.py) and the `no_stuck_batch` check
 (orchestration/health/table_checks.py) both say it; the check links the run.
 """
@@ -92,6 +94,22 @@ def _who_finishes(batch: Batch, holder: Holder, pipeline: str, when: str) -> str
     return f"{sensor} (when it runs) or {recover} {_finishes(batch)}"
 
 
+def abandon_command(batch: Batch) -> str:
+    """The command that releases `batch` from a hung owner (exactly_cli/abandon_cmd.py);
+    shown in Dagster as the `<pipeline>_abandon` job (orchestration/decisions/spelling.py)."""
+    backfill = " --backfill" if batch.kind == BatchKind.BACKFILL else ""
+    return f"`exactly abandon -c {CONFIG_PLACEHOLDER} {batch.batch_id}{backfill} --reason '...'`"
+
+
+def abandon_job_text(batch: Batch, pipeline: str) -> str:
+    """The abandon job and its Launchpad config for `batch`, for a run that holds it."""
+    backfill = ", backfill: true" if batch.kind == BatchKind.BACKFILL else ""
+    return (
+        f"the {dagster_name(pipeline)}_abandon job with `batch_id: {batch.batch_id}"
+        f"{backfill}, reason: <why>`"
+    )
+
+
 def run_url(dagster_url: str | None, run_id: str) -> str | None:
     """The run's page in the Dagster UI at `dagster_url` (alerts.dagster_url), if set."""
     return f"{dagster_url.rstrip('/')}/runs/{run_id}" if dagster_url else None
@@ -110,7 +128,8 @@ def release_text(
     if holder.runs and holder.owner_alive:
         return (
             f"{owner} is alive, in Dagster run {run}, and recovery leaves a live owner its "
-            f"batch: if that run is hung, terminate it; then {then}."
+            f"batch: if that run is hung, launch {abandon_job_text(batch, pipeline)}, which "
+            f"terminates the run, fences its attempt and {_finishes(batch)}."
         )
     if holder.runs:
         return (
@@ -120,7 +139,9 @@ def release_text(
     if holder.owner_alive:
         return (
             f"{owner} is alive outside Dagster (a command line or a continuous run), and "
-            f"recovery leaves a live owner its batch: if it is hung, stop it; then {then}."
+            f"recovery leaves a live owner its batch: if it is hung, run "
+            f"{abandon_command(batch)}, which fences its attempt and {_finishes(batch)}; "
+            "then stop the process."
         )
     now = _who_finishes(batch, holder, pipeline, "on its next tick")
     return f"{owner} is gone and no Dagster run holds it: {now}."

@@ -41,6 +41,7 @@ from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import IN_FLIGHT, PUBLISHED
 from ledger.core.stuck import batch_key, decide_stuck, in_state_since
 from orchestration.assets import quarantine_key, table_key, topic_key
+from orchestration.decisions.spelling import as_launchpad
 from orchestration.health.derived_checks import derived_check_specs, derived_verdicts
 from orchestration.health.freshness import freshness_spec, judge_freshness
 from orchestration.health.holder import Holder, holder_metadata, holder_of, release_text
@@ -324,8 +325,9 @@ def verdicts(
     instance: dg.DagsterInstance | None = None,
     derived: bool = True,
 ) -> list[Verdict]:
-    """Every check's verdict now, as Dagster shows it (the commands it names spelled for the
-    config file); a check that cannot tell is left out, and logged. `instance`: whose runs
+    """Every check's verdict now, as Dagster shows it (the commands it names as the jobs that
+    do them, the rest spelled for the config file); a check that cannot tell is left out,
+    and logged. `instance`: whose runs
     may hold a stuck batch. `derived=False` leaves out the derived outputs' checks, which
     recompute each output from the whole table."""
     pipeline = resource.pipeline()
@@ -369,7 +371,7 @@ def verdicts(
             found.append(judged)
     if derived:
         found += derived_verdicts(pipeline, log)
-    return [replace(v, text=resource.spell(v.text)) for v in found]
+    return [replace(v, text=resource.spell(as_launchpad(v.text, name))) for v in found]
 
 
 def build_table_checks(config: PipelineConfig) -> dg.AssetChecksDefinition:
