@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 
-from ledger.core.errors import ConfigError
 from resources.config.loading import load_config
 
 
@@ -35,42 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
-    from jobs.derived.rebuild import rebuild_output
-    from jobs.publish.delta_publisher import DeltaPublisher
-    from resources.config.derived_spec import UpsertOutput
-    from resources.kafka.client import KafkaClient
+    from jobs.derived.rebuild import rebuilt_text
+    from jobs.wiring.pipeline import Pipeline
 
-    config = load_config(args.config)
-    publisher = DeltaPublisher.for_config(config)
-    found = {spec.name: (spec, delta) for spec, delta in publisher.derived}
-    if args.name not in found:
-        known = ", ".join(sorted(found)) or "none"
-        raise ConfigError(
-            f"derived output {args.name!r} is not in {args.config} (its Delta outputs: {known})"
-        )
-    spec, delta = found[args.name]
-    topic_id_now = None
-    if isinstance(spec, UpsertOutput) and not args.empty:
-        # a full upsert rebuild must know each topic's incarnation now, for every topic the
-        # raw table holds rows of, read or not (jobs/derived/rebuild.py)
-        kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
-        listed = set(kafka.topic_names())
-
-        def topic_id_now(topic: str) -> str | None:
-            return kafka.topic_id(topic) if topic in listed else None
-
-    done = rebuild_output(
-        spec,
-        delta,
-        publisher.table,
-        publisher.app_ids,
-        topic_id_now=topic_id_now,
-        empty=args.empty,
-    )
-    holds = ", ".join(f"{a} up to batch {v}" for a, v in done.holds.items()) or "no batch"
-    print(
-        f"rebuilt derived output {done.name}: {done.rows} rows at version {done.version}, "
-        f"from raw table version {done.raw_version} ({holds})",
-        flush=True,
-    )
+    with Pipeline(load_config(args.config)) as pipeline:
+        done = pipeline.rebuild_derived(args.name, empty=args.empty)
+    print(rebuilt_text(done), flush=True)
     return 0

@@ -27,6 +27,7 @@ from orchestration.batches.redrive_job import build_redrive_job
 from orchestration.batches.redrive_sensor import build_redrive_sensor
 from orchestration.decisions.abandon_job import build_abandon_job
 from orchestration.decisions.decide_job import build_decide_job
+from orchestration.decisions.rebuild_job import build_rebuild_job
 from orchestration.decisions.recover_job import build_recover_job
 from orchestration.health.checks_sensor import build_checks_sensor
 from orchestration.health.history_sensor import build_history_sensor
@@ -62,6 +63,7 @@ class PipelineDefinitions:
     decide: dg.JobDefinition
     recover: dg.JobDefinition
     abandon: dg.JobDefinition
+    rebuild: dg.JobDefinition
     schedule: dg.ScheduleDefinition
     clean_schedule: dg.ScheduleDefinition
     compact_schedule: dg.ScheduleDefinition
@@ -104,6 +106,7 @@ def pipeline_definitions(config_path: str | Path) -> PipelineDefinitions:
         "decide": build_decide_job(config),
         "recover": build_recover_job(config),
         "abandon": build_abandon_job(config),
+        "rebuild": build_rebuild_job(config),
     }
     schedule = build_next_batch_schedule(config, jobs["micro_batch"], batches)
     clean_schedule = build_clean_schedule(config, jobs["clean"])

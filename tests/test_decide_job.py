@@ -9,7 +9,9 @@ table asset, and carried by the next batch, which reads the new topic exactly on
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -22,6 +24,7 @@ from ledger.core.protocol import BatchState
 from orchestration.decisions.spelling import as_launchpad
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.tags import REJECTED_TAG
+from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 from tests.fixtures.topic_admin import recreate_topic
 
@@ -133,3 +136,61 @@ def test_the_recover_job_finishes_a_voted_batch(
     batch = jobs.resource.pipeline().store.get(config.app_id, 1)
     assert batch is not None and batch.state is BatchState.ACKED
     assert assert_exactly_once(config, kafka_client) == (120, 0)
+
+
+@pytest.mark.integration
+def test_a_derived_output_added_later_is_built_by_the_rebuild_job(
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    instance: dg.DagsterInstance,
+    tmp_path: Path,
+) -> None:
+    """An output added to a pipeline with history holds the next batch back with a sentence
+    that names the rebuild job (not the command); the job refuses an unknown output as
+    rejected input, builds the named one, and refuses it a second time; the next batch then
+    commits and the output equals its recomputation."""
+    plain = pipeline_factory(2, max_records=500, transform=TRANSFORM)
+    topic = plain.kafka.topic
+    kafka_client.produce_records(topic, user_events(0, 120, 2, tombstone_every=0))
+    assert (
+        pipeline_definitions(config_path(plain))
+        .next_batch.execute_in_process(instance=instance)
+        .success
+    )
+    doc = plain.model_dump(mode="json")
+    doc["derived"] = derived_outputs(tmp_path / "derived")[:1]
+    path = tmp_path / "with-derived.yaml"
+    path.write_text(json.dumps(doc))
+    jobs = pipeline_definitions(path)
+    kafka_client.produce_records(topic, user_events(120, 60, 2, tombstone_every=7))
+
+    blocked = jobs.next_batch.execute_in_process(instance=instance, raise_on_error=False)
+    launch = "the pageviews_rebuild job with `output: views_per_app, reason: <why>`"
+    sentence = failure_sentence(blocked)
+    assert launch in sentence and "exactly derived" not in sentence, sentence
+
+    def rebuild(output: str) -> dg.ExecuteInProcessResult:
+        ops = {"pageviews_rebuild_op": {"config": {"output": output, "reason": "added"}}}
+        return jobs.rebuild.execute_in_process(
+            instance=instance, run_config={"ops": ops}, raise_on_error=False
+        )
+
+    unknown = rebuild("views")
+    assert failure_sentence(unknown).startswith(
+        "Refused: derived output 'views' is not in pipeline pageviews's config (its Delta "
+        "outputs: views_per_app)"
+    ), failure_sentence(unknown)
+    refused = instance.get_run_by_id(unknown.run_id)
+    assert refused is not None and refused.tags[REJECTED_TAG] == "DecisionError"
+    built = rebuild("views_per_app")
+    assert built.success
+    (shown,) = built.asset_materializations_for_node("pageviews_rebuild_op")
+    assert shown.metadata["rebuilt_by"].value == f"Dagster run {built.run_id}"
+    assert shown.metadata["holds"].value == "pageviews/1"
+    again = rebuild("views_per_app")
+    assert "already holds batches (pageviews up to batch 1)" in failure_sentence(again)
+
+    assert jobs.next_batch.execute_in_process(instance=instance).success
+    assert assert_exactly_once(jobs.config, kafka_client)[0] == 180
+    assert_derived_match(jobs.config)

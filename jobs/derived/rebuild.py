@@ -62,6 +62,15 @@ class Rebuilt:
     rows: int
 
 
+def rebuilt_text(done: Rebuilt) -> str:
+    """What a rebuild wrote, in one line for the operator."""
+    holds = ", ".join(f"{a} up to batch {v}" for a, v in done.holds.items()) or "no batch"
+    return (
+        f"rebuilt derived output {done.name}: {done.rows} rows at version {done.version}, "
+        f"from raw table version {done.raw_version} ({holds})"
+    )
+
+
 def behind_reason(
     spec: AggregateOutput | UpsertOutput,
     output: DeltaTarget,

@@ -17,6 +17,7 @@ from functools import cached_property
 from types import TracebackType
 from typing import Any
 
+from jobs.derived.rebuild import Rebuilt, rebuild_output
 from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.sources.topics_source import offset_source_for
 from jobs.stage.spark_stager import SharedSpark, SparkStager
@@ -27,6 +28,7 @@ from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.backfill import BackfillMode, backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.decisions import Decision, DecisionKind, Request
+from ledger.core.errors import DecisionError, InconsistencyError
 from ledger.core.ports import Incident
 from ledger.core.protocol import PUBLISHED
 from ledger.store.ledger_store import LedgerStore
@@ -114,6 +116,41 @@ class Pipeline:
         it never voted, finished now if it did; its attempt fenced either way. As
         `exactly abandon` and the `<pipeline>_abandon` job both ask."""
         return release(self.backfill() if backfill else self.live, batch_id, who, reason)
+
+    def rebuild_derived(self, name: str, *, empty: bool = False) -> Rebuilt:
+        """Build derived output `name`'s table from the raw table (jobs/derived/rebuild.py),
+        as `exactly derived rebuild` and the `<pipeline>_rebuild` job both ask. Every refusal
+        (an unknown name, an output that holds batches, no raw table yet, an upsert over two
+        incarnations of a topic) is the operator's request refused: DecisionError, nothing
+        written."""
+        found = {spec.name: (spec, delta) for spec, delta in self.publisher.derived}
+        if name not in found:
+            known = ", ".join(sorted(found)) or "none"
+            raise DecisionError(
+                f"derived output {name!r} is not in pipeline {self.config.pipeline}'s config "
+                f"(its Delta outputs: {known})"
+            )
+        spec, delta = found[name]
+        topic_id_now = None
+        if isinstance(spec, UpsertOutput) and not empty:
+            # a full upsert rebuild must know each topic's incarnation now, for every topic
+            # the raw table holds rows of, read or not (jobs/derived/rebuild.py)
+            listed = set(self.kafka.topic_names())
+
+            def topic_id_now(topic: str) -> str | None:
+                return self.kafka.topic_id(topic) if topic in listed else None
+
+        try:
+            return rebuild_output(
+                spec,
+                delta,
+                self.publisher.table,
+                self.publisher.app_ids,
+                topic_id_now=topic_id_now,
+                empty=empty,
+            )
+        except InconsistencyError as exc:
+            raise DecisionError(str(exc)) from exc
 
     def recover(self, planning: BatchKind = BatchKind.LIVE) -> list[Batch]:
         """Finish every voted batch of the pipeline, live and backfill alike, and abandon

@@ -4,9 +4,9 @@ The ledger's refusals name what to do as the command line does it (`exactly skip
 -c <config> --topic-id X`, "add --force"): one text for both, written once, where the rule
 lives. In a run's failure the operator is in the UI, so the same sentence names the
 `<pipeline>_decide` job and its Launchpad config instead (`kind: new-topic, topic_id: X`),
-`exactly recover` the `<pipeline>_recover` job, and `exactly abandon` the
-`<pipeline>_abandon` job. Pure text, tested on the ledger's own
-sentences (tests/test_decide_job.py).
+`exactly recover` the `<pipeline>_recover` job, `exactly abandon` the `<pipeline>_abandon`
+job and `exactly derived rebuild` the `<pipeline>_rebuild` job. Pure text, tested on the
+ledger's own sentences (tests/test_decide_job.py).
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from orchestration.names import dagster_name
 #: backticks
 _SKIP = re.compile(r"`?exactly skip (?P<kind>[a-z-]+) -c \S+(?P<args>.*?) --reason '\.\.\.'`?")
 _RECOVER = re.compile(r"`?exactly recover -c [^\s`]+`?")
+_REBUILD = re.compile(
+    r"`?exactly derived rebuild(?P<empty> --empty)? -c [^\s`]+ (?P<output>[A-Za-z0-9_]+)`?"
+)
 _ABANDON = re.compile(
     r"`?exactly abandon -c \S+ (?P<id>\d+)(?P<backfill> --backfill)? --reason '\.\.\.'`?"
 )
@@ -61,13 +64,22 @@ def _key(flag: re.Match[str]) -> str:
 
 
 def as_launchpad(text: str, pipeline: str, flags: bool = False) -> str:
-    """`text` with each `exactly skip`/`recover`/`abandon` command as the job that does it;
-    with `flags` (a decision's own refusal), its option names as the decide job's keys."""
+    """`text` with each `exactly skip`/`recover`/`abandon`/`derived rebuild` command as the
+    job that does it; with `flags` (a decision's own refusal), its option names as the
+    decide job's keys."""
     name = dagster_name(pipeline)
     text = _SKIP.sub(
         lambda m: f"the {name}_decide job with `{_launchpad(m['kind'], m['args'])}`", text
     )
     text = _RECOVER.sub(f"the {name}_recover job", text)
+    text = _REBUILD.sub(
+        lambda m: (
+            f"the {name}_rebuild job with `output: {m['output']}"
+            + (", empty: true" if m["empty"] else "")
+            + ", reason: <why>`"
+        ),
+        text,
+    )
     text = _ABANDON.sub(
         lambda m: (
             f"the {name}_abandon job with `batch_id: {m['id']}"

@@ -5,7 +5,8 @@ trace and a Py4J error whose text is hundreds of Java lines; the cause is buried
 the run-failure sensor's alert quotes the same text. `failures_are_one_line` turns what an
 op raises into the line the CLI prints (exactly_cli, resources/failures/causes.py):
 
-- an `ExactlyError`: its message, the commands it names spelled for the config file;
+- an `ExactlyError`: its message, the commands it names as the jobs that do them
+  (orchestration/decisions/spelling.py), the rest spelled for the config file;
 - a known cause (no space left, a read-only folder, Spark out of memory, ...): one line
   naming the cause and the path or service;
 - anything else: one line saying which op failed, what the error said first, and the log
@@ -34,6 +35,7 @@ from dagster._core.errors import DagsterError, DagsterUserCodeProcessError
 from dagster._utils.error import SerializableErrorInfo
 
 from ledger.core.errors import ExactlyError
+from orchestration.decisions.spelling import as_launchpad
 from orchestration.resources import resource_in
 from resources.failures.causes import FailureContext, context_of
 from resources.failures.lines import UNFORESEEN, describe_failure, one_line
@@ -84,7 +86,11 @@ def failures_are_one_line(context: dg.OpExecutionContext, pipeline: str) -> Iter
             where = context_of(resource.config())
         except Exception:
             where = FailureContext()
-        raise one_line_failure(exc, context.op.name, where, resource.spell) from None
+
+        def spell(text: str) -> str:  # in the UI, a command is the job that does it
+            return resource.spell(as_launchpad(text, pipeline))
+
+        raise one_line_failure(exc, context.op.name, where, spell) from None
 
 
 _Op = TypeVar("_Op", bound=Callable[..., Any])
