@@ -21,6 +21,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+from dagster._core.storage.dagster_run import DagsterRun
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
@@ -30,6 +31,7 @@ from ledger.core.backfill import BackfillMode
 from ledger.core.batch import BatchKind
 from ledger.core.protocol import BatchState, OffsetRange
 from orchestration.assets import quarantine_key
+from orchestration.health.fates import FATE_OF
 from orchestration.metadata import batch_metadata
 from orchestration.pipeline_definitions import PipelineDefinitions, pipeline_definitions
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REJECTED_TAG
@@ -61,6 +63,29 @@ def materializations(
 ) -> list[dg.AssetMaterialization]:
     records = instance.fetch_materializations(jobs.table.key, limit=1000, ascending=True).records
     return [r.asset_materialization for r in records if r.asset_materialization is not None]
+
+
+def fates(jobs: PipelineDefinitions, instance: dg.DagsterInstance) -> list[dg.AssetObservation]:
+    """The fates told on the table asset (orchestration/health/fates.py), oldest first."""
+    records = instance.fetch_observations(jobs.table.key, limit=100, ascending=True).records
+    found = [r.asset_observation for r in records if r.asset_observation is not None]
+    return [o for o in found if FATE_OF in o.metadata]
+
+
+def dead_run(jobs: PipelineDefinitions, instance: dg.DagsterInstance, batch: str) -> str:
+    """A failed micro-batch run of `batch`, as a run whose process died leaves it; its id."""
+    run = DagsterRun(
+        job_name=jobs.micro_batch.name,
+        tags={PIPELINE_TAG: jobs.config.pipeline, BATCH_TAG: batch},
+        status=dg.DagsterRunStatus.FAILURE,
+    )
+    instance.add_run(run)
+    return run.run_id
+
+
+def last_words(instance: dg.DagsterInstance, run_id: str) -> str:
+    """The last message of a run's event log."""
+    return instance.all_logs(run_id)[-1].message
 
 
 def table_materializations(
@@ -230,6 +255,7 @@ def test_a_partition_whose_batch_voted_is_redriven_by_its_run(
     crash_run(config, "after_prepare")  # batch 1 voted, its process died
     jobs = pipeline_definitions(config_path(config))
     instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    died = dead_run(jobs, instance, "1")  # the run that process was
 
     rerun = jobs.micro_batch.execute_in_process(instance=instance, partition_key="1")
     assert rerun.success
@@ -243,8 +269,20 @@ def test_a_partition_whose_batch_voted_is_redriven_by_its_run(
     run = instance.get_run_by_id(rerun.run_id)
     assert run is not None and run.tags.get(BATCH_TAG) == "1" and REJECTED_TAG not in run.tags
     assert assert_exactly_once(config, kafka_client) == (294, 6)
-    evaluate_history(jobs, instance, None)
+    _, cursor = evaluate_history(jobs, instance, None)
     assert len(materializations(jobs, instance)) == 1
+    # what became of the batch, on its partition and at the end of the run that died
+    (fate,) = fates(jobs, instance)
+    assert fate.partition == "1"
+    assert fate.metadata["finished_by_run"] == dg.MetadataValue.dagster_run(rerun.run_id)
+    said = (
+        f"batch pageviews/1 voted, and its first attempt did not finish it: run {rerun.run_id} "
+        "finished it under attempt 2 (ACKED at"
+    )
+    assert str(fate.description).startswith(said), fate.description
+    assert last_words(instance, died).startswith(f"What became of its batch: {said}")
+    evaluate_history(jobs, instance, cursor)
+    assert len(fates(jobs, instance)) == 1  # told once
 
 
 def test_a_partition_whose_batch_was_abandoned_is_refused_in_one_sentence(
@@ -255,6 +293,7 @@ def test_a_partition_whose_batch_was_abandoned_is_refused_in_one_sentence(
     crash_run(config, "after_plan")  # batch 1 planned, its process died before staging
     jobs = pipeline_definitions(config_path(config))
     instance.add_dynamic_partitions(jobs.batches.name, ["1"])
+    died = dead_run(jobs, instance, "1")  # the run that process was
 
     rerun = jobs.micro_batch.execute_in_process(
         instance=instance, partition_key="1", raise_on_error=False
@@ -269,8 +308,22 @@ def test_a_partition_whose_batch_was_abandoned_is_refused_in_one_sentence(
     assert materializations(jobs, instance) == []
 
     # as the sentence says: the next batch reads the abandoned batch's offsets
+    _, cursor = evaluate_history(jobs, instance, None)
+    assert fates(jobs, instance) == []  # told once a batch reads its offsets again
     assert jobs.next_batch.execute_in_process(instance=instance).success
     assert assert_exactly_once(config, kafka_client) == (200, 0)
+    _, cursor = evaluate_history(jobs, instance, cursor)
+    (fate,) = fates(jobs, instance)
+    assert fate.partition == "1"
+    meta = {k: v.value for k, v in fate.metadata.items()}
+    assert (meta["state"], meta["reread_by"]) == ("ABORTED", "pageviews/2")
+    assert str(meta["why"]).startswith("abandoned by recovery: ")
+    said = str(fate.description)
+    assert said.startswith("batch pageviews/1 was abandoned (ABORTED at "), said
+    assert said.endswith("its offsets were read again by batch 2 (ACKED)"), said
+    assert last_words(instance, died) == f"What became of its batch: {said}"
+    evaluate_history(jobs, instance, cursor)
+    assert len(fates(jobs, instance)) == 1
 
 
 def test_the_backfill_and_redrive_jobs_materialize_the_table(

@@ -33,6 +33,7 @@ from jobs.wiring.pipeline import Pipeline
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.protocol import PUBLISHED, BatchState
+from orchestration.health.fates import FATE_OF, has_fate, rereader, tell_fate
 from orchestration.health.liveness import batch_run_tags, run_alive
 from orchestration.metadata import (
     batch_label,
@@ -55,13 +56,23 @@ class HistoryCursor:
     floors: dict[str, int] = field(default_factory=dict)
     #: labels (`app/id`) of batches above their floor known to be materialized
     seen: set[str] = field(default_factory=set)
+    #: the last observation of the table asset read (fates told: orchestration/health/fates.py)
+    after_observation_id: int | None = None
+    #: labels of batches above their floor whose fate is told
+    told: set[str] = field(default_factory=set)
 
     @classmethod
     def parse(cls, text: str | None) -> HistoryCursor:
         if not text:
             return cls()
         data = json.loads(text)
-        return cls(data["after_storage_id"], data["floors"], set(data["seen"]))
+        return cls(
+            data["after_storage_id"],
+            data["floors"],
+            set(data["seen"]),
+            data.get("after_observation_id"),
+            set(data.get("told", ())),
+        )
 
     def dump(self) -> str:
         return json.dumps(
@@ -69,6 +80,8 @@ class HistoryCursor:
                 "after_storage_id": self.after_storage_id,
                 "floors": self.floors,
                 "seen": sorted(self.seen),
+                "after_observation_id": self.after_observation_id,
+                "told": sorted(self.told),
             }
         )
 
@@ -86,7 +99,8 @@ def _label_of(materialization: dg.AssetMaterialization, live_app_id: str) -> str
 
 
 class _EventLog:
-    """The table asset's materializations as far as read, and the batches they record."""
+    """The table asset's materializations and fate observations as far as read, and the
+    batches they record."""
 
     def __init__(
         self, instance: dg.DagsterInstance, table: dg.AssetKey, cursor: HistoryCursor, app: str
@@ -94,9 +108,12 @@ class _EventLog:
         self.instance, self.table, self.app = instance, table, app
         self.after = cursor.after_storage_id
         self.seen = set(cursor.seen)
+        self.after_observation = cursor.after_observation_id
+        self.told = set(cursor.told)
 
     def read(self) -> None:
-        """Read the materializations logged since the last read."""
+        """Read the materializations and observations logged since the last read."""
+        self._read_observations()
         while True:
             page = self.instance.fetch_materializations(
                 dg.AssetRecordsFilter(asset_key=self.table, after_storage_id=self.after),
@@ -109,6 +126,23 @@ class _EventLog:
                 if label:
                     self.seen.add(label)
                 self.after = record.storage_id
+            if not page.has_more:
+                return
+
+    def _read_observations(self) -> None:
+        while True:
+            page = self.instance.fetch_observations(
+                dg.AssetRecordsFilter(
+                    asset_key=self.table, after_storage_id=self.after_observation
+                ),
+                limit=500,
+                ascending=True,
+            )
+            for record in page.records:
+                observation = record.asset_observation
+                if observation is not None and FATE_OF in observation.metadata:
+                    self.told.add(str(observation.metadata[FATE_OF].value))
+                self.after_observation = record.storage_id
             if not page.has_more:
                 return
 
@@ -164,7 +198,19 @@ def record_history(
                         instance.report_runless_asset_event(side)
                     events.seen.add(label)
                     recorded.append(f"batch {label} ({batch.state}) materialized from the ledger")
-            final = batch.state is BatchState.ABORTED or label in events.seen
+            if has_fate(batch) and label not in events.told:
+                again = rereader(batch, found)
+                if batch.state is BatchState.ABORTED and again is None and batch.batch_id == last:
+                    settled = False  # told once the next batch reads its offsets again
+                    continue
+                if _run_may_log(instance, name, batch):
+                    settled = False  # a run of it may still be working: tell it after
+                    continue
+                text = tell_fate(instance, table, name, batch, reread_by=again)
+                events.told.add(label)
+                recorded.append(f"told: {text}")
+            told = not has_fate(batch) or label in events.told
+            final = (batch.state is BatchState.ABORTED or label in events.seen) and told
             settled = settled and final
             if settled:
                 floor = batch.batch_id
@@ -178,7 +224,8 @@ def record_history(
         return not batch_id.isdigit() or int(batch_id) > floors.get(app_id, 0)
 
     seen = {label for label in events.seen if above_floor(label)}
-    return HistoryCursor(events.after, floors, seen), recorded
+    told = {label for label in events.told if above_floor(label)}
+    return HistoryCursor(events.after, floors, seen, events.after_observation, told), recorded
 
 
 def build_history_sensor(

@@ -1,0 +1,129 @@
+"""What became of a batch whose run did not finish it, told where an operator looks: on the
+batch's partition of the table asset, and at the end of each run that worked on it.
+
+Why: a run killed or terminated mid-batch ended in Dagster's words ("out of memory", a
+`DagsterExecutionInterruptedError`, a step "Executing" for ever) and nothing said whether
+its batch voted; an abandoned batch stayed a Missing partition with no word of why, and a
+voted batch finished by the re-drive sensor showed no link between the run that died and
+the run that finished it. The ledger knows each of these fates; the history sensor
+(orchestration/health/history_sensor.py) tells them once each:
+
+- ABORTED: the partition gets an observation saying so, why (the ledger's `error`: owner
+  gone, refused before the vote, abandoned by an operator), when, and which later batch read
+  its offsets again; each failed or canceled run of the batch gets the same sentence as the
+  last event of its log.
+- Voted and finished under a later attempt (its run died after its vote, or its ack was
+  refused and retried): the partition's observation and each dead run's log say who
+  finished it, the run (linked) when a Dagster run did, else recovery outside Dagster, and
+  under which attempt.
+
+Told means the observation exists in the event log (its `fate_of` label), so a sensor
+evaluation that dies halfway tells it again rather than never; a second telling repeats a
+true sentence, which is harmless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import dagster as dg
+
+from ledger.core.batch import Batch, BatchKind
+from ledger.core.protocol import PUBLISHED, BatchState
+from orchestration.health.liveness import batch_run_tags
+from orchestration.tags import BATCH_TAG, PIPELINE_TAG
+
+#: the metadata key of a fate's observation: the batch's label (`app/id`)
+FATE_OF = "fate_of"
+_ENDED = [dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED]
+
+
+def has_fate(batch: Batch) -> bool:
+    """Pure: whether `batch` has a fate to tell: abandoned, or finished by a later attempt
+    than the one that planned it (its first owner died or was fenced)."""
+    return batch.state is BatchState.ABORTED or (batch.state in PUBLISHED and batch.attempt > 1)
+
+
+def overlaps(a: Batch, b: Batch) -> bool:
+    """Pure: whether the two batches' ranges share an offset."""
+    return any(
+        (r.topic, r.partition) == (s.topic, s.partition) and r.start < s.end and s.start < r.end
+        for r in a.ranges
+        for s in b.ranges
+    )
+
+
+def rereader(aborted: Batch, later: Iterable[Batch]) -> Batch | None:
+    """Pure: the first batch after `aborted`, of its application id, that read any of its
+    offsets again; None if none did (yet)."""
+    after = sorted(
+        (b for b in later if b.app_id == aborted.app_id and b.batch_id > aborted.batch_id),
+        key=lambda b: b.batch_id,
+    )
+    return next((b for b in after if overlaps(aborted, b)), None)
+
+
+def fate_text(batch: Batch, *, reread_by: Batch | None = None, finished_by: str | None) -> str:
+    """Pure: the fate of `batch` in one sentence. `finished_by`: the Dagster run that
+    finished a voted batch, None if recovery outside Dagster did."""
+    label = f"{batch.app_id}/{batch.batch_id}"
+    when = batch.updated_at.isoformat(timespec="seconds")
+    if batch.state is BatchState.ABORTED:
+        then = (
+            f"its offsets were read again by batch {reread_by.batch_id} ({reread_by.state})"
+            if reread_by is not None
+            else "no later batch read its offsets (a decision skipped them)"
+        )
+        return f"batch {label} was abandoned (ABORTED at {when}): {batch.error}; {then}"
+    who = f"run {finished_by}" if finished_by else "recovery outside Dagster"
+    return (
+        f"batch {label} voted, and its first attempt did not finish it: {who} finished it "
+        f"under attempt {batch.attempt} ({batch.state} at {when}); the table holds it once"
+    )
+
+
+def runs_of(instance: dg.DagsterInstance, pipeline: str, batch: Batch) -> Sequence[dg.DagsterRun]:
+    tag, key = batch_run_tags(pipeline, batch)
+    return instance.get_runs(dg.RunsFilter(tags={PIPELINE_TAG: tag, BATCH_TAG: key}))
+
+
+def tell_fate(
+    instance: dg.DagsterInstance,
+    table: dg.AssetKey,
+    pipeline: str,
+    batch: Batch,
+    *,
+    reread_by: Batch | None,
+) -> str:
+    """Tell `batch`'s fate on its partition and at the end of each of its runs that failed
+    or was canceled; returns the sentence."""
+    runs = runs_of(instance, pipeline, batch)
+    finisher = next((r for r in runs if r.status is dg.DagsterRunStatus.SUCCESS), None)
+    finished_by = finisher.run_id if finisher and batch.state in PUBLISHED else None
+    text = fate_text(batch, reread_by=reread_by, finished_by=finished_by)
+    label = f"{batch.app_id}/{batch.batch_id}"
+    metadata: dict[str, object] = {
+        FATE_OF: label,
+        "state": str(batch.state),
+        "attempt": str(batch.attempt),
+        "at": batch.updated_at.isoformat(timespec="seconds"),
+    }
+    if batch.state is BatchState.ABORTED:
+        metadata["why"] = batch.error or "not recorded"
+        metadata["reread_by"] = (
+            f"{reread_by.app_id}/{reread_by.batch_id}" if reread_by is not None else "none"
+        )
+    if finished_by:
+        metadata["finished_by_run"] = dg.MetadataValue.dagster_run(finished_by)
+    for run in runs:
+        if run.status in _ENDED:
+            instance.report_engine_event(f"What became of its batch: {text}", dagster_run=run)
+    instance.report_runless_asset_event(
+        dg.AssetObservation(
+            asset_key=table,
+            partition=str(batch.batch_id) if batch.kind == BatchKind.LIVE else None,
+            description=text,
+            metadata=metadata,  # type: ignore[arg-type]
+        )
+    )
+    return text
