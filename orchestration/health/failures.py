@@ -31,7 +31,11 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import dagster as dg
-from dagster._core.errors import DagsterError, DagsterUserCodeProcessError
+from dagster._core.errors import (
+    DagsterError,
+    DagsterExecutionInterruptedError,
+    DagsterUserCodeProcessError,
+)
 from dagster._utils.error import SerializableErrorInfo
 
 from ledger.core.errors import ExactlyError
@@ -52,6 +56,43 @@ class OneLineFailure(DagsterUserCodeProcessError, dg.Failure):
         # DagsterUserCodeProcessError's constructor reaches Failure's with the line only
         self.metadata = dg.Failure(line, metadata).metadata
         self.allow_retries = True
+
+
+class Terminated(DagsterUserCodeProcessError, DagsterExecutionInterruptedError):
+    """A run terminated (from the UI, or its worker interrupted) mid-step, shown as one
+    sentence about its batch instead of Dagster's interruption stack trace. Being an
+    interruption, Dagster still handles it as one (the step fails as interrupted, the run
+    ends canceled); being a user-code process error with one frameless info, that info is
+    what the run view prints (the same path as OneLineFailure)."""
+
+    def __init__(self, sentence: str) -> None:
+        shown = SerializableErrorInfo(message=sentence, stack=[], cls_name=type(self).__name__)
+        super().__init__(sentence, user_code_process_error_infos=[shown])
+
+
+def terminated(context: dg.OpExecutionContext, pipeline: str) -> Terminated:
+    """The one-sentence interruption of a run: what became of the batch it planned (its
+    `exactly/batch` tag, as the ledger has it now)."""
+    from orchestration.health.fates import terminated_text
+    from orchestration.tags import BATCH_TAG
+
+    tag = None
+    try:
+        run = context.instance.get_run_by_id(context.run_id)
+        tag = run.tags.get(BATCH_TAG) if run is not None else None
+        if tag is None:
+            return Terminated(terminated_text(None))
+        app_id, _, batch_id = tag.rpartition("/")
+        store = resource_in(context, pipeline).pipeline().store
+        batch = store.get(app_id or resource_in(context, pipeline).config().app_id, int(batch_id))
+        if batch is None:
+            return Terminated(terminated_text(None))
+        return Terminated(terminated_text(batch))
+    except Exception:  # the ledger cannot say now: say what is always true
+        return Terminated(
+            f"Terminated while working on batch {tag or '(none planned)'}; recovery finishes "
+            "or abandons it by the protocol's rules, and this run's log then says which."
+        )
 
 
 def _as_is(text: str) -> str:
@@ -78,6 +119,10 @@ def failures_are_one_line(context: dg.OpExecutionContext, pipeline: str) -> Iter
     the step with one line (see the module's docstring)."""
     try:
         yield
+    except Terminated:
+        raise
+    except DagsterExecutionInterruptedError:
+        raise terminated(context, pipeline) from None
     except (dg.Failure, DagsterError):
         raise
     except Exception as exc:

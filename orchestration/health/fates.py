@@ -127,3 +127,25 @@ def tell_fate(
         )
     )
     return text
+
+
+def terminated_text(batch: Batch | None) -> str:
+    """Pure: what a run terminated mid-batch leaves, as its step's one sentence: whether the
+    batch voted, and who finishes it or reads its offsets again (told on the run again, as
+    done, once it is)."""
+    if batch is None:
+        return "Terminated before it planned a batch: nothing was written."
+    head = f"Terminated while batch {batch.app_id}/{batch.batch_id} was {batch.state}"
+    if batch.state in PUBLISHED:
+        return f"{head}: it is in the table, once; nothing is lost."
+    if batch.state is BatchState.ABORTED:
+        return f"{head}: nothing of it is published, and the next batch reads its offsets."
+    if batch.state is BatchState.PREPARED or batch.voted_once:
+        return (
+            f"{head}: it voted, so it is never abandoned; the re-drive sensor (or the recover "
+            "job) finishes it under a new attempt, and this run's log then says which run did."
+        )
+    return (
+        f"{head}: it did not vote, so nothing of it is published; recovery abandons it and the "
+        "next batch reads its offsets again, which this run's log then says."
+    )
