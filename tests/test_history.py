@@ -244,7 +244,12 @@ def test_rerunning_a_committed_partition_fails_with_the_way_to_reprocess_it(
         f"pageviews.backfill/{replacement.batch_id}"
     )
     evaluate_history(jobs, instance, None)
-    assert len(materializations(jobs, instance)) == 2
+    assert len(materializations(jobs, instance)) == 2  # the run's materialization names it
+    (told,) = fates(jobs, instance)
+    assert str(told.description).startswith(
+        f"replace backfill pageviews.backfill/{replacement.batch_id} replaced the rows of "
+        "batch(es) 1;"
+    )
 
 
 def test_a_partition_whose_batch_voted_is_redriven_by_its_run(
@@ -369,8 +374,20 @@ def test_the_backfill_and_redrive_jobs_materialize_the_table(
     assert meta["table_version"].value == DeltaTable(config.delta.table_uri).version()
     assert meta["row_count"].value == assert_exactly_once(config, kafka_client)[0]
 
-    evaluate_history(jobs, instance, None)
-    assert len(materializations(jobs, instance)) == 2
+    # the replaced batch's partition gets a new materialization naming the replace
+    _, cursor = evaluate_history(jobs, instance, None)
+    found = materializations(jobs, instance)
+    assert [m.partition for m in found] == ["1", None, "1"]
+    label = f"pageviews.backfill/{batch.batch_id}"
+    assert found[2].metadata["reprocessed_by"] == dg.MetadataValue.text(label)
+    assert found[2].metadata["replaced_batch"] == dg.MetadataValue.text("pageviews/1")
+    told = [f for f in fates(jobs, instance) if f.metadata[FATE_OF].value == label]
+    assert [str(f.description) for f in told] == [
+        f"replace backfill {label} replaced the rows of batch(es) 1; each of their partitions "
+        "has a materialization that names it"
+    ]
+    evaluate_history(jobs, instance, cursor)
+    assert len(materializations(jobs, instance)) == 3
 
 
 def test_the_history_sensor_waits_for_a_running_run_and_records_backfills_unpartitioned(
@@ -409,6 +426,10 @@ def test_the_history_sensor_waits_for_a_running_run_and_records_backfills_unpart
 
     instance.report_run_failed(run)
     _, cursor = evaluate_history(jobs, instance, cursor)
-    assert [m.partition for m in materializations(jobs, instance)] == [None, "1"]
+    # batch 1's commit, then (only after it) the replace of its rows on its partition
+    found = materializations(jobs, instance)
+    assert [m.partition for m in found] == [None, "1", "1"]
+    assert "reprocessed_by" not in found[1].metadata
+    assert found[2].metadata["reprocessed_by"] == backfill.metadata["batch"]
     evaluate_history(jobs, instance, cursor)
-    assert len(materializations(jobs, instance)) == 2
+    assert len(materializations(jobs, instance)) == 3

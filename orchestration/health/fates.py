@@ -17,6 +17,9 @@ the run that finished it. The ledger knows each of these fates; the history sens
   finished it, the run (linked) when a Dagster run did, else recovery outside Dagster, and
   under which attempt.
 
+- A replace backfill: each live batch whose rows it replaced gets a new materialization on
+  its partition naming it (`reprocessed_by`), unless the run that replaced them logged one.
+
 Told means the observation exists in the event log (its `fate_of` label), so a sensor
 evaluation that dies halfway tells it again rather than never; a second telling repeats a
 true sentence, which is harmless.
@@ -28,6 +31,7 @@ from collections.abc import Iterable, Sequence
 
 import dagster as dg
 
+from jobs.wiring.pipeline import Pipeline
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.protocol import PUBLISHED, BatchState
 from orchestration.health.liveness import batch_run_tags
@@ -149,3 +153,76 @@ def terminated_text(batch: Batch | None) -> str:
         f"{head}: it did not vote, so nothing of it is published; recovery abandons it and the "
         "next batch reads its offsets again, which this run's log then says."
     )
+
+
+def is_replace(batch: Batch) -> bool:
+    """Pure: whether `batch` is a published replace backfill, whose fate is the live
+    batches whose rows it replaced."""
+    return (
+        batch.kind == BatchKind.BACKFILL
+        and batch.params.get("mode") == "replace"
+        and batch.state in PUBLISHED
+    )
+
+
+def replaced(backfill: Batch, live: Iterable[Batch]) -> list[Batch]:
+    """Pure: the published live batches whose rows `backfill` replaced: they hold offsets of
+    its ranges, in the same incarnation of the topic (a re-created topic's offsets restart
+    at 0, so the old incarnation's batches overlap by number only)."""
+
+    def same_topic(a: Batch, b: Batch, topic: str) -> bool:
+        ids = a.topic_ids.get(topic), b.topic_ids.get(topic)
+        return None in ids or ids[0] == ids[1]
+
+    found = [
+        b
+        for b in live
+        if b.state in PUBLISHED
+        and overlaps(backfill, b)
+        and all(same_topic(backfill, b, r.topic) for r in backfill.ranges)
+    ]
+    return sorted(found, key=lambda b: b.batch_id)
+
+
+def tell_replaced(
+    instance: dg.DagsterInstance,
+    table: dg.AssetKey,
+    pipeline: Pipeline,
+    backfill: Batch,
+    already: set[str],
+    materialized: set[str],
+) -> str | None:
+    """Materialize, on the partition of each live batch whose rows `backfill` replaced, the
+    commit that replaced them (`reprocessed_by` it), unless a run did (`already`: the
+    partitions it materialized); then observe the table once with the whole fate. None,
+    and nothing told, while a replaced batch's own commit is not yet materialized
+    (`materialized`: the labels that are), so a partition's history stays in order."""
+    from orchestration.metadata import commit_materialization
+
+    live = pipeline.store.batches(app_id=pipeline.config.app_id, states=PUBLISHED)
+    ids = [b.batch_id for b in replaced(backfill, live)]
+    if any(f"{pipeline.config.app_id}/{i}" not in materialized for i in ids):
+        return None
+    for batch_id in ids:
+        if str(batch_id) in already:
+            continue
+        extra = {"replaced_batch": f"{pipeline.config.app_id}/{batch_id}"}
+        instance.report_runless_asset_event(
+            commit_materialization(
+                table, pipeline, backfill, partition=str(batch_id), with_lag=False, extra=extra
+            )
+        )
+    label = f"{backfill.app_id}/{backfill.batch_id}"
+    text = (
+        f"replace backfill {label} replaced the rows of batch(es) "
+        f"{', '.join(map(str, ids)) or 'none'}; each of their partitions has a materialization "
+        "that names it"
+    )
+    instance.report_runless_asset_event(
+        dg.AssetObservation(
+            asset_key=table,
+            description=text,
+            metadata={FATE_OF: label, "replaced": ", ".join(map(str, ids)) or "none"},
+        )
+    )
+    return text

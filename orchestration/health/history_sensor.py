@@ -33,7 +33,14 @@ from jobs.wiring.pipeline import Pipeline
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.protocol import PUBLISHED, BatchState
-from orchestration.health.fates import FATE_OF, has_fate, rereader, tell_fate
+from orchestration.health.fates import (
+    FATE_OF,
+    has_fate,
+    is_replace,
+    rereader,
+    tell_fate,
+    tell_replaced,
+)
 from orchestration.health.liveness import batch_run_tags, run_alive
 from orchestration.metadata import (
     batch_label,
@@ -110,6 +117,8 @@ class _EventLog:
         self.seen = set(cursor.seen)
         self.after_observation = cursor.after_observation_id
         self.told = set(cursor.told)
+        #: per replace backfill's label, the live partitions materialized `reprocessed_by` it
+        self.reprocessed: dict[str, set[str]] = {}
 
     def read(self) -> None:
         """Read the materializations and observations logged since the last read."""
@@ -125,6 +134,9 @@ class _EventLog:
                 label = materialization and _label_of(materialization, self.app)
                 if label:
                     self.seen.add(label)
+                if materialization and "reprocessed_by" in materialization.metadata:
+                    by = str(materialization.metadata["reprocessed_by"].value)
+                    self.reprocessed.setdefault(by, set()).add(str(materialization.partition))
                 self.after = record.storage_id
             if not page.has_more:
                 return
@@ -198,7 +210,7 @@ def record_history(
                         instance.report_runless_asset_event(side)
                     events.seen.add(label)
                     recorded.append(f"batch {label} ({batch.state}) materialized from the ledger")
-            if has_fate(batch) and label not in events.told:
+            if (has_fate(batch) or is_replace(batch)) and label not in events.told:
                 again = rereader(batch, found)
                 if batch.state is BatchState.ABORTED and again is None and batch.batch_id == last:
                     settled = False  # told once the next batch reads its offsets again
@@ -206,10 +218,18 @@ def record_history(
                 if _run_may_log(instance, name, batch):
                     settled = False  # a run of it may still be working: tell it after
                     continue
-                text = tell_fate(instance, table, name, batch, reread_by=again)
+                if is_replace(batch):
+                    done = events.reprocessed.get(label, set())
+                    told = tell_replaced(instance, table, pipeline, batch, done, events.seen)
+                    if told is None:
+                        settled = False  # once the batches it replaced are in the history
+                        continue
+                    text = told
+                else:
+                    text = tell_fate(instance, table, name, batch, reread_by=again)
                 events.told.add(label)
                 recorded.append(f"told: {text}")
-            told = not has_fate(batch) or label in events.told
+            told = not (has_fate(batch) or is_replace(batch)) or label in events.told
             final = (batch.state is BatchState.ABORTED or label in events.seen) and told
             settled = settled and final
             if settled:
