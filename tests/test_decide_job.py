@@ -9,6 +9,7 @@ table asset, and carried by the next batch, which reads the new topic exactly on
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from orchestration.tags import REJECTED_TAG
 from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
 from tests.fixtures.topic_admin import recreate_topic
+from tests.test_edge_liveness import evaluate
 
 
 @pytest.fixture
@@ -114,6 +116,15 @@ def test_a_recreated_topic_is_accepted_from_the_decide_job_and_read_once(
     metadata = {k: v.value for k, v in shown[0].asset_observation.metadata.items()}
     assert metadata["decided_by"] == decision.decided_by
     assert metadata["decision_id"] == decision.id
+    # the history sensor shows decisions recorded outside Dagster (`exactly skip`), once
+    store = jobs.resource.pipeline().store
+    store.insert_decision(dataclasses.replace(decision, id="b" * 32, decided_by="ann"))
+    _, cursor = evaluate(jobs, instance, "_history_sensor", None)
+    evaluate(jobs, instance, "_history_sensor", cursor)
+    shown = instance.fetch_observations(jobs.table.key, limit=10).records
+    told = [r.asset_observation.metadata for r in shown if r.asset_observation is not None]
+    by = sorted(str(m["decided_by"].value) for m in told if "decision_id" in m)
+    assert by == sorted([decision.decided_by, "ann"])
 
     after = jobs.next_batch.execute_in_process(instance=instance)
     committed = after.output_for_node("pageviews_commit")

@@ -21,6 +21,7 @@ from ledger.core.decisions import DecisionKind, Request
 from ledger.core.errors import ConfigError
 from orchestration.assets import table_key
 from orchestration.health.failures import one_line_failures
+from orchestration.health.fates import decision_observation
 from orchestration.health.rejection import rejections_end_the_run
 from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
@@ -92,17 +93,7 @@ def build_decide_job(config: PipelineConfig) -> dg.JobDefinition:
             decision = pipeline.decide(request_of(config, who))
         context.log.info(f"recorded decision {decision.id[:8]}: {decision.describe()}")
         context.instance.report_runless_asset_event(
-            dg.AssetObservation(
-                asset_key=table_key(name),
-                description=f"decision {decision.id[:8]}: {decision.describe()}",
-                metadata={
-                    "decision": decision.describe(),
-                    "decision_id": decision.id,
-                    "decided_by": who,
-                    "reason": config.reason,
-                    "run": dg.MetadataValue.dagster_run(context.run_id),
-                },
-            )
+            decision_observation(table_key(name), decision, context.run_id)
         )
 
     @dg.job(

@@ -28,11 +28,13 @@ true sentence, which is harmless.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import dagster as dg
 
 from jobs.wiring.pipeline import Pipeline
 from ledger.core.batch import Batch, BatchKind
+from ledger.core.decisions import Decision
 from ledger.core.protocol import PUBLISHED, BatchState
 from orchestration.health.liveness import batch_run_tags
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
@@ -226,3 +228,24 @@ def tell_replaced(
         )
     )
     return text
+
+
+def decision_observation(
+    table: dg.AssetKey, decision: Decision, run_id: str | None = None
+) -> dg.AssetObservation:
+    """An operator's decision (ledger/core/decisions.py) as an observation of the table
+    asset: who skipped what and why, on the asset's page, whether the decide job or
+    `exactly skip` recorded it (the history sensor reports the latter's)."""
+    metadata: dict[str, Any] = {
+        "decision": decision.describe(),
+        "decision_id": decision.id,
+        "decided_by": decision.decided_by,
+        "reason": decision.reason,
+    }
+    if run_id is not None:
+        metadata["run"] = dg.MetadataValue.dagster_run(run_id)
+    return dg.AssetObservation(
+        asset_key=table,
+        description=f"decision {decision.id[:8]}: {decision.describe()}",
+        metadata=metadata,
+    )

@@ -35,6 +35,7 @@ from ledger.core.batch import Batch, BatchKind
 from ledger.core.protocol import PUBLISHED, BatchState
 from orchestration.health.fates import (
     FATE_OF,
+    decision_observation,
     has_fate,
     is_replace,
     rereader,
@@ -154,6 +155,8 @@ class _EventLog:
                 observation = record.asset_observation
                 if observation is not None and FATE_OF in observation.metadata:
                     self.told.add(str(observation.metadata[FATE_OF].value))
+                if observation is not None and "decision_id" in observation.metadata:
+                    self.told.add(f"decision:{observation.metadata['decision_id'].value}")
                 self.after_observation = record.storage_id
             if not page.has_more:
                 return
@@ -235,6 +238,11 @@ def record_history(
             if settled:
                 floor = batch.batch_id
         floors[app_id] = floor
+    for decision in pipeline.store.decisions(pipeline=name):
+        if f"decision:{decision.id}" not in events.told:  # recorded by `exactly skip`
+            instance.report_runless_asset_event(decision_observation(table, decision))
+            events.told.add(f"decision:{decision.id}")
+            recorded.append(f"decision {decision.id[:8]} shown")
     for line in recorded:
         log(line)
     events.read()  # past our own reports, so the next evaluation does not read them again
