@@ -11,7 +11,11 @@ playwright). One `dagster dev` serves the whole module, whose tests walk one his
    fails with its one-sentence refusal as the error on the run page;
 4. the lineage graph shows the Kafka topic upstream of the table and of the quarantine;
 5. a batch left PREPARED by a crashed `exactly run` turns the table's stuck-batch check red
-   once the operator has turned the checks sensor on, and green again after recovery.
+   once the operator has turned the checks sensor on, and green again once the operator has
+   released it from the abandon job's Launchpad (it voted: taken over and committed);
+6. the decide job's Launchpad refuses a wrong topic id in one sentence, as rejected input;
+7. a batch whose `exactly run` died before its vote says its fate on its partition's events:
+   abandoned, why, and which batch read its offsets again.
 
 A screenshot per step (and the `dagster dev` log) is saved under test-artifacts/ui/; the
 README's pictures of the UI (docs/ui/) are copies of some of them.
@@ -41,7 +45,7 @@ from playwright.sync_api import Error as PlaywrightError
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
 from ledger.coordinator.crash import CRASH_EXIT_CODE
-from ledger.core.protocol import PUBLISHED
+from ledger.core.protocol import PUBLISHED, BatchState
 from ledger.store.ledger_store import LedgerStore
 from orchestration.metrics_endpoint import METRICS_ENV
 from orchestration.tags import BATCH_TAG, REJECTED_TAG
@@ -64,6 +68,8 @@ PIPELINE = "uitest"
 TABLE = f"{PIPELINE}_table"
 NEXT_BATCH = f"{PIPELINE}_next_batch"
 BACKFILL = f"{PIPELINE}_backfill"
+ABANDON = f"{PIPELINE}_abandon"
+DECIDE = f"{PIPELINE}_decide"
 SCHEDULE = f"{PIPELINE}_schedule"
 SENSORS = [
     f"{PIPELINE}_redrive_sensor",
@@ -385,10 +391,7 @@ def test_a_refused_fill_shows_its_sentence_on_the_run_page(
         f"ops: {{{PIPELINE}_backfill_ranges: {{config: {{mode: fill, "
         "ranges: [{partition: 0, start: 0, end: 10}]}}}"
     )
-    editor = page.locator(".CodeMirror").first
-    editor.click()
-    page.keyboard.press("Control+A")
-    page.keyboard.insert_text(overlapping)
+    type_config(page, overlapping)
     shot(page, "06-backfill-launchpad")
     run_id, outcome = launch_and_follow(page, dagster_dev)
     assert outcome == "RUN_FAILURE", run_report(dagster_dev, run_id, "was not refused")
@@ -443,6 +446,14 @@ def test_the_lineage_runs_from_the_topic_to_both_tables(
     shot(page, "08b-topic-lag-observations")
 
 
+def type_config(page: Page, config: str) -> None:
+    """Replace the Launchpad's run config with `config`, as typed."""
+    editor = page.locator(".CodeMirror").first
+    editor.click()
+    page.keyboard.press("Control+A")
+    page.keyboard.insert_text(config)
+
+
 def stuck_check_shows(page: Page, dev: DagsterDev, result: str, timeout_s: float) -> None:
     """Reload the table asset's Checks view, the stuck-batch check selected, until its latest
     evaluation result is `result` ("Failed" or "Passed")."""
@@ -493,8 +504,96 @@ def test_a_stuck_batch_turns_the_check_red_then_green(
     expect(page.get_by_text(re.compile(freed)).first).to_be_visible()
     shot(page, "09-stuck-check-red")
 
-    # Recovery commits the voted batch; the next tick turns the check green again.
-    recovered = build(config, spark_factory=lambda: spark).recover_and_commit()
-    assert [b.state in PUBLISHED for b in recovered] == [True]
+    # The operator releases it from the abandon job's Launchpad: it voted, so it is taken
+    # over and committed, never abandoned; the next tick turns the check green again.
+    held = LedgerStore(config.ledger.url).batches(
+        app_id=config.app_id, states={BatchState.PREPARED}
+    )
+    assert len(held) == 1
+    batch_id = held[0].batch_id
+    open_launchpad(
+        page, dagster_dev, ABANDON, f"Release a batch of pipeline '{PIPELINE}' that a hung run"
+    )
+    type_config(
+        page,
+        f"ops: {{{ABANDON}_op: {{config: {{batch_id: {batch_id}, reason: the UI test hung it}}}}}}",
+    )
+    shot(page, "10-abandon-launchpad")
+    run_id, outcome = launch_and_follow(page, dagster_dev)
+    assert outcome == "RUN_SUCCESS", run_report(dagster_dev, run_id, "failed")
+    told = f"batch {PIPELINE}/{batch_id} had voted, so it is never abandoned: taken over"
+    expect(page.get_by_text(re.compile(re.escape(told))).first).to_be_visible()
+    shot(page, "11-abandon-run")
+    released = LedgerStore(config.ledger.url).get(config.app_id, batch_id)
+    assert released is not None and released.state in PUBLISHED
+    assert released.metrics["taken_over_by"] == f"Dagster run {run_id}: the UI test hung it"
     stuck_check_shows(page, dagster_dev, "Passed", SENSOR_WAIT_S)
-    shot(page, "10-stuck-check-green")
+    shot(page, "12-stuck-check-green")
+
+
+def test_the_decide_job_refuses_a_wrong_topic_id_from_its_launchpad(
+    dagster_dev: DagsterDev, page: Page, config: PipelineConfig
+) -> None:
+    """An operator decision from the Launchpad: the decide job's typed config, and a refusal
+    in the same words the CLI uses, naming the job's own keys, as rejected input."""
+    open_launchpad(page, dagster_dev, DECIDE, "Record an operator's decision for pipeline")
+    type_config(
+        page,
+        f"ops: {{{DECIDE}_op: {{config: {{kind: new-topic, "
+        "topic_id: AAAAAAAAAAAAAAAAAAAAAA, reason: the UI test}}}",
+    )
+    shot(page, "13-decide-launchpad")
+    run_id, outcome = launch_and_follow(page, dagster_dev)
+    assert outcome == "RUN_FAILURE", run_report(dagster_dev, run_id, "was not refused")
+    refused = page.get_by_text(
+        re.compile(rf"Refused: topic {re.escape(config.kafka.topic)} has id \S+, not AAAA")
+    ).first
+    expect(refused).to_be_visible()
+    expect(page.locator("body")).not_to_contain_text("Stack Trace")
+    refused.scroll_into_view_if_needed()
+    shot(page, "14-decide-refused")
+    with dg.DagsterInstance.from_config(str(dagster_dev.dagster_home)) as instance:
+        run = instance.get_run_by_id(run_id)
+    assert run is not None and run.tags[REJECTED_TAG] == "DecisionError"
+
+
+def test_an_abandoned_batch_says_its_fate_on_its_partition(
+    dagster_dev: DagsterDev,
+    page: Page,
+    config: PipelineConfig,
+    pipeline_file: Path,
+    kafka_client: KafkaClient,
+    spark: Any,
+) -> None:
+    """A batch whose `exactly run` died before its vote is abandoned by the next start; its
+    partition says so, why, and which batch read its offsets again (the history sensor)."""
+    assert kafka_client.produce(config.kafka.topic, pageviews(CLI_RECORDS)) == CLI_RECORDS
+    crashed = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", "run", "-c", str(pipeline_file)],
+        env={**os.environ, "EXACTLY_CRASH_AT": "after_plan"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stdout + crashed.stderr
+    (dead,) = LedgerStore(config.ledger.url).batches(app_id=config.app_id, limit=1)
+    start = build(config, spark_factory=lambda: spark)
+    assert [b.state for b in start.recover_and_commit()] == [BatchState.ABORTED]
+    report = start.run_batch()
+    assert report is not None and report.batch.batch_id == dead.batch_id + 1
+    key = str(dead.batch_id)
+
+    fate = re.compile(
+        rf"batch {PIPELINE}/{key} was abandoned \(ABORTED at .*its offsets were read again by "
+        rf"batch {report.batch.batch_id}"
+    )
+    deadline = time.monotonic() + SENSOR_WAIT_S
+    while True:
+        page.goto(f"{dagster_dev.url}/assets/{TABLE}?view=events&partition={key}")
+        try:
+            expect(page.get_by_text(fate).first).to_be_visible(timeout=15_000)
+            break
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+    shot(page, "15-aborted-partition-fate")
