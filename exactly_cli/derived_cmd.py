@@ -30,14 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "published from now on (an upsert after its topic was re-created)",
     )
     rebuild.add_argument("name", help="the derived output's name (config `derived:`)")
+    rebuild.add_argument("--reason", default="", help="why; kept in the rebuild's Delta commit")
+    rebuild.add_argument("--by", default=None, help="who asks (default: the OS user)")
     rebuild.set_defaults(func=cmd_rebuild)
 
 
 def cmd_rebuild(args: argparse.Namespace) -> int:
+    from exactly_cli.skip_cmd import default_user
     from jobs.derived.rebuild import rebuilt_text
     from jobs.wiring.pipeline import Pipeline
 
     with Pipeline(load_config(args.config)) as pipeline:
-        done = pipeline.rebuild_derived(args.name, empty=args.empty)
+        who = args.by or default_user()
+        done = pipeline.rebuild_derived(args.name, empty=args.empty, who=who, reason=args.reason)
     print(rebuilt_text(done), flush=True)
     return 0

@@ -199,6 +199,12 @@ def test_a_derived_output_added_later_is_built_by_the_rebuild_job(
     (shown,) = built.asset_materializations_for_node("pageviews_rebuild_op")
     assert shown.metadata["rebuilt_by"].value == f"Dagster run {built.run_id}"
     assert shown.metadata["holds"].value == "pageviews/1"
+    # the output's own log says who rebuilt it and why
+    (commit,) = DeltaTable(jobs.config.derived[0].table_uri).history(1)
+    kept = (
+        json.loads(commit["exactly"]) if isinstance(commit["exactly"], str) else commit["exactly"]
+    )
+    assert (kept["decided_by"], kept["reason"]) == (f"Dagster run {built.run_id}", "added")
     again = rebuild("views_per_app")
     assert "already holds batches (pageviews up to batch 1)" in failure_sentence(again)
 

@@ -35,7 +35,7 @@ The failure cases it handles:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -100,6 +100,7 @@ def rebuild_output(
     *,
     topic_id_now: Callable[[str], str | None] | None = None,
     empty: bool = False,
+    decided: Mapping[str, str] | None = None,
 ) -> Rebuilt:
     """Write the output's table from one snapshot of the raw table (module docstring); with
     `empty`, with no row but the same application transactions: the output then holds only
@@ -109,7 +110,10 @@ def rebuild_output(
     An upsert is refused a full rebuild over a raw table that holds records of another
     incarnation of a topic than `topic_id_now` says Kafka has now (the commits' topic ids,
     invariant 10): the re-created topic's offsets restart at 0, so ordering every raw row by
-    (partition, offset) would let the old topic's records win over the new one's."""
+    (partition, offset) would let the old topic's records win over the new one's.
+
+    `decided`: who asked for the rebuild and why (`decided_by`, `reason`), kept in the
+    commit's metadata, so the output's own log says who rebuilt it."""
     held = {a: v for a in app_ids if (v := output.transaction_version(spec.app_id(a))) is not None}
     if held:
         holds = ", ".join(f"{a} up to batch {v}" for a, v in held.items())
@@ -139,7 +143,12 @@ def rebuild_output(
     properties = CommitProperties(
         app_transactions=[Transaction(spec.app_id(a), v) for a, v in holds.items()],
         custom_metadata={
-            METADATA_KEY: {"rebuild": spec.name, "raw_version": raw_version, "holds": holds}
+            METADATA_KEY: {
+                "rebuild": spec.name,
+                "raw_version": raw_version,
+                "holds": holds,
+                **(decided or {}),
+            }
         },
         max_commit_retries=0,
     )

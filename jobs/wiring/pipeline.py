@@ -117,12 +117,14 @@ class Pipeline:
         `exactly abandon` and the `<pipeline>_abandon` job both ask."""
         return release(self.backfill() if backfill else self.live, batch_id, who, reason)
 
-    def rebuild_derived(self, name: str, *, empty: bool = False) -> Rebuilt:
+    def rebuild_derived(
+        self, name: str, *, empty: bool = False, who: str = "", reason: str = ""
+    ) -> Rebuilt:
         """Build derived output `name`'s table from the raw table (jobs/derived/rebuild.py),
         as `exactly derived rebuild` and the `<pipeline>_rebuild` job both ask. Every refusal
         (an unknown name, an output that holds batches, no raw table yet, an upsert over two
         incarnations of a topic) is the operator's request refused: DecisionError, nothing
-        written."""
+        written. `who` and `reason` are kept in the rebuild's Delta commit."""
         found = {spec.name: (spec, delta) for spec, delta in self.publisher.derived}
         if name not in found:
             known = ", ".join(sorted(found)) or "none"
@@ -148,6 +150,7 @@ class Pipeline:
                 self.publisher.app_ids,
                 topic_id_now=topic_id_now,
                 empty=empty,
+                decided={"decided_by": who, "reason": reason},
             )
         except InconsistencyError as exc:
             raise DecisionError(str(exc)) from exc

@@ -7,8 +7,8 @@ pipeline's batches wait, with a sentence that names this job (docs/derived-table
 job builds it through the same wiring as the CLI (`Pipeline.rebuild_derived`,
 jobs/derived/rebuild.py), so the same rules refuse it in the same words, as rejected input:
 an unknown output, one that holds batches already, no raw table yet, an upsert over two
-incarnations of a topic. The rebuilt table is a materialization of the output's asset,
-with who asked and why.
+incarnations of a topic. Who asked and why are kept in the rebuild's Delta commit, and the
+rebuilt table is a materialization of the output's asset that says them.
 """
 
 import dagster as dg
@@ -50,7 +50,9 @@ def build_rebuild_job(config: PipelineConfig) -> dg.JobDefinition:
         who = context.run.tags.get(USER_TAG) or f"Dagster run {context.run_id}"
         shown = {"output": config.output, "reason": config.reason, "decided_by": who}
         with rejections_end_the_run(context, name, shown):
-            done = pipeline.rebuild_derived(config.output, empty=config.empty)
+            done = pipeline.rebuild_derived(
+                config.output, empty=config.empty, who=who, reason=config.reason
+            )
         said = rebuilt_text(done)
         context.log.info(said)
         context.log_event(
