@@ -440,6 +440,17 @@ def test_the_lineage_runs_from_the_topic_to_both_tables(
     page.goto(f"{dagster_dev.url}/asset-groups/{PIPELINE}")
     for asset in (TOPIC_ASSET, TABLE, QUARANTINE):
         expect(page.get_by_text(asset, exact=True).first).to_be_visible()
+    # The sensors that keep the table (history, stuck alerts, checks) are its automation.
+    page.goto(f"{dagster_dev.url}/assets/{TABLE}")
+    page.get_by_text("3 sensors", exact=True).click()
+    for sensor in (
+        f"{PIPELINE}_history_sensor",
+        f"{PIPELINE}_stuck_prepared_sensor",
+        CHECKS_SENSOR,
+    ):
+        expect(page.get_by_text(sensor, exact=True).first).to_be_visible()
+    page.wait_for_timeout(500)  # the dialog's fade-in, for the picture
+    shot(page, "08a-table-automation")
     # The lag over time: each commit's check evaluation observes the topic asset.
     page.goto(f"{dagster_dev.url}/assets/{TOPIC_ASSET}?view=events")
     expect(page.get_by_text("total_lag").first).to_be_visible(timeout=UI_TIMEOUT_MS)

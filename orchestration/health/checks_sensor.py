@@ -24,6 +24,7 @@ from typing import Any
 
 import dagster as dg
 
+from orchestration.assets import derived_key, quarantine_key, table_key
 from orchestration.health.stuck_sensor import decide_blocked
 from orchestration.health.table_checks import (
     NO_STUCK_BATCH,
@@ -107,6 +108,14 @@ def _alert(config: PipelineConfig, verdict: Verdict, kind: str, what: str) -> Al
     )
 
 
+def checked_keys(config: PipelineConfig) -> list[dg.AssetKey]:
+    """The assets whose checks the sensor evaluates: the table, the quarantine, each derived
+    output."""
+    name = config.pipeline
+    derived = [derived_key(name, output.name) for output in config.derived]
+    return [table_key(name), quarantine_key(name), *derived]
+
+
 def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
     name = config.pipeline
 
@@ -120,6 +129,8 @@ def build_checks_sensor(config: PipelineConfig) -> dg.SensorDefinition:
             "passes again; a stuck batch is alerted by "
             f"{dagster_name(name)}_stuck_prepared_sensor, batch by batch."
         ),
+        # shown as the automation of the assets it keeps (it launches no run)
+        asset_selection=dg.AssetSelection.assets(*checked_keys(config)),
         required_resource_keys={pipeline_key(name), alerts_key(name)},
     )
     def checks(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SensorResult:

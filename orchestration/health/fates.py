@@ -50,6 +50,12 @@ def has_fate(batch: Batch) -> bool:
     return batch.state is BatchState.ABORTED or (batch.state in PUBLISHED and batch.attempt > 1)
 
 
+def to_tell(batch: Batch) -> bool:
+    """Pure: whether the history sensor has something to tell of `batch`: its fate, or the
+    batches a replace replaced."""
+    return has_fate(batch) or is_replace(batch)
+
+
 def overlaps(a: Batch, b: Batch) -> bool:
     """Pure: whether the two batches' ranges share an offset."""
     return any(

@@ -36,11 +36,11 @@ from ledger.core.protocol import PUBLISHED, BatchState
 from orchestration.health.fates import (
     FATE_OF,
     decision_observation,
-    has_fate,
     is_replace,
     rereader,
     tell_fate,
     tell_replaced,
+    to_tell,
 )
 from orchestration.health.liveness import batch_run_tags, run_alive
 from orchestration.metadata import (
@@ -169,6 +169,48 @@ def _run_may_log(instance: dg.DagsterInstance, pipeline: str, batch: Batch) -> b
     return any(run_alive(instance, tag, key) for tag in {own_tag, pipeline})
 
 
+def _tell(
+    pipeline: Pipeline,
+    instance: dg.DagsterInstance,
+    table: dg.AssetKey,
+    events: _EventLog,
+    batch: Batch,
+    found: list[Batch],
+    last: int,
+) -> str | None:
+    """Tell `batch`'s fate (orchestration/health/fates.py) and return the sentence; None,
+    nothing told, while it is not time yet."""
+    name, label = pipeline.config.pipeline, batch_label(batch)
+    again = rereader(batch, found)
+    if batch.state is BatchState.ABORTED and again is None and batch.batch_id == last:
+        return None  # told once the next batch reads its offsets again
+    if _run_may_log(instance, name, batch):
+        return None  # a run of it may still be working: tell it after
+    if is_replace(batch):
+        done = events.reprocessed.get(label, set())
+        text = tell_replaced(instance, table, pipeline, batch, done, events.seen)
+        if text is None:
+            return None  # once the batches it replaced are in the history
+    else:
+        text = tell_fate(instance, table, name, batch, reread_by=again)
+    events.told.add(label)
+    return text
+
+
+def _show_decisions(
+    pipeline: Pipeline, instance: dg.DagsterInstance, table: dg.AssetKey, events: _EventLog
+) -> list[str]:
+    """Observe every decision the event log does not show yet (recorded by `exactly skip`,
+    or by a decide job whose run died before its observation)."""
+    shown = []
+    for decision in pipeline.store.decisions(pipeline=pipeline.config.pipeline):
+        if f"decision:{decision.id}" not in events.told:
+            instance.report_runless_asset_event(decision_observation(table, decision))
+            events.told.add(f"decision:{decision.id}")
+            shown.append(f"decision {decision.id[:8]} shown")
+    return shown
+
+
 def record_history(
     pipeline: Pipeline,
     instance: dg.DagsterInstance,
@@ -213,36 +255,19 @@ def record_history(
                         instance.report_runless_asset_event(side)
                     events.seen.add(label)
                     recorded.append(f"batch {label} ({batch.state}) materialized from the ledger")
-            if (has_fate(batch) or is_replace(batch)) and label not in events.told:
-                again = rereader(batch, found)
-                if batch.state is BatchState.ABORTED and again is None and batch.batch_id == last:
-                    settled = False  # told once the next batch reads its offsets again
+            if to_tell(batch) and label not in events.told:
+                text = _tell(pipeline, instance, table, events, batch, found, last)
+                if text is None:
+                    settled = False  # not yet: see _tell
                     continue
-                if _run_may_log(instance, name, batch):
-                    settled = False  # a run of it may still be working: tell it after
-                    continue
-                if is_replace(batch):
-                    done = events.reprocessed.get(label, set())
-                    told = tell_replaced(instance, table, pipeline, batch, done, events.seen)
-                    if told is None:
-                        settled = False  # once the batches it replaced are in the history
-                        continue
-                    text = told
-                else:
-                    text = tell_fate(instance, table, name, batch, reread_by=again)
-                events.told.add(label)
                 recorded.append(f"told: {text}")
-            told = not (has_fate(batch) or is_replace(batch)) or label in events.told
+            told = not to_tell(batch) or label in events.told
             final = (batch.state is BatchState.ABORTED or label in events.seen) and told
             settled = settled and final
             if settled:
                 floor = batch.batch_id
         floors[app_id] = floor
-    for decision in pipeline.store.decisions(pipeline=name):
-        if f"decision:{decision.id}" not in events.told:  # recorded by `exactly skip`
-            instance.report_runless_asset_event(decision_observation(table, decision))
-            events.told.add(f"decision:{decision.id}")
-            recorded.append(f"decision {decision.id[:8]} shown")
+    recorded += _show_decisions(pipeline, instance, table, events)
     for line in recorded:
         log(line)
     events.read()  # past our own reports, so the next evaluation does not read them again
@@ -270,6 +295,8 @@ def build_history_sensor(
             "batch and materializes the table asset for every committed batch no run "
             "materialized (committed by the CLI, by recovery, or by a run that died)."
         ),
+        # shown as the automation of the assets it keeps (it launches no run)
+        asset_selection=dg.AssetSelection.assets(table.key),
         required_resource_keys={pipeline_key(name)},
     )
     def history_sensor(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SkipReason:

@@ -42,6 +42,7 @@ from ledger.core.stuck import (
     decide_stuck,
     in_state_since,
 )
+from orchestration.assets import table_key
 from orchestration.health.holder import Holder, holder_of, run_url, stuck_text
 from orchestration.names import dagster_name
 from orchestration.resources import alerts_in, alerts_key, pipeline_in, pipeline_key
@@ -329,6 +330,8 @@ def build_stuck_sensor(config: PipelineConfig) -> dg.SensorDefinition:
             "were refused, and again when one succeeds; and once when a changed topic blocks "
             "planning until an operator decides, and again when it does."
         ),
+        # shown as the automation of the assets it keeps (it launches no run)
+        asset_selection=dg.AssetSelection.assets(table_key(name)),
         required_resource_keys={pipeline_key(name), alerts_key(name)},
     )
     def stuck(context: dg.SensorEvaluationContext, **_passed: Any) -> dg.SkipReason:
