@@ -36,6 +36,7 @@ from tests.fixtures.fault_proxy import Delay, DropResponse, Fault, FaultProxy, S
 from tests.fixtures.pipeline import assert_exactly_once
 from tests.fixtures.race_publisher import SCHEMA, parquet_of
 from tests.fixtures.s3 import put_object
+from tests.fixtures.soak import full_size
 from tests.test_cli import EXACTLY
 from tests.test_s3_pipeline import write_config
 
@@ -189,7 +190,19 @@ def referenced_objects(config: PipelineConfig, access: S3Access) -> set[str]:
     return {"/" + uri.removeprefix("s3://") for uri in named}
 
 
-@pytest.mark.parametrize("fault", ["none", "slowdown", "dropped", "delayed", "refused"])
+#: The same kills, restarts and cleaning with no fault: the control, for the timings beside
+#: the faults' (printed). Every faulted case passes that path too, so `make test` leaves the
+#: control to `make soak`, which runs it beside them.
+CONTROL = pytest.param(
+    "none",
+    marks=[
+        pytest.mark.soak,
+        pytest.mark.skipif(not full_size(), reason="the no-fault control runs in make soak"),
+    ],
+)
+
+
+@pytest.mark.parametrize("fault", [CONTROL, "slowdown", "dropped", "delayed", "refused"])
 def test_every_record_once_under_a_storage_fault_with_kills_and_restarts(
     faulty_s3: tuple[FaultProxy, dict[str, str]],
     s3_server: S3Server,
