@@ -12,10 +12,8 @@ with a voted batch in hand after someone else published it.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,49 +27,17 @@ from ledger.core.protocol import BatchState
 from orchestration.decisions import abandon_job
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG, REJECTED_TAG
-from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
+from tests.fixtures.paused import let_go, run_paused_at
+from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_decide_job import failure_sentence
 
 pytestmark = pytest.mark.integration
-
-#: how long a child may take to reach its pause point (a Spark stage on 2 busy cores)
-REACH_TIMEOUT_S = 300
 
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.instance_for_test() as inst:
         yield inst
-
-
-def hung_at(config: Any, folder: Path, point: str) -> subprocess.Popen[str]:
-    """`exactly run` held at `point`; returns once it is there."""
-    folder.mkdir()
-    child = subprocess.Popen(
-        [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(config))],
-        env={
-            **os.environ,
-            **shared_spark_env(),
-            "EXACTLY_PAUSE_AT": point,
-            "EXACTLY_PAUSE_DIR": str(folder),
-        },
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + REACH_TIMEOUT_S
-    while not (folder / f"{point}.reached").exists():
-        assert child.poll() is None, child.communicate()
-        assert time.monotonic() < deadline, f"the child never reached {point}"
-        time.sleep(0.2)
-    return child
-
-
-def woken(child: subprocess.Popen[str], folder: Path, point: str) -> tuple[int, str]:
-    """Let the hung child go on from `point`; its exit code and what it printed."""
-    (folder / f"{point}.resume").touch()
-    out, err = child.communicate(timeout=300)
-    return child.returncode, out + err
 
 
 def abandon_cli(config: Any, *args: str) -> subprocess.CompletedProcess[str]:
@@ -89,7 +55,7 @@ def test_a_hung_batch_is_released_from_the_job_and_the_command_line(
     monkeypatch.setattr(abandon_job, "TERMINATE_WAIT_S", 1.0)
     config = pipeline_factory(2)
     kafka_client.produce(config.kafka.topic, pageviews(120))
-    child = hung_at(config, tmp_path / "voted", "after_prepare")
+    child = run_paused_at(config, tmp_path / "voted", "after_prepare")
     jobs = pipeline_definitions(config_path(config))
     store = jobs.resource.pipeline().store
     holding = DagsterRun(
@@ -123,17 +89,17 @@ def test_a_hung_batch_is_released_from_the_job_and_the_command_line(
     assert shown is not None and "had voted, so it is never abandoned" in str(shown.description)
     assert shown.metadata["terminated_runs"].value == holding.run_id
     # the hung owner wakes with its vote in hand, after someone else published it
-    code, said = woken(child, tmp_path / "voted", "after_prepare")
+    code, said = let_go(child, tmp_path / "voted", "after_prepare")
     assert code == 2 and "fenced" in said and "Traceback" not in said, said
     assert assert_exactly_once(config, kafka_client) == (120, 0)
 
     # never voted, hung, released from the command line: abandoned, read again once
     kafka_client.produce(config.kafka.topic, pageviews(60, start=1000))
-    child = hung_at(config, tmp_path / "staged", "after_stage")
+    child = run_paused_at(config, tmp_path / "staged", "after_stage")
     cli = abandon_cli(config, "2", "--reason", "hung in its stage", "--by", "ann")
     assert cli.returncode == 0, cli.stdout + cli.stderr
     assert "abandoned batch pageviews/2: its attempt is fenced" in cli.stdout, cli.stdout
-    code, said = woken(child, tmp_path / "staged", "after_stage")
+    code, said = let_go(child, tmp_path / "staged", "after_stage")
     assert code == 2 and "fenced" in said and "Traceback" not in said, said
     aborted = store.get(config.app_id, 2)
     assert aborted is not None and aborted.state is BatchState.ABORTED

@@ -13,11 +13,8 @@ the batch too: the check names and links it.
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,41 +29,17 @@ from ledger.core.protocol import BatchState
 from orchestration.health.table_checks import NO_STUCK_BATCH, verdicts
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
-from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
+from tests.fixtures.paused import run_paused_at
+from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_edge_liveness import WEBHOOK, evaluate
 
 pytestmark = pytest.mark.integration
-
-#: how long the child may take to reach its pause point (a Spark stage on 2 busy cores)
-REACH_TIMEOUT_S = 300
 
 
 @pytest.fixture
 def instance() -> Iterator[dg.DagsterInstance]:
     with dg.instance_for_test() as inst:
         yield inst
-
-
-def hung_after_vote(config: Any, folder: Path) -> subprocess.Popen[str]:
-    """`exactly run` held right after its vote; returns once it is there."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "exactly_cli", "run", "-c", str(config_path(config))],
-        env={
-            **os.environ,
-            **shared_spark_env(),
-            "EXACTLY_PAUSE_AT": "after_prepare",
-            "EXACTLY_PAUSE_DIR": str(folder),
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + REACH_TIMEOUT_S
-    while not (folder / "after_prepare.reached").exists():
-        assert child.poll() is None, child.stderr.read() if child.stderr else ""
-        assert time.monotonic() < deadline, "the child never reached after_prepare"
-        time.sleep(0.2)
-    return child
 
 
 def stuck_check(jobs: Any, instance: dg.DagsterInstance) -> Any:
@@ -86,7 +59,7 @@ def test_a_hung_owner_and_a_run_that_died_unseen_are_named_with_what_frees_the_b
 ) -> None:
     config = pipeline_factory(2, alerts={"stuck_after_seconds": 1, "webhook_url_env": WEBHOOK})
     kafka_client.produce(config.kafka.topic, pageviews(120))
-    child = hung_after_vote(config, tmp_path)
+    child = run_paused_at(config, tmp_path, "after_prepare")
     try:
         jobs = pipeline_definitions(config_path(config))
         time.sleep(1.2)

@@ -11,11 +11,8 @@ its frames, and nothing about the batch.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +21,8 @@ import pytest
 
 from jobs.examples.sample_data import pageviews
 from orchestration.pipeline_definitions import pipeline_definitions
-from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
+from tests.fixtures.paused import paused_at
+from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_edge_liveness import evaluate
 
 pytestmark = pytest.mark.integration
@@ -48,25 +46,8 @@ def test_a_run_terminated_after_its_stage_says_what_became_of_its_batch(
     kafka_client.produce(config.kafka.topic, pageviews(90))
     home, pause = tmp_path / "dagster", tmp_path / "pause"
     home.mkdir()
-    pause.mkdir()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    child = subprocess.Popen(
-        [sys.executable, "-c", RUN, str(config_path(config))],
-        env={
-            **os.environ,
-            **shared_spark_env(),
-            "EXACTLY_PAUSE_AT": "after_stage",
-            "EXACTLY_PAUSE_DIR": str(pause),
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 300
-    while not (pause / "after_stage.reached").exists():
-        assert child.poll() is None, child.communicate()
-        assert time.monotonic() < deadline, "the run never reached after_stage"
-        time.sleep(0.2)
+    child = paused_at([sys.executable, "-c", RUN, str(config_path(config))], pause, "after_stage")
     child.send_signal(signal.SIGINT)  # what terminating the run does to its worker
     child.communicate(timeout=120)
 

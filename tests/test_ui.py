@@ -457,6 +457,18 @@ def test_the_lineage_runs_from_the_topic_to_both_tables(
     shot(page, "08b-topic-lag-observations")
 
 
+def crash_at(pipeline_file: Path, point: str) -> None:
+    """`exactly run` of the pipeline, dying at crash point `point`."""
+    crashed = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", "run", "-c", str(pipeline_file)],
+        env={**os.environ, "EXACTLY_CRASH_AT": point},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stdout + crashed.stderr
+
+
 def type_config(page: Page, config: str) -> None:
     """Replace the Launchpad's run config with `config`, as typed."""
     editor = page.locator(".CodeMirror").first
@@ -490,14 +502,7 @@ def test_a_stuck_batch_turns_the_check_red_then_green(
 ) -> None:
     assert kafka_client.produce(config.kafka.topic, pageviews(CLI_RECORDS)) == CLI_RECORDS
     # `exactly run` dies right after its batch voted: the batch stays PREPARED.
-    crashed = subprocess.run(
-        [sys.executable, "-m", "exactly_cli", "run", "-c", str(pipeline_file)],
-        env={**os.environ, "EXACTLY_CRASH_AT": "after_prepare"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stdout + crashed.stderr
+    crash_at(pipeline_file, "after_prepare")
 
     # The operator turns the checks sensor on (it ships stopped).
     page.goto(f"{dagster_dev.url}/automation")
@@ -579,14 +584,7 @@ def test_an_abandoned_batch_says_its_fate_on_its_partition(
     """A batch whose `exactly run` died before its vote is abandoned by the next start; its
     partition says so, why, and which batch read its offsets again (the history sensor)."""
     assert kafka_client.produce(config.kafka.topic, pageviews(CLI_RECORDS)) == CLI_RECORDS
-    crashed = subprocess.run(
-        [sys.executable, "-m", "exactly_cli", "run", "-c", str(pipeline_file)],
-        env={**os.environ, "EXACTLY_CRASH_AT": "after_plan"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert crashed.returncode == CRASH_EXIT_CODE, crashed.stdout + crashed.stderr
+    crash_at(pipeline_file, "after_plan")
     (dead,) = LedgerStore(config.ledger.url).batches(app_id=config.app_id, limit=1)
     start = build(config, spark_factory=lambda: spark)
     assert [b.state for b in start.recover_and_commit()] == [BatchState.ABORTED]

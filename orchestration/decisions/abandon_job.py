@@ -29,7 +29,7 @@ from pydantic import Field
 
 from ledger.core.batch import Batch
 from orchestration.assets import table_key
-from orchestration.decisions.decide_job import USER_TAG
+from orchestration.decisions.decide_job import decided_by
 from orchestration.health.failures import one_line_failures
 from orchestration.health.liveness import ALIVE, batch_run_tags
 from orchestration.health.rejection import rejections_end_the_run
@@ -90,7 +90,7 @@ def build_abandon_job(config: PipelineConfig) -> dg.JobDefinition:
         from ledger.coordinator.release import released_text
 
         pipeline = pipeline_in(context, name)
-        who = context.run.tags.get(USER_TAG) or f"Dagster run {context.run_id}"
+        who = decided_by(context)
         coordinator = pipeline.backfill() if config.backfill else pipeline.live
         shown = {"batch_id": config.batch_id, "reason": config.reason, "decided_by": who}
         with rejections_end_the_run(context, name, shown):

@@ -59,6 +59,12 @@ class DecisionRequest(dg.Config):
     )
 
 
+def decided_by(context: dg.OpExecutionContext) -> str:
+    """Who takes a decision launched from Dagster: the user Dagster+ names on the run, else
+    the run itself (Dagster OSS names no user)."""
+    return context.run.tags.get(USER_TAG) or f"Dagster run {context.run_id}"
+
+
 def request_of(config: DecisionRequest, decided_by: str) -> Request:
     """The ledger's request from the Launchpad's config."""
     positions: dict[int, int] = {}
@@ -87,7 +93,7 @@ def build_decide_job(config: PipelineConfig) -> dg.JobDefinition:
     def decide(context: dg.OpExecutionContext, config: DecisionRequest) -> None:
         """Record the decision, or refuse it in one sentence."""
         pipeline = pipeline_in(context, name)
-        who = context.run.tags.get(USER_TAG) or f"Dagster run {context.run_id}"
+        who = decided_by(context)
         shown = {"kind": config.kind, "reason": config.reason, "decided_by": who}
         with rejections_end_the_run(context, name, shown):
             decision = pipeline.decide(request_of(config, who))

@@ -15,7 +15,7 @@ import dagster as dg
 from pydantic import Field
 
 from orchestration.assets import derived_key
-from orchestration.decisions.decide_job import USER_TAG
+from orchestration.decisions.decide_job import decided_by
 from orchestration.health.failures import one_line_failures
 from orchestration.health.rejection import rejections_end_the_run
 from orchestration.names import dagster_name
@@ -47,7 +47,7 @@ def build_rebuild_job(config: PipelineConfig) -> dg.JobDefinition:
         from jobs.derived.rebuild import rebuilt_text
 
         pipeline = pipeline_in(context, name)
-        who = context.run.tags.get(USER_TAG) or f"Dagster run {context.run_id}"
+        who = decided_by(context)
         shown = {"output": config.output, "reason": config.reason, "decided_by": who}
         with rejections_end_the_run(context, name, shown):
             done = pipeline.rebuild_derived(
