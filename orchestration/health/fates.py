@@ -81,11 +81,12 @@ def fate_text(batch: Batch, *, reread_by: Batch | None = None, finished_by: str 
     label = f"{batch.app_id}/{batch.batch_id}"
     when = batch.updated_at.isoformat(timespec="seconds")
     if batch.state is BatchState.ABORTED:
-        then = (
-            f"its offsets were read again by batch {reread_by.batch_id} ({reread_by.state})"
-            if reread_by is not None
-            else "no later batch read its offsets (a decision skipped them)"
-        )
+        if reread_by is not None:
+            then = f"its offsets were read again by batch {reread_by.batch_id} ({reread_by.state})"
+        elif not any(r.span for r in batch.ranges):
+            then = "it held no offsets, so none were to be read again"
+        else:
+            then = "no later batch read its offsets (a decision skipped them)"
         return f"batch {label} was abandoned (ABORTED at {when}): {batch.error}; {then}"
     who = f"run {finished_by}" if finished_by else "recovery outside Dagster"
     return (
