@@ -60,6 +60,7 @@ def _launchpad(kind: str, args: str) -> str:
 
 
 def _key(flag: re.Match[str]) -> str:
+    """A CLI flag as the decide job's config key."""
     return "`force: true`" if flag[1] == "force" else f"`{_FLAGS[flag[1]]}`"
 
 
@@ -89,7 +90,5 @@ def as_launchpad(text: str, pipeline: str, flags: bool = False) -> str:
         text,
     )
     if flags:
-        text = _FLAG.sub(
-            lambda m: "`force: true`" if m[1] == "force" else f"`{_FLAGS[m[1]]}`", text
-        )
+        text = _FLAG.sub(_key, text)
     return text

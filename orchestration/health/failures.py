@@ -83,10 +83,8 @@ def terminated(context: dg.OpExecutionContext, pipeline: str) -> Terminated:
         if tag is None:
             return Terminated(terminated_text(None))
         app_id, _, batch_id = tag.rpartition("/")
-        store = resource_in(context, pipeline).pipeline().store
-        batch = store.get(app_id or resource_in(context, pipeline).config().app_id, int(batch_id))
-        if batch is None:
-            return Terminated(terminated_text(None))
+        resource = resource_in(context, pipeline)
+        batch = resource.pipeline().store.get(app_id or resource.config().app_id, int(batch_id))
         return Terminated(terminated_text(batch))
     except Exception:  # the ledger cannot say now: say what is always true
         return Terminated(

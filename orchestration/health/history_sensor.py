@@ -255,13 +255,14 @@ def record_history(
                         instance.report_runless_asset_event(side)
                     events.seen.add(label)
                     recorded.append(f"batch {label} ({batch.state}) materialized from the ledger")
-            if to_tell(batch) and label not in events.told:
+            telling = to_tell(batch)
+            if telling and label not in events.told:
                 text = _tell(pipeline, instance, table, events, batch, found, last)
                 if text is None:
                     settled = False  # not yet: see _tell
                     continue
                 recorded.append(f"told: {text}")
-            told = not to_tell(batch) or label in events.told
+            told = not telling or label in events.told
             final = (batch.state is BatchState.ABORTED or label in events.seen) and told
             settled = settled and final
             if settled:
