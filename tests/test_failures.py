@@ -43,6 +43,7 @@ from resources.failures.causes import (
 )
 from resources.failures.jvm_log import TAIL_BYTES, out_of_memory_in
 from resources.failures.lines import (
+    UNFORESEEN,
     describe_failure,
     first_line,
     log_file,
@@ -231,6 +232,55 @@ def test_a_driver_jvm_that_exited_is_told_by_its_log(tmp_path: Path) -> None:
     log.write_text("java.lang.OutOfMemoryError: Java heap space\n")
     unreadable = describe_failure(Py4JJavaError(), "exactly run", context)
     assert unreadable.cause == SPARK_OOM, unreadable.line
+
+
+#: What `exactly run` raised in CI when the task's OutOfMemoryError raced the JVM's exit:
+#: Spark's handler was stopping the context while the write still failed its job, and the
+#: write got a NullPointerException from the stopped scheduler, wrapped as an internal error.
+EXITING_JVM_TEXT = """An error occurred while calling o289.parquet.
+: org.apache.spark.SparkException: [INTERNAL_ERROR] Executed command failed. You hit a bug \
+in Spark or the Spark plugins you use. SQLSTATE: XX000
+\tat org.apache.spark.SparkException$.internalError(SparkException.scala:119)
+Caused by: java.lang.NullPointerException: Cannot invoke "org.apache.spark.scheduler.\
+DAGScheduler.cleanupQueryJobs(long)" because the return value of "org.apache.spark.\
+SparkContext.dagScheduler()" is null
+"""
+
+
+def test_a_spark_error_raised_while_the_jvm_exits_on_its_heap_is_told_by_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The JVM's log says it ran out of heap: whatever Spark error the call got while the
+    JVM went down is that, not an unforeseen bug of Spark's. Without that log line the same
+    error stays unforeseen."""
+
+    class Py4JJavaError(Exception):
+        pass
+
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))  # the unforeseen's log file
+    error = Py4JJavaError(EXITING_JVM_TEXT)
+    log = tmp_path / "spark-1.log"
+    log.write_text("26/11/27 09:10:23 INFO SparkContext: Running Spark version 4.2.0\n")
+    context = FailureContext(spark="local[2]", spark_log=log)
+    assert describe_failure(error, "exactly run", context).cause == UNFORESEEN
+    # an OutOfMemoryError a task's failure reported, which the JVM lived through
+    log.write_text("ERROR Executor: Exception in task 0.0\njava.lang.OutOfMemoryError: x\n")
+    assert describe_failure(error, "exactly run", context).cause == UNFORESEEN
+    log.write_text(
+        "26/11/27 09:10:23 ERROR SparkUncaughtExceptionHandler: Uncaught exception in thread "
+        "Thread[Executor task launch worker for task 0.0 in stage 0.0 (TID 0),5,main]\n"
+        "java.lang.OutOfMemoryError: Java heap space\n\tat org.apache.spark.sql.catalyst\n"
+        "26/11/27 09:10:23 ERROR FileFormatWriter: Aborting job 279efe29.\n"
+        "Caused by: java.lang.OutOfMemoryError: Java heap space\n"  # the job's, told after
+    )
+    oom = describe_failure(error, "exactly run", context)
+    assert oom.cause == SPARK_OOM, oom.line
+    assert oom.line.startswith(
+        f"Spark ran out of memory: Spark at local[2] (Java heap space; its log: {log}); "
+    ), oom.line
+    # an error that is not Spark's is not blamed on the JVM's heap
+    plain = describe_failure(ValueError("a transform's own bug"), "exactly run", context)
+    assert plain.cause == UNFORESEEN
 
 
 class PythonException(Exception):

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from resources.config.pipeline_config import PipelineConfig
+    from resources.failures.jvm_log import OutOfMemory
 
 #: What `text_of` says of an error that cannot print itself: py4j asks the JVM for a Java
 #: error's text, and a JVM that died under the call (a local-mode OutOfMemoryError) cannot.
@@ -102,8 +103,9 @@ class FailureContext:
     #: the log this process's Spark driver JVM writes its stderr to, if it started one
     spark_log: Path | None = None
     #: what that log says the JVM ran out of (`Java heap space`), read by the caller: a
-    #: local-mode JVM a task's OutOfMemoryError ended leaves Python only a lost connection
-    spark_out_of_memory: str | None = None
+    #: local-mode JVM a task's OutOfMemoryError ended leaves Python only a lost connection,
+    #: or whatever error the context threw while it stopped
+    spark_out_of_memory: OutOfMemory | None = None
 
 
 @dataclass(frozen=True)
@@ -314,7 +316,7 @@ def classify(
             if cause == SPARK_GONE and context.spark_log is not None:
                 # the connection is all Python saw; why the JVM exited is in its log
                 heap = context.spark_out_of_memory
-                cause, detail = (SPARK_OOM, heap) if heap else (cause, "")
+                cause, detail = (SPARK_OOM, heap.detail) if heap else (cause, "")
                 detail += f"{'; ' if detail else ''}its log: {context.spark_log}"
             return KnownCause(cause, where, detail)
         if cause == KAFKA_AUTHORIZATION:
@@ -322,7 +324,25 @@ def classify(
             return KnownCause(cause, where, quoted)
         if cause == NOT_DELTA:
             return KnownCause(cause, _path_in(texts) or _located(context), quoted)
-    return None
+    return _exiting_on_memory(errors, texts, context)
+
+
+def _exiting_on_memory(
+    errors: Sequence[BaseException], texts: Sequence[str], context: FailureContext
+) -> KnownCause | None:
+    """A Spark error no text explains, raised while Spark's handler exits this process's
+    JVM on an OutOfMemoryError (its log says so): the context stopping under the call threw
+    it, so it is the heap's (resources/failures/jvm_log.py)."""
+    heap = context.spark_out_of_memory
+    if heap is None or not heap.exiting or context.spark_log is None:
+        return None
+    spark_error = any(type(e).__name__ == "Py4JJavaError" for e in errors) or any(
+        "org.apache.spark." in text for text in texts
+    )
+    if not spark_error:
+        return None
+    where = f"Spark at {context.spark}" if context.spark else "Spark"
+    return KnownCause(SPARK_OOM, where, f"{heap.detail}; its log: {context.spark_log}")
 
 
 def _located(context: FailureContext) -> str:
