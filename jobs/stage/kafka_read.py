@@ -24,6 +24,13 @@ from ledger.core.protocol import OffsetRange
 #: on it: the ranges are fixed, and a poll still waits its whole timeout for its records.
 FETCH_MAX_WAIT_MS = "10"
 
+#: The records a task of a batch's read takes before the batch is given another task (up to
+#: one per partition). Spark's Kafka source gives each partition a task: at 256 partitions a
+#: batch of 100k records ran 256 tasks of ~400 records, each paying a task's and a Parquet
+#: file's fixed cost, and the table got 256 files per batch (BENCHMARKS.md, "Scale with
+#: partitions"). Tasks beyond the cores wait their turn anyway.
+RECORDS_PER_TASK = 100_000
+
 KAFKA_SCHEMA = T.StructType(
     [
         T.StructField("key", T.BinaryType()),
@@ -69,6 +76,50 @@ def read_ranges(
     for key, value in (options or {}).items():
         reader = reader.option(f"kafka.{key}", value)
     return reader.load()
+
+
+def read_tasks(ranges: Sequence[OffsetRange], parallelism: int | None) -> int:
+    """How many Spark tasks read a batch of `ranges`, then transform and write it: one per
+    core of the session (`parallelism`), or one per RECORDS_PER_TASK records if that is
+    more, never more than the partitions that hold records. Unknown cores (a Spark Connect
+    session does not say them): a task per partition, Spark's own choice.
+
+    Fewer tasks than partitions is a `coalesce`: a task reads several partitions' ranges one
+    after the other, each range whole, so which records are read, and the per-coordinate
+    check of the stage, are the same. A range is never split (Spark's `minPartitions`
+    would): with read_committed a split could fall on a transaction marker.
+    """
+    holding = [r for r in ranges if r.span > 0]
+    if not holding:
+        return 1
+    if parallelism is None:
+        return len(holding)
+    records = sum(r.span for r in holding)
+    return min(len(holding), max(parallelism, -(-records // RECORDS_PER_TASK)))
+
+
+def parallelism_of(spark: SparkSession) -> int | None:
+    """The cores the session runs tasks on (`spark.default.parallelism`; in local mode the
+    `local[N]`), or None when the session cannot say (Spark Connect keeps no SparkContext
+    on the client, and the setting is unset unless the cluster's operator set it)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect: no SparkContext here
+        pass
+    try:
+        value = spark.conf.get("spark.default.parallelism", None)
+    except Exception:  # an unreadable setting is an unknown one
+        return None
+    return int(value) if value and str(value).isdigit() else None
+
+
+def in_tasks(
+    records: DataFrame, ranges: Sequence[OffsetRange], parallelism: int | None
+) -> DataFrame:
+    """`records` (a read of `ranges`) in `read_tasks` tasks."""
+    tasks = read_tasks(ranges, parallelism)
+    holding = sum(1 for r in ranges if r.span > 0)
+    return records.coalesce(tasks) if tasks < holding else records
 
 
 def with_coordinates(records: DataFrame, batch_id: int) -> DataFrame:

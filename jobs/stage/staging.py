@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from jobs.stage import coordinates, parquet_files
-from jobs.stage.kafka_read import read_ranges, with_coordinates
+from jobs.stage.kafka_read import in_tasks, parallelism_of, read_ranges, with_coordinates
 from jobs.stage.partition_columns import with_partition_columns
 from jobs.stage.routing import (
     carries_tombstones,
@@ -118,9 +118,9 @@ def stage(
     """
     seconds: dict[str, float] = {}
     observation = Observation()
+    read = read_ranges(spark, bootstrap_servers, ranges, kafka_options)
     source = _observed(
-        with_coordinates(read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id),
-        observation,
+        with_coordinates(in_tasks(read, ranges, parallelism_of(spark)), batch_id), observation
     )
     out = _transformed(source, transform, transform_name)
     out = with_partition_columns(out, partition_by, transform_name)
