@@ -7,7 +7,10 @@ partition. So the same records are produced into topics of 8, 64 and 256 partiti
 the same pipeline (the CLI path of the throughput section, the same records per batch) reads
 each: records/s, the mean time of each phase per batch, and the cost of a batch with nothing
 new (`allow_empty`, as the "Fixed cost" table measures it) at each count, with their ratios
-against the smallest count.
+against the smallest count. Beside each count, in the same session, Structured Streaming
+reads the same topic in batches of the same size (issue 31: the task count of a read
+follows the records and the cores, jobs/stage/kafka_read.py `read_tasks`; Spark's source
+runs a task per partition).
 
 Second, that pipelines served by one code location (one process: threads, one Spark session,
 as the Dagster code location opens one `Pipeline` per config in one process) together move
@@ -27,12 +30,12 @@ import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import product
+from bench import peer, product
 from bench.data import split
 from bench.product import PHASES
 from bench.report import batch_label, ok
@@ -55,6 +58,8 @@ class ScaleSettings:
     pipelines: int = 4
     #: partitions of each pipeline's topic in the pipelines part (and of the one alone)
     pipeline_partitions: int = 8
+    #: also run the stage as it read before issue 31 (a task per partition), beside it
+    per_partition_tasks: bool = True
 
 
 def partitions_topic(partitions: int) -> str:
@@ -98,6 +103,21 @@ def produce_topics(bootstrap: str, settings: ScaleSettings) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def per_partition_tasks() -> Iterator[None]:
+    """The stage as it read before issue 31, a Spark task per partition: what a session that
+    cannot say its cores still does (jobs/stage/kafka_read.py `read_tasks`). Kept here only,
+    to be measured beside the stage as it is."""
+    from jobs.stage import staging
+
+    before = staging.parallelism_of
+    staging.parallelism_of = lambda _spark: None
+    try:
+        yield
+    finally:
+        staging.parallelism_of = before
+
+
 def _per_partition(batch_records: int, partitions: int) -> int:
     return -(-batch_records // partitions)
 
@@ -133,6 +153,32 @@ def run(
 
         out["partitions"][str(partitions)] = contend(f"scale: {partitions} partitions", one_count)
         shutil.rmtree(root / name, ignore_errors=True)
+        if settings.per_partition_tasks:
+            with per_partition_tasks():
+                out.setdefault("per_partition_tasks", {})[str(partitions)] = contend(
+                    f"scale: {partitions} partitions, a task per partition", one_count
+                )
+            shutil.rmtree(root / name, ignore_errors=True)
+
+        # beside it, in the same session: Structured Streaming on the same topic, batches of
+        # the same size (maxOffsetsPerTrigger spans all partitions)
+        def streaming(
+            session: Any, partitions: int = partitions, name: str = name
+        ) -> dict[str, Any]:
+            return peer.run_structured_streaming(
+                session,
+                root / f"{name}_ss",
+                bootstrap=bootstrap,
+                topic=partitions_topic(partitions),
+                max_offsets_per_trigger=settings.batch_records,
+                expected_records=settings.records,
+                name=f"structured-streaming-{partitions}p",
+            )
+
+        out.setdefault("structured_streaming", {})[str(partitions)] = contend(
+            f"scale: Structured Streaming, {partitions} partitions", streaming
+        )
+        shutil.rmtree(root / f"{name}_ss", ignore_errors=True)
 
     per_partition = _per_partition(settings.batch_records, settings.pipeline_partitions)
     name = "bench_scale_alone"
@@ -242,6 +288,18 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                 "cpu_s_per_m_records": sum(run.get("cpu_s", {}).values()) / run["records"] * 1e6,
             }
         )
+    for row in rows:
+        streaming = raw.get("structured_streaming", {}).get(str(row["partitions"]))
+        if "failed" in row or not ok(streaming):
+            continue
+        row["structured_streaming_records_per_s"] = _rate(streaming)
+        row["product_over_structured_streaming"] = row["records_per_s"] / _rate(streaming)
+    for row in rows:
+        before = raw.get("per_partition_tasks", {}).get(str(row["partitions"]))
+        if "failed" in row or not ok(before):
+            continue
+        row["per_partition_tasks_records_per_s"] = _rate(before)
+        row["product_over_per_partition_tasks"] = row["records_per_s"] / _rate(before)
     base = next((r for r in rows if "failed" not in r), None)
     for row in rows:
         if "failed" in row or base is None:
@@ -308,7 +366,7 @@ def render(raw: dict[str, Any], summary: dict[str, Any]) -> list[str]:
     rows = []
     for r in summary["partitions"]:
         if "failed" in r:
-            rows.append([str(r["partitions"]), "FAILED", *["-"] * 10])
+            rows.append([str(r["partitions"]), "FAILED", *["-"] * 14])
             continue
         ph = r["phases_per_batch_s"]
         rows.append(
@@ -317,6 +375,10 @@ def render(raw: dict[str, Any], summary: dict[str, Any]) -> list[str]:
                 str(r["batches"]),
                 _f(r["seconds"], 1),
                 _f(r["records_per_s"], 0),
+                _f(r.get("structured_streaming_records_per_s"), 0),
+                _x(r.get("product_over_structured_streaming")),
+                _f(r.get("per_partition_tasks_records_per_s"), 0),
+                _x(r.get("product_over_per_partition_tasks")),
                 _f(r["cpu_s_per_m_records"], 1),
                 *(_f(ph[p], 3) for p in PHASES),
                 _f(r["fixed_cost_s"], 3),
@@ -329,6 +391,10 @@ def render(raw: dict[str, Any], summary: dict[str, Any]) -> list[str]:
             "batches",
             "seconds",
             "records/s",
+            "SS records/s",
+            "product/SS",
+            "task/partition records/s",
+            "product/that",
             "CPU s/M rec",
             *PHASES,
             "fixed cost",
@@ -414,6 +480,15 @@ def failures(raw: dict[str, Any] | None) -> list[str]:
         for count, run in raw.get("partitions", {}).items()
         if not ok(run)
     ]
+    for key, label in (
+        ("structured_streaming", "Structured Streaming, "),
+        ("per_partition_tasks", "a task per partition, "),
+    ):
+        found += [
+            f"scale/{label}{count} partitions: {run['failed']}"
+            for count, run in raw.get(key, {}).items()
+            if not ok(run)
+        ]
     for what in ("alone", "together"):
         run = raw.get(what)
         if isinstance(run, dict) and "failed" in run:
