@@ -30,7 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "published from now on (an upsert after its topic was re-created)",
     )
     rebuild.add_argument("name", help="the derived output's name (config `derived:`)")
-    rebuild.add_argument("--reason", default="", help="why; kept in the rebuild's Delta commit")
+    rebuild.add_argument(
+        "--reason", default="", help="why; kept in the rebuild's Delta commit and the ledger"
+    )
     rebuild.add_argument("--by", default=None, help="who asks (default: the OS user)")
     rebuild.set_defaults(func=cmd_rebuild)
 

@@ -90,6 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     recover = sub.add_parser("recover", help="finish prepared batches, abandon dead ones")
     recover.add_argument("-c", "--config", required=True)
+    recover.add_argument("--reason", default="", help="why; journaled in the ledger")
+    recover.add_argument("--by", default=None, help="who asks (default: the OS user)")
     recover.set_defaults(func=cmd_recover)
 
     ledger = sub.add_parser("ledger", help="show the batches of a pipeline")
@@ -275,11 +277,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
+    from exactly_cli.skip_cmd import default_user
     from jobs.wiring.pipeline import Pipeline
 
     config = load_config(args.config)
     with Pipeline(config, log=say) as pipeline:
-        finished = pipeline.recover()
+        finished, _ = pipeline.recover_asked(who=args.by or default_user(), reason=args.reason)
     for batch in finished:
         say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
     say(f"{config.pipeline}: recovered {len(finished)} batch(es)")

@@ -13,6 +13,8 @@ import pytest
 import yaml
 
 from jobs.examples.sample_data import pageviews
+from ledger.core.actions import ActionKind
+from ledger.store.ledger_store import LedgerStore
 from resources.jvm.process import free_port
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 
@@ -126,5 +128,17 @@ def test_run_prints_one_line_per_batch_and_ledger_lists_them(
     table = exactly("ledger", "-c", path)
     assert table.returncode == 0 and "ACKED" in table.stdout
 
-    again = exactly("recover", "-c", path)
+    again = exactly("recover", "-c", path, "--by", "oncall", "--reason", "after the outage")
     assert again.returncode == 0 and "recovered 0 batch(es)" in again.stdout
+    # journaled in the ledger with who and why, whatever it found to do
+    store = LedgerStore(config.ledger.url)
+    try:
+        (action,) = store.actions(config.pipeline)
+    finally:
+        store.dispose()
+    assert (action.kind, action.decided_by, action.reason, action.outcome) == (
+        ActionKind.RECOVER,
+        "oncall",
+        "after the outage",
+        "nothing to recover",
+    )

@@ -20,6 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
+from ledger.core.actions import ActionKind
 from ledger.core.decision_rules import resume_command, retire_topic_command
 from ledger.core.protocol import BatchState
 from orchestration.decisions.spelling import as_launchpad
@@ -143,10 +144,31 @@ def test_the_recover_job_finishes_a_voted_batch(
     kafka_client.produce(config.kafka.topic, pageviews(120))
     crash_run(config, "after_prepare")
     jobs = pipeline_definitions(config_path(config))
-    assert jobs.recover.execute_in_process(instance=instance).success
-    batch = jobs.resource.pipeline().store.get(config.app_id, 1)
+    ops = {"pageviews_recover_op": {"config": {"reason": "after the node's restart"}}}
+    result = jobs.recover.execute_in_process(instance=instance, run_config={"ops": ops})
+    assert result.success
+    store = jobs.resource.pipeline().store
+    batch = store.get(config.app_id, 1)
     assert batch is not None and batch.state is BatchState.ACKED
     assert assert_exactly_once(config, kafka_client) == (120, 0)
+    # journaled in the ledger with who, why and what it did, and shown on the table asset
+    (action,) = store.actions("pageviews")
+    assert (action.kind, action.decided_by, action.reason) == (
+        ActionKind.RECOVER,
+        f"Dagster run {result.run_id}",
+        "after the node's restart",
+    )
+    assert action.outcome == f"recovered 1 batch(es): {config.app_id}/1 ACKED", action.outcome
+    _, cursor = evaluate(jobs, instance, "history_sensor", None)
+    evaluate(jobs, instance, "history_sensor", cursor)  # a second tick shows it no second time
+    observed = instance.fetch_observations(jobs.table.key, limit=100).records
+    shown = [
+        r.asset_observation
+        for r in observed
+        if r.asset_observation is not None and "action" in r.asset_observation.metadata
+    ]
+    assert len(shown) == 1 and shown[0].metadata["action"].value == "recover", shown
+    assert shown[0].description == action.text()
 
 
 @pytest.mark.integration
@@ -207,6 +229,15 @@ def test_a_derived_output_added_later_is_built_by_the_rebuild_job(
     assert (kept["decided_by"], kept["reason"]) == (f"Dagster run {built.run_id}", "added")
     again = rebuild("views_per_app")
     assert "already holds batches (pageviews up to batch 1)" in failure_sentence(again)
+    # the rebuild, not its refusals, is journaled in the ledger too
+    (action,) = jobs.resource.pipeline().store.actions("pageviews")
+    assert (action.kind, action.subject, action.decided_by, action.reason) == (
+        ActionKind.REBUILD,
+        "views_per_app",
+        f"Dagster run {built.run_id}",
+        "added",
+    )
+    assert action.outcome.startswith("rebuilt derived output views_per_app: "), action
 
     assert jobs.next_batch.execute_in_process(instance=instance).success
     assert assert_exactly_once(jobs.config, kafka_client)[0] == 180

@@ -148,7 +148,7 @@ def test_a_version_1_ledger_is_migrated_in_place_and_keeps_its_batches(ledger_ur
     write_version_1_ledger(ledger_url)
     store = LedgerStore(ledger_url)
     try:
-        assert store.schema_version() == SCHEMA_VERSION == 3
+        assert store.schema_version() == SCHEMA_VERSION == 4
         batches = sorted(store.batches(app_id=APP), key=lambda b: b.batch_id)
         assert [(b.batch_id, b.state) for b in batches] == [
             (1, BatchState.ACKED),

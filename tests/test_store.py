@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 
+from ledger.core.actions import ActionKind
 from ledger.core.batch import RESTAGE, Batch, StagedFile
 from ledger.core.errors import (
     BusyError,
@@ -684,3 +685,39 @@ def test_insert_unfinished_recreates_a_batch_to_finish(store: LedgerStore) -> No
     assert batch.voted_once and batch.params["rebuilt_from_delta_log"]
     assert batch.params["mode"] == "replace"
     assert store.positions(APP) == {0: 9}
+
+
+def test_operator_actions_are_journaled_per_pipeline_oldest_first(store: LedgerStore) -> None:
+    """Who asked for a recovery or a rebuild, why, when (the database's clock, invariant 17)
+    and what came of it; each pipeline reads its own."""
+    first = store.record_action(
+        pipeline="p",
+        kind=ActionKind.RECOVER,
+        subject="",
+        decided_by="oncall",
+        reason="after the outage",
+        outcome="nothing to recover",
+    )
+    store.record_action(
+        pipeline="q",
+        kind=ActionKind.RECOVER,
+        subject="",
+        decided_by="x",
+        reason="",
+        outcome="nothing to recover",
+    )
+    second = store.record_action(
+        pipeline="p",
+        kind=ActionKind.REBUILD,
+        subject="views_per_app",
+        decided_by="oncall",
+        reason="added",
+        outcome="rebuilt derived output views_per_app: 3 rows at version 0",
+    )
+    assert store.actions("p") == [first, second]
+    assert first.decided_at <= second.decided_at <= store.now()
+    assert second.text() == (
+        "rebuild views_per_app by oncall (added): rebuilt derived output views_per_app: 3 "
+        "rows at version 0"
+    )
+    assert [a.decided_by for a in store.actions("q")] == ["x"]

@@ -17,7 +17,7 @@ from functools import cached_property
 from types import TracebackType
 from typing import Any
 
-from jobs.derived.rebuild import Rebuilt, rebuild_output
+from jobs.derived.rebuild import Rebuilt, rebuild_output, rebuilt_text
 from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.sources.topics_source import offset_source_for
 from jobs.stage.spark_stager import SharedSpark, SparkStager
@@ -25,6 +25,7 @@ from ledger.coordinator.backfill import plan_backfill
 from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.release import release
 from ledger.coordinator.two_phase import TwoPhaseCommit
+from ledger.core.actions import ActionKind, OperatorAction, recovered_text
 from ledger.core.backfill import BackfillMode, backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.decisions import Decision, DecisionKind, Request
@@ -143,7 +144,7 @@ class Pipeline:
                 return self.kafka.topic_id(topic) if topic in listed else None
 
         try:
-            return rebuild_output(
+            done = rebuild_output(
                 spec,
                 delta,
                 self.publisher.table,
@@ -154,6 +155,29 @@ class Pipeline:
             )
         except InconsistencyError as exc:
             raise DecisionError(str(exc)) from exc
+        self.store.record_action(
+            pipeline=self.config.pipeline,
+            kind=ActionKind.REBUILD,
+            subject=name,
+            decided_by=who,
+            reason=reason,
+            outcome=rebuilt_text(done),
+        )
+        return done
+
+    def recover_asked(self, *, who: str, reason: str) -> tuple[list[Batch], OperatorAction]:
+        """`recover`, asked for by an operator (`exactly recover`, the `<pipeline>_recover`
+        job): journaled in the ledger with who, why and what it did (ledger/core/actions.py).
+        A refusal (a batch whose owner may be alive) is not journaled: nothing was done."""
+        done = self.recover()
+        return done, self.store.record_action(
+            pipeline=self.config.pipeline,
+            kind=ActionKind.RECOVER,
+            subject="",
+            decided_by=who,
+            reason=reason,
+            outcome=recovered_text(done),
+        )
 
     def recover(self, planning: BatchKind = BatchKind.LIVE) -> list[Batch]:
         """Finish every voted batch of the pipeline, live and backfill alike, and abandon

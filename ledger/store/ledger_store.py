@@ -3,7 +3,8 @@
 `LedgerStore` is the one object the coordinator, the jobs and the commands hold. It is the
 union of the store's concerns, each a class of its own module on the shared connection
 (ledger/store/connection.py): planning under the one in-flight guard (planning.py), the
-fenced writes of an attempt (fencing.py), operator decisions (decisions.py), the rebuild
+fenced writes of an attempt (fencing.py), operator decisions (decisions.py), the journal of
+operator actions that move no position (actions.py), the rebuild
 from the Delta logs (rebuild.py) and the sums the metrics endpoint reads (totals.py). What
 stays here are the public reads, each on a connection of its own (the queries themselves in
 reads.py, shared with the writes, which read inside their transactions).
@@ -20,6 +21,7 @@ from ledger.core.batch import Batch, StagedFile
 from ledger.core.decisions import Decision
 from ledger.core.protocol import BatchState, Positions
 from ledger.store import reads
+from ledger.store.actions import ActionJournal
 from ledger.store.decisions import DecisionRecording
 from ledger.store.fencing import Fencing
 from ledger.store.planning import Planning
@@ -28,7 +30,7 @@ from ledger.store.schema import batches_table, files_table, meta_table, ranges_t
 from ledger.store.totals import Totals
 
 
-class LedgerStore(Planning, Fencing, DecisionRecording, Rebuilding, Totals):
+class LedgerStore(Planning, Fencing, DecisionRecording, ActionJournal, Rebuilding, Totals):
     """Durable batch records for one or many pipelines in one database."""
 
     def now(self) -> datetime:

@@ -29,7 +29,8 @@ from ledger.core.errors import ConfigError, UnreachableError
 #: older one is upgraded by the revisions it lacks (`ensure_schema`).
 #: 2: topic ids on ranges, the decisions a batch was planned on, the decisions table.
 #: 3: a voted file's target holds `derived:<name>` (a derived output's, name up to 128).
-SCHEMA_VERSION = 3
+#: 4: the operator actions journal (ledger/core/actions.py).
+SCHEMA_VERSION = 4
 #: Alembic's record of the ledger's revision, named for exactly: a ledger may share its
 #: PostgreSQL database with another Alembic user (Dagster's storage keeps `alembic_version`).
 VERSION_TABLE = "exactly_alembic_version"
@@ -120,6 +121,21 @@ decisions_table = sa.Table(
     sa.Column("forced", sa.Boolean, nullable=False),
     # the whole decision as ledger/core/decisions.py Decision.as_dict() writes it
     sa.Column("body", sa.JSON, nullable=False),
+)
+
+#: Operator actions that move no position (ledger/core/actions.py), oldest first by seq.
+actions_table = sa.Table(
+    "exactly_actions",
+    metadata,
+    sa.Column("seq", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("id", sa.String(32), nullable=False, unique=True),
+    sa.Column("pipeline", sa.String(255), nullable=False, index=True),
+    sa.Column("kind", sa.String(32), nullable=False),
+    sa.Column("subject", sa.String(255), nullable=False),
+    sa.Column("decided_by", sa.String(255), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("decided_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("outcome", sa.Text, nullable=False),
 )
 
 

@@ -33,6 +33,7 @@ from typing import Any
 import dagster as dg
 
 from jobs.wiring.pipeline import Pipeline
+from ledger.core.actions import OperatorAction
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.decisions import Decision
 from ledger.core.protocol import PUBLISHED, BatchState
@@ -256,3 +257,24 @@ def decision_observation(
         description=f"decision {decision.id[:8]}: {decision.describe()}",
         metadata=metadata,
     )
+
+
+def action_observation(
+    table: dg.AssetKey, action: OperatorAction, run_id: str | None = None
+) -> dg.AssetObservation:
+    """An operator action that moved no position (ledger/core/actions.py: a recovery asked
+    for, a derived output rebuilt) as an observation of the table asset, as decisions are:
+    by its job, or by the history sensor for `exactly recover` and `exactly derived
+    rebuild`."""
+    metadata: dict[str, Any] = {
+        "action": str(action.kind),
+        "action_id": action.id,
+        "decided_by": action.decided_by,
+        "reason": action.reason,
+        "outcome": action.outcome,
+    }
+    if action.subject:
+        metadata["subject"] = action.subject
+    if run_id is not None:
+        metadata["run"] = dg.MetadataValue.dagster_run(run_id)
+    return dg.AssetObservation(asset_key=table, description=action.text(), metadata=metadata)

@@ -35,6 +35,7 @@ from ledger.core.batch import Batch, BatchKind
 from ledger.core.protocol import PUBLISHED, BatchState
 from orchestration.health.fates import (
     FATE_OF,
+    action_observation,
     decision_observation,
     is_replace,
     rereader,
@@ -157,6 +158,8 @@ class _EventLog:
                     self.told.add(str(observation.metadata[FATE_OF].value))
                 if observation is not None and "decision_id" in observation.metadata:
                     self.told.add(f"decision:{observation.metadata['decision_id'].value}")
+                if observation is not None and "action_id" in observation.metadata:
+                    self.told.add(f"action:{observation.metadata['action_id'].value}")
                 self.after_observation = record.storage_id
             if not page.has_more:
                 return
@@ -200,14 +203,20 @@ def _tell(
 def _show_decisions(
     pipeline: Pipeline, instance: dg.DagsterInstance, table: dg.AssetKey, events: _EventLog
 ) -> list[str]:
-    """Observe every decision the event log does not show yet (recorded by `exactly skip`,
-    or by a decide job whose run died before its observation)."""
+    """Observe every decision and operator action the event log does not show yet (recorded
+    by `exactly skip`, `recover` or `derived rebuild`, or by a job whose run died before its
+    observation)."""
     shown = []
     for decision in pipeline.store.decisions(pipeline=pipeline.config.pipeline):
         if f"decision:{decision.id}" not in events.told:
             instance.report_runless_asset_event(decision_observation(table, decision))
             events.told.add(f"decision:{decision.id}")
             shown.append(f"decision {decision.id[:8]} shown")
+    for action in pipeline.store.actions(pipeline.config.pipeline):
+        if f"action:{action.id}" not in events.told:
+            instance.report_runless_asset_event(action_observation(table, action))
+            events.told.add(f"action:{action.id}")
+            shown.append(f"{action.kind} {action.id[:8]} shown")
     return shown
 
 
