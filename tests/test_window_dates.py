@@ -84,3 +84,56 @@ def test_a_merge_under_another_partitioning_than_the_tables_is_refused(
             batch_id=2,
         )
     assert DeltaTable(uri).version() == version
+
+
+def day_partial(day: int, apps: int, *, null_window: bool = False) -> pa.Table:
+    """`apps` groups, one per app, in a window of 2026-03-(1 + day), UTC noon; with
+    `null_window` one more group whose event time was null (Spark's window of null)."""
+    start = datetime(2026, 3, 1 + day, 12, tzinfo=UTC)
+    kind = pa.timestamp("us", tz="UTC")
+    names = [f"app{i}" for i in range(apps)] + (["nowhen"] if null_window else [])
+    starts = [start] * apps + ([None] if null_window else [])
+    return pa.table(
+        {
+            "app": names,
+            "window_start": pa.array(starts, kind),
+            "window_end": pa.array(starts, kind),
+            "views": pa.array([1] * len(names), pa.int64()),
+        }
+    )
+
+
+def test_a_merge_reads_only_the_partitions_of_its_batch_s_windows(tmp_path: Path) -> None:
+    """Issue 31, item 5: a batch's MERGE into a table partitioned by window date reads the
+    files of its own windows' days, not the whole table's history (a predicate naming the
+    partition column's values: delta-rs then skips every other partition's files). The
+    counts are those of a MERGE over the whole table."""
+    uri = str(tmp_path / "per_hour")
+    partitioned = spec(uri, True)
+    target = DeltaTarget(uri, partition_by=partitioned.partition_by, generated=False)
+    for day in range(6):
+        assert merge_aggregate(
+            target, partitioned, day_partial(day, 50), app_id="p", batch_id=day + 1
+        ).applied
+    last = merge_aggregate(target, partitioned, day_partial(5, 50), app_id="p", batch_id=7)
+    assert last.metrics["num_target_files_scanned"] == 1, last.metrics
+    assert last.metrics["num_target_files_skipped_during_scan"] == 5, last.metrics
+    rows = DeltaTable(uri).to_pyarrow_table().to_pylist()
+    assert len(rows) == 6 * 50
+    assert sorted({r["views"] for r in rows if r["window_date"] == date(2026, 3, 6)}) == [2]
+    assert {r["views"] for r in rows if r["window_date"] != date(2026, 3, 6)} == {1}
+
+
+def test_a_group_whose_window_is_null_is_still_one_row(tmp_path: Path) -> None:
+    """Its partition value is null, which no `IN` list matches: the predicate names the null
+    partition too, or every batch would insert the group again."""
+    uri = str(tmp_path / "per_hour")
+    partitioned = spec(uri, True)
+    target = DeltaTarget(uri, partition_by=partitioned.partition_by, generated=False)
+    for batch_id in (1, 2):
+        partial = day_partial(0, 2, null_window=True)
+        assert merge_aggregate(target, partitioned, partial, app_id="p", batch_id=batch_id).applied
+    only_null = day_partial(0, 0, null_window=True)
+    assert merge_aggregate(target, partitioned, only_null, app_id="p", batch_id=3).applied
+    rows = {r["app"]: r["views"] for r in DeltaTable(uri).to_pyarrow_table().to_pylist()}
+    assert rows == {"app0": 2, "app1": 2, "nowhen": 3}

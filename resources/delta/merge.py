@@ -40,7 +40,7 @@ from resources.delta.commit import Try, commit_batch
 from resources.delta.options import store_failure
 from resources.delta.schema import widen_schema
 from resources.delta.table import DeltaTarget
-from resources.delta.window_dates import with_window_dates
+from resources.delta.window_dates import held_partitions, with_window_dates
 from resources.delta.writer_stats import sound_writer_properties
 
 SOURCE, TARGET = "s", "t"
@@ -129,7 +129,8 @@ def merge_aggregate(
         # rows with no partition value would land in the null partition, silently
         where = f"derived.{spec.name}.partition_by"
         check_layout(target.uri, table.metadata().partition_columns, spec.partition_by, where)
-        merger = _merger(table, partial, spec.key_columns, properties)
+        held = held_partitions(partial, spec.partition_by, TARGET)
+        merger = _merger(table, partial, spec.key_columns, properties, held)
         if count is not None:
             emptied = f"{_q(TARGET, count)} + {_q(SOURCE, count)} = 0"
             merger = merger.when_matched_delete(predicate=emptied)
@@ -253,11 +254,18 @@ def _in_ranges(alias: str, ranges: Sequence[OffsetRange]) -> str:
 
 
 def _merger(
-    table: DeltaTable, partial: pa.Table, keys: list[str], properties: CommitProperties
+    table: DeltaTable,
+    partial: pa.Table,
+    keys: list[str],
+    properties: CommitProperties,
+    held: str | None = None,
 ) -> TableMerger:
+    """The MERGE on `keys`; `held`, a predicate on the target's partitions that every row
+    the keys match satisfies anyway, only spares delta-rs reading the other partitions."""
+    predicate = _keys_match(keys) + (f" AND {held}" if held else "")
     return table.merge(
         partial,
-        predicate=_keys_match(keys),
+        predicate=predicate,
         source_alias=SOURCE,
         target_alias=TARGET,
         # no float bounds for wide decimals, a sum's above all (resources/delta/writer_stats.py)

@@ -10,6 +10,10 @@ evaluates a generated column's expression itself (DataFusion) and knows none of 
 time-zone functions, so it refuses the MERGE; the column is a plain partition column whose
 value is a function of `window_start` (part of the MERGE's key), so a group never moves
 between partitions.
+
+For the same reason a MERGE may name the partitions its rows fall in (`held_partitions`)
+without changing which rows match: delta-rs then reads only those partitions' files, so a
+batch's MERGE costs its windows' days, not the table's whole history (issue 31, item 5).
 """
 
 from __future__ import annotations
@@ -36,3 +40,30 @@ def with_window_dates(partial: pa.Table, columns: Sequence[PartitionColumn]) -> 
             partial = partial.drop_columns([column.name])
         partial = partial.append_column(pa.field(column.name, pa.date32()), value)
     return partial
+
+
+def held_partitions(
+    partial: pa.Table, columns: Sequence[PartitionColumn], alias: str
+) -> str | None:
+    """A MERGE predicate naming the partitions the rows of `partial` fall in, on the table
+    aliased `alias` (`t.`window_date` IN ('2026-03-01', ...)`), or None for no rows.
+
+    A row whose partition value is null (a group whose event time was null: Spark's window
+    of null is null) is in the null partition, which no `IN` list matches: the predicate
+    names it with `IS NULL`, or that group would be inserted again by every batch.
+    Literal values, not `t.col = s.col`: delta-rs prunes files by a predicate on the
+    target's partition columns with constants only, and a join on the column made the MERGE
+    slower, not faster (measured: 30 daily partitions, 307 ms of scan against 2 ms).
+    """
+    if partial.num_rows == 0:
+        return None
+    clauses = []
+    for column in columns:
+        values = pc.unique(partial[column.name]).to_pylist()
+        quoted = f"{alias}.`{column.name}`"
+        days = sorted(f"'{v.isoformat()}'" for v in values if v is not None)
+        held = [f"{quoted} IN ({', '.join(days)})"] if days else []
+        if None in values:
+            held.append(f"{quoted} IS NULL")
+        clauses.append(f"({' OR '.join(held)})")
+    return " AND ".join(clauses) or None
