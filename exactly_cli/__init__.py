@@ -5,7 +5,8 @@ Each sub-command lives in a module of this package with a `register(subparsers)`
 not a traceback: an `ExactlyError`, or an error whose cause is known (a full disk, a read-only
 folder, Spark out of memory, ...: resources/failures/causes.py), is one line naming the cause and
 the path or service, exit code 2; anything unforeseen is one line naming the log file (under the
-state folder) that holds its full traceback, exit code 1.
+state folder) that holds its full traceback, exit code 1. Log records of any library (py4j
+logs a lost JVM with its traceback) go to a file there too, never to the terminal.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 
 from ledger.core.errors import ExactlyError, with_config
 from resources.failures.causes import FailureContext, context_of
-from resources.failures.lines import UNFORESEEN, describe_failure
+from resources.failures.lines import UNFORESEEN, describe_failure, log_records_to_file
 
 #: The exit code of a failure no known cause explains (a known one's is ExactlyError's, 2).
 UNFORESEEN_EXIT_CODE = 1
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    log_records_to_file()
     try:
         return int(args.func(args) or 0)
     except ExactlyError as exc:

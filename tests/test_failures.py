@@ -23,6 +23,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 from py4j.protocol import Py4JNetworkError
 
+from ledger.core.errors import ConfigError
 from orchestration.health.failures import one_line_failures
 from orchestration.resources import PipelineResource, pipeline_key
 from resources.failures.causes import (
@@ -444,3 +445,38 @@ def test_python_out_of_memory_is_known_and_not_taken_for_java_s() -> None:
     assert known is not None and known.cause == PYTHON_OOM
     java = classify(JavaError(SPARK_OOM_TEXT))
     assert java is not None and java.cause == SPARK_OOM
+
+
+def test_a_library_s_log_record_goes_to_a_log_file_not_the_terminal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """py4j logs a lost JVM with `logging.exception` on the root logger, which, with no
+    handler, Python prints to stderr with its traceback (seen in CI under the out-of-memory
+    test: the one line came after a Python traceback). The command line sends every log
+    record to a file in the logs folder; the terminal keeps its one line."""
+    import argparse
+    import logging
+
+    import exactly_cli
+
+    monkeypatch.setenv("EXACTLY_STATE_DIR", str(tmp_path))
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+
+    def lose_the_jvm(_args: argparse.Namespace) -> int:
+        try:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        except ConnectionResetError:
+            logging.exception("Exception while sending command.")
+        raise ConfigError("the one line")
+
+    def parser() -> argparse.ArgumentParser:
+        built = argparse.ArgumentParser(prog="exactly")
+        built.set_defaults(func=lose_the_jvm, command="run")
+        return built
+
+    monkeypatch.setattr(exactly_cli, "build_parser", parser)
+    assert exactly_cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert err == "exactly: error: the one line\n", err
+    (log,) = (tmp_path / "logs").glob("python-*.log")
+    assert "Traceback" in log.read_text() and "Connection reset by peer" in log.read_text()

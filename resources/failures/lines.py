@@ -10,6 +10,7 @@ run view (orchestration/health/failures.py) both say failures through `describe_
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import traceback
 from dataclasses import dataclass, replace
@@ -140,3 +141,30 @@ def describe_failure(exc: BaseException, what: str, context: FailureContext) -> 
         return FailureLine(one_line(known.line()), known.cause)
     log = write_traceback(exc, what)
     return FailureLine(one_line(unforeseen_line(exc, what, log)), UNFORESEEN, log)
+
+
+class _LogFile(logging.FileHandler):
+    """A log file created with its first record (and its folder with it)."""
+
+    def _open(self):  # type: ignore[no-untyped-def]  # logging's own signature
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+def log_records_to_file() -> None:
+    """Send every log record of this process to a `python-*.log` file in the logs folder,
+    made only if a record comes, never to the terminal.
+
+    Why: a library that logs on the root logger with no handler set gets Python's default
+    one, stderr, tracebacks included: py4j logs a lost JVM so (`logging.exception`), and
+    the command's one line came after a traceback (seen in CI). Once this is set, a record
+    of any logger lands in the file; a file that cannot be written (a full or read-only
+    state folder) is dropped silently, as the command's own line already says what failed.
+    """
+    root = logging.getLogger()
+    if any(isinstance(h, _LogFile) for h in root.handlers):
+        return
+    handler = _LogFile(log_file("python"), delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    logging.raiseExceptions = False
