@@ -69,6 +69,8 @@ class Settings:
     scale_partitions: tuple[int, ...] = (8, 64, 256)
     scale_batch_records: int = 100_000
     scale_pipelines: int = 4
+    #: Structured Streaming and the former stage beside each count (bench/scale.py)
+    scale_beside: bool = True
 
     def scale(self) -> ScaleSettings:
         return ScaleSettings(
@@ -78,6 +80,7 @@ class Settings:
             batch_records=self.scale_batch_records,
             empty_batches=self.empty_batches,
             pipelines=self.scale_pipelines,
+            beside=self.scale_beside,
         )
 
     def freshness(self) -> FreshnessSettings:
@@ -106,6 +109,8 @@ SMOKE = Settings(
     # whether a per-partition cost is there
     scale_partitions=(8, 64),
     scale_batch_records=500,
+    # Structured Streaming is measured in the smoke's throughput section already
+    scale_beside=False,
 )
 
 
