@@ -33,6 +33,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from bench.commits import APP_ID, SCHEMA, _metadata, _small_files
+from resources.delta.checkpoints import wait_for_checkpoints
 from resources.delta.table import DeltaTarget
 from resources.object_storage import storage
 
@@ -70,14 +71,53 @@ def _timed_calls(spent: dict[str, float]) -> Iterator[None]:
             setattr(owner, name, call)
 
 
-def run(root: Path, commits: int, profile: bool) -> dict[str, Any]:
-    """Commit `commits` batches of one small file each to one table, timing every commit."""
+@contextmanager
+def checkpoint_in_commit() -> Iterator[None]:
+    """The publish as it was before issue 31: delta-rs writes the checkpoint in the commit of
+    every hundredth version (resources/delta/checkpoints.py says why it no longer does)."""
+    from deltalake import PostCommitHookProperties
+
+    from resources.delta import commit
+
+    before = commit.NO_CHECKPOINT, commit.due_version
+    commit.NO_CHECKPOINT = PostCommitHookProperties(create_checkpoint=True)
+    commit.due_version = lambda _table, _before: None
+    try:
+        yield
+    finally:
+        commit.NO_CHECKPOINT, commit.due_version = before
+
+
+def run(
+    root: Path,
+    commits: int,
+    profile: bool,
+    compact_over: int | None = None,
+    in_commit: bool = False,
+) -> dict[str, Any]:
+    """Commit `commits` batches of one small file each to one table, timing every commit;
+    with `compact_over`, compact the table between two commits once it holds more files
+    than that, as a continuous run does (`compact.when_files_over`), timed apart; with
+    `in_commit`, checkpoints are written inside the commits, as before issue 31."""
+    with checkpoint_in_commit() if in_commit else _nothing():
+        return _run(root, commits, profile, compact_over)
+
+
+def _run(root: Path, commits: int, profile: bool, compact_over: int | None) -> dict[str, Any]:
     table_root = root / "history"
     target = DeltaTarget(str(table_root))
     files = _small_files(table_root, "all", commits, 0)
     times: list[float] = []
+    compactions: list[float] = []
     phases: list[dict[str, float]] = []
+    live = 0
     for batch, staged in enumerate(files, start=1):
+        live += 1
+        if compact_over is not None and live > compact_over:
+            started = time.perf_counter()
+            done = target.compact()
+            compactions.append(time.perf_counter() - started)
+            live = live - (done.files_removed - done.files_added if done else 0)
         spent: dict[str, float] = defaultdict(float)
         with _timed_calls(spent) if profile else _nothing():
             started = time.perf_counter()
@@ -92,6 +132,7 @@ def run(root: Path, commits: int, profile: bool) -> dict[str, Any]:
         if not outcome.published:
             raise RuntimeError(f"batch {batch} was not published")
         phases.append(dict(spent))
+    wait_for_checkpoints()
     log = table_root / "_delta_log"
     checkpoints = sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
     # table version v holds batch v (version 0 is the table's creation by batch 1's commit)
@@ -111,6 +152,8 @@ def run(root: Path, commits: int, profile: bool) -> dict[str, Any]:
         "other_median_ms": 1000
         * statistics.median(t for i, t in enumerate(times, 1) if i not in at_checkpoint),
         "seconds": times,
+        "compactions": len(compactions),
+        "compaction_median_ms": 1000 * statistics.median(compactions) if compactions else None,
     }
     if profile:
         labels = sorted({label for p in phases for label in p})
@@ -140,9 +183,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="time delta-rs's calls too")
     parser.add_argument("--label", default="", help="printed before the figures")
     parser.add_argument("--json-out", type=Path, help="also write every figure as JSON here")
+    parser.add_argument(
+        "--compact-over", type=int, help="compact between commits past this many files"
+    )
+    parser.add_argument(
+        "--checkpoint-in-commit",
+        action="store_true",
+        help="checkpoints inside the commits, as before issue 31",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="exactly-commit-history-") as tmp:
-        result = run(Path(tmp), args.commits, args.profile)
+        result = run(
+            Path(tmp), args.commits, args.profile, args.compact_over, args.checkpoint_in_commit
+        )
     tenths = " ".join(f"{m:.0f}" for m in result["tenth_medians_ms"])
     checkpoint = result["checkpoint_median_ms"]
     print(
@@ -153,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
         else f"{args.label}median commit per tenth, ms: {tenths}",
         flush=True,
     )
+    if result["compactions"]:
+        print(
+            f"{args.label}{result['compactions']} compactions between commits, "
+            f"{result['compaction_median_ms']:.0f} ms each (median)",
+            flush=True,
+        )
     for label, medians in result.get("profile_tenth_medians_ms", {}).items():
         at = result["profile_checkpoint_medians_ms"].get(label)
         print(

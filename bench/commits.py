@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from jobs.stage import parquet_files
 from ledger.core.batch import BatchKind
+from resources.delta.checkpoints import wait_for_checkpoints
 from resources.delta.table import DeltaTarget
 
 APP_ID = "bench"
@@ -128,6 +129,7 @@ def commit_vs_history(root: Path, commits: int) -> dict[str, Any]:
             loads[batch] = time.perf_counter() - started
         times.append(_publish(target, batch, [staged]))
     log = table_root / "_delta_log"
+    wait_for_checkpoints()  # written beside the commits (resources/delta/checkpoints.py)
     checkpoints = sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
     # table version v holds batch v (version 0 is the table's creation by batch 1's commit)
     at_checkpoint = [times[v - 1] for v in checkpoints if 1 <= v <= commits]

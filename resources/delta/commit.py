@@ -22,8 +22,9 @@ keeps a second process off them). Ways a try commits and still fails:
 - delta-rs lists the log right after its own write to read the new snapshot, and a listing
   that lags the write (the loopback S3 server's can) fails that read (another DeltaError,
   counted against MAX_UNKNOWN_OUTCOMES);
-- a post-commit hook fails after the entry is written (a checkpoint that cannot be written:
-  also a DeltaError).
+- a post-commit hook fails after the entry is written (a MERGE's checkpoint that cannot be
+  written: also a DeltaError; a publish writes its checkpoint apart,
+  resources/delta/checkpoints.py).
 After any failed try the table object the try went through is dropped (the target's
 `commit_scope`), so the next try reads the table afresh: whether delta-rs moved that object
 to the version it may have committed, or left it half-way, is as unknown as the commit
@@ -47,6 +48,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from ledger.core.batch import StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from resources.config.partitioning import partition_values
+from resources.delta.checkpoints import NO_CHECKPOINT, checkpoint_later, due_version
 from resources.delta.log import METADATA_KEY, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
@@ -71,12 +73,15 @@ class Committable(Protocol):
     """What the loop needs of a table location: DeltaTarget (resources/delta/table.py)."""
 
     uri: str
+    storage_options: Mapping[str, str]
 
     def load(self) -> DeltaTable | None: ...
 
     def ensure_table(self, schema: pa.Schema) -> None: ...
 
     def commit_scope(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def checkpointed(self, version: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -193,14 +198,20 @@ def add_actions(
     ]
 
 
-def appending(table: DeltaTable, actions: list[Any], schema: pa.Schema, uri: str) -> Try:
+def appending(table: DeltaTable, actions: list[Any], schema: pa.Schema, target: Committable) -> Try:
     """The try of a publish or a replace: `actions` in one commit on `table` (`_write`),
-    then the table object brought up to the version it committed."""
+    then the table object brought up to the version it committed, and the checkpoint that
+    version is due written beside the batch (resources/delta/checkpoints.py); `target` is
+    the DeltaTarget (its uri, storage options, and `checkpointed`, told when it is done)."""
 
     def commit(properties: CommitProperties) -> Mapping[str, Any] | None:
-        if not _write(table, actions, schema, properties, uri):
+        before = table.version()
+        if not _write(table, actions, schema, properties, target.uri):
             return None
         table.update_incremental()
+        due = due_version(table, before)
+        if due is not None:
+            checkpoint_later(target.uri, due, target.storage_options, target.checkpointed)
         return {}
 
     return Try(frozenset(a.path for a in actions if isinstance(a, AddAction)), commit)
@@ -234,7 +245,13 @@ def _write(
             "vote: make the table take the batch's schema, then recover"
         ) from exc
     if widened is None:
-        table.create_write_transaction(actions, "append", schema, commit_properties=properties)
+        table.create_write_transaction(
+            actions,
+            "append",
+            schema,
+            commit_properties=properties,
+            post_commithook_properties=NO_CHECKPOINT,
+        )
         return True
     if any(isinstance(a, RemoveAction) for a in actions):
         present = {f.name for f in table.schema().fields}
@@ -251,7 +268,12 @@ def _write(
             f"{len(doomed)} file(s), e.g. {doomed[0]}; refusing to commit (invariant 1)"
         )
     table.create_write_transaction(
-        actions, "overwrite", widened, partition_filters=no_file, commit_properties=properties
+        actions,
+        "overwrite",
+        widened,
+        partition_filters=no_file,
+        commit_properties=properties,
+        post_commithook_properties=NO_CHECKPOINT,
     )
     return True
 

@@ -81,6 +81,9 @@ class _Kept:
     version: int
     #: storage.fingerprint of that version's log entry, taken after the table read it
     fingerprint: tuple[Any, ...]
+    #: the version the table was loaded afresh at: its snapshot replays the log from the
+    #: last checkpoint before it, however many commits it was updated by since
+    loaded_at: int
 
 
 class DeltaTarget:
@@ -110,6 +113,10 @@ class DeltaTarget:
         #: table is not safe to use from two threads at once, and one thread's update or
         #: failed commit must never change the table another thread is deciding on.
         self._local = threading.local()
+        #: the newest version a checkpoint was written at by this process, beside the
+        #: commits (resources/delta/checkpoints.py): a kept table loaded before it is
+        #: loaded afresh, from that checkpoint, or its log replay grows with every commit
+        self._checkpointed = -1
 
     def load(self) -> DeltaTable | None:
         """The table's latest snapshot, None if there is no table.
@@ -152,6 +159,8 @@ class DeltaTarget:
         failure that outlasts it is an UnreachableError naming the table, one line.
         """
         kept: _Kept | None = getattr(self._local, "kept", None)
+        if kept is not None and kept.loaded_at < self._checkpointed:
+            kept = None  # a checkpoint came since: load from it
         if kept is not None:
             table = self._brought_up_to_date(kept)
             if table is not None:
@@ -177,7 +186,7 @@ class DeltaTarget:
             return None  # a log entry we cannot read is no proof: a fresh load decides
         if not unchanged or latest is None:
             return None
-        self._local.kept = _Kept(kept.table, version, latest)
+        self._local.kept = _Kept(kept.table, version, latest, kept.loaded_at)
         return kept.table
 
     def _load_fresh(self) -> DeltaTable | None:
@@ -213,8 +222,13 @@ class DeltaTarget:
             # unkept, as any fresh load did before tables were kept
             return table
         if again.metadata().id == table.metadata().id:
-            self._local.kept = _Kept(table, version, fingerprint)
+            self._local.kept = _Kept(table, version, fingerprint, version)
         return table
+
+    def checkpointed(self, version: int) -> None:
+        """A checkpoint at `version` was written (from another thread): kept tables loaded
+        before it are loaded afresh at their next load."""
+        self._checkpointed = max(self._checkpointed, version)
 
     def _forget(self) -> None:
         """Drop this thread's kept table: the next load is fresh."""
@@ -369,7 +383,7 @@ class DeltaTarget:
 
         def plan(table: DeltaTable, _try: int) -> Try:
             actions = add_actions(files, self._partition_columns(table))
-            return appending(table, actions, schema, self.uri)
+            return appending(table, actions, schema, self)
 
         return self._commit(app_id, batch_id, schema, metadata, plan)
 
@@ -397,7 +411,8 @@ class DeltaTarget:
         def plan(table: DeltaTable, attempt: int) -> Try:
             partitions = self._partition_columns(table)
             removes = remove_rows(table, self.uri, ranges, rewrite_dir, attempt, partitions)
-            return appending(table, [*add_actions(files, partitions), *removes], schema, self.uri)
+            actions = [*add_actions(files, partitions), *removes]
+            return appending(table, actions, schema, self)
 
         return self._commit(app_id, batch_id, schema, metadata, plan)
 

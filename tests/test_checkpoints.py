@@ -1,0 +1,114 @@
+"""Checkpoints written beside a batch's commit (resources/delta/checkpoints.py), against real
+delta-rs on local disk: the publish that makes a due version returns before its checkpoint
+is written, the checkpoint is then there and readable, and one that cannot be written costs
+the batch nothing."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from ledger.core.batch import StagedFile
+from resources.delta import checkpoints
+from resources.delta.stats import delta_stats
+from resources.delta.table import DeltaTarget
+
+SCHEMA = pa.schema([("n", pa.int64())])
+
+
+def staged(root: Path, batch_id: int) -> StagedFile:
+    name = f"staged/b{batch_id}.parquet"
+    (root / "staged").mkdir(exist_ok=True)
+    pq.write_table(pa.table({"n": [batch_id]}, SCHEMA), root / name)
+    info = (root / name).stat()
+    stats = json.dumps(delta_stats(pq.read_metadata(root / name)))
+    return StagedFile("table", name, info.st_size, 1, int(info.st_mtime * 1000), stats)
+
+
+def publish(target: DeltaTarget, root: Path, batch_id: int) -> None:
+    files = [staged(root, batch_id)]
+    target.publish(app_id="p", batch_id=batch_id, files=files, schema=SCHEMA, metadata={})
+
+
+def every_fifth(root: Path) -> DeltaTarget:
+    """A table whose checkpoint interval is 5, at version 0."""
+    write_deltalake(
+        str(root), pa.table({"n": []}, SCHEMA), configuration={"delta.checkpointInterval": "5"}
+    )
+    return DeltaTarget(str(root))
+
+
+def checkpoint_files(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "_delta_log").glob("*.checkpoint.parquet"))
+
+
+def test_a_due_version_s_checkpoint_is_written_after_its_commit_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release = threading.Event()
+    real = DeltaTable
+
+    class Held(real):  # type: ignore[misc, valid-type]
+        def create_checkpoint(self) -> None:
+            assert release.wait(30), "the test never let the checkpoint go"
+            super().create_checkpoint()
+
+    monkeypatch.setattr(checkpoints, "DeltaTable", Held)
+    target = every_fifth(tmp_path)
+    for batch_id in range(1, 6):
+        publish(target, tmp_path, batch_id)  # version 5 is due: its commit returned all the same
+    assert DeltaTable(str(tmp_path)).version() == 5
+    assert checkpoint_files(tmp_path) == []
+    release.set()
+    assert checkpoints.wait_for_checkpoints(30)
+    assert checkpoint_files(tmp_path) == ["00000000000000000005.checkpoint.parquet"]
+    table = DeltaTable(str(tmp_path))
+    assert sorted(table.to_pyarrow_table()["n"].to_pylist()) == [1, 2, 3, 4, 5]
+    assert table.transaction_version("p") == 5
+
+
+def test_a_checkpoint_that_cannot_be_written_costs_the_batch_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = DeltaTable
+
+    class Failing(real):  # type: ignore[misc, valid-type]
+        def create_checkpoint(self) -> Any:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "DeltaTable", Failing)
+    target = every_fifth(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=checkpoints.__name__):
+        for batch_id in range(1, 7):
+            publish(target, tmp_path, batch_id)
+        assert checkpoints.wait_for_checkpoints(30)
+    assert checkpoint_files(tmp_path) == []
+    assert "checkpoint of" in caplog.text and "No space left on device" in caplog.text
+    assert DeltaTable(str(tmp_path)).transaction_version("p") == 6
+
+
+def test_no_checkpoint_is_asked_for_between_due_versions() -> None:
+    class Table:
+        def __init__(self, version: int, interval: str | None) -> None:
+            self._version, self._interval = version, interval
+
+        def version(self) -> int:
+            return self._version
+
+        def metadata(self) -> Any:
+            config = {} if self._interval is None else {"delta.checkpointInterval": self._interval}
+            return type("M", (), {"configuration": config})()
+
+    assert checkpoints.due_version(Table(100, None), 99) == 100  # type: ignore[arg-type]
+    assert checkpoints.due_version(Table(99, None), 98) is None  # type: ignore[arg-type]
+    # another writer's commit came in between: the first version past the multiple is taken
+    assert checkpoints.due_version(Table(11, "5"), 9) == 11  # type: ignore[arg-type]
+    assert checkpoints.due_version(Table(12, "5"), 11) is None  # type: ignore[arg-type]
