@@ -21,6 +21,7 @@ from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
 from resources.config.loading import load_config
 from resources.config.pipeline_config import PipelineConfig
+from resources.delta.compaction import compacted_text
 from resources.spark.progress import ProgressSink
 
 #: States whose batches published what they were planned on.
@@ -227,6 +228,8 @@ def run_continuous(
         def sweep() -> None:
             for batch in pipeline.recover_backfills():
                 say(f"recovered batch {batch.app_id}/{batch.batch_id}: {batch.state}")
+            for target, done in pipeline.compact_piled().items():
+                say(compacted_text(target, done))
 
         for sig in signals:
             signal.signal(sig, request_stop)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -15,6 +16,7 @@ from typing import Any
 
 import dagster as dg
 import pytest
+import yaml
 
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.continuous import Cadence, run_continuously
@@ -173,6 +175,11 @@ def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_
     kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:
     config = pipeline_factory(2, max_records=200)
+    # the loop compacts the tables between its batches once files pile up (issue 31)
+    path = config_path(config)
+    doc = yaml.safe_load(path.read_text())
+    doc["compact"] = {"when_files_over": 3}
+    path.write_text(yaml.safe_dump(doc))
     produced: list[int] = []
     stop_producing = threading.Event()
     producer = threading.Thread(
@@ -243,6 +250,7 @@ def test_exactly_run_continuous_commits_under_a_live_producer_and_stops_cleanly_
     assert "SIGTERM: stopping after the batch in flight" in text
     assert "recovered batch pageviews.backfill/1: ACKED" in text
     assert "stopped after" in text
+    assert re.search(r"^table: \d+ files merged into 1 \(version \d+", text, re.M), text
 
     # the rest of the topic, then every produced coordinate is in the tables once
     caught_up = subprocess.run(

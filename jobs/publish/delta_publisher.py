@@ -254,6 +254,10 @@ class DeltaPublisher:
         """Compact both tables (resources/delta/table.py `DeltaTarget.compact`), by target."""
         return {target: delta.compact() for target, delta in self._outputs()}
 
+    def compact_one(self, target: str) -> Compaction | None:
+        """Compact the output named `target` (a key of `layouts`)."""
+        return dict(self._outputs())[target].compact()
+
     def layouts(self) -> dict[str, TableLayout | None]:
         """Both tables' file count and bytes, by target."""
         return {target: delta.layout() for target, delta in self._outputs()}

@@ -35,6 +35,7 @@ from ledger.core.protocol import PUBLISHED
 from ledger.store.ledger_store import LedgerStore
 from resources.config.derived_spec import UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
+from resources.delta.table import Compaction
 from resources.kafka.client import KafkaClient
 from resources.object_storage import storage
 from resources.spark.progress import ProgressSink
@@ -206,6 +207,18 @@ class Pipeline:
         did not vote: what `recover` does for the backfills' application id, for a
         continuous run to do between its batches (jobs/wiring/continuous.py `sweep`)."""
         return self.backfill().recover_and_commit(wait=False)
+
+    def compact_piled(self) -> dict[str, Compaction | None]:
+        """Compact the table and the quarantine where more files than the config's
+        `compact.when_files_over` have piled up (none when it is unset), by target: what a
+        continuous run does between its batches, so its commits do not grow slower with
+        the files every batch adds. Safe beside commits (resources/delta/compaction.py)."""
+        limit = self.config.compact.when_files_over
+        if limit is None:
+            return {}
+        layouts = self.publisher.layouts().items()
+        piled = [target for target, layout in layouts if layout and layout.files > limit]
+        return {target: self.publisher.compact_one(target) for target in piled}
 
     def reprocess(self, batch: Batch) -> Batch | None:
         """Plan a replace backfill of a committed batch's offsets through the pipeline's

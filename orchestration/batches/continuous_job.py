@@ -36,6 +36,7 @@ from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import BATCH_TAG, PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
+from resources.delta.compaction import compacted_text
 
 
 class ContinuousRequest(dg.Config):
@@ -103,6 +104,8 @@ def build_continuous_job(
             with rejections_end_the_run(context, name, request):
                 for done in pipeline.recover_backfills():
                     context.log.info(f"recovered batch {done.app_id}/{done.batch_id}: {done.state}")
+            for target, compacted in pipeline.compact_piled().items():
+                context.log.info(compacted_text(target, compacted))
 
         cadence = Cadence(config.min_interval_seconds, config.max_batches)
         done = run_continuously(run_batch, cadence, threading.Event(), committed, sweep=sweep)

@@ -19,6 +19,7 @@ from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
 from orchestration.tags import PIPELINE_TAG
 from resources.config.pipeline_config import PipelineConfig
+from resources.delta.compaction import compacted_text
 
 
 def build_compact_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefinition:
@@ -32,13 +33,9 @@ def build_compact_job(config: PipelineConfig, table: dg.AssetSpec) -> dg.JobDefi
         results = pipeline.publisher.compact()
         metadata: dict[str, int] = {}
         for target, done in results.items():
+            context.log.info(compacted_text(target, done))
             if done is None:
-                context.log.info(f"{target}: no table yet, nothing to compact")
                 continue
-            context.log.info(
-                f"{target}: {done.files_removed} files merged into {done.files_added} "
-                f"(version {done.table_version}, {done.tries} tries)"
-            )
             metadata[f"{target}_files_removed"] = done.files_removed
             metadata[f"{target}_files_added"] = done.files_added
         context.log_event(

@@ -122,6 +122,11 @@ class CompactSettings(_Strict):
     files is an operator's decision (and costs the storage the old files until VACUUM)."""
 
     cron: str = "0 4 * * 0"
+    #: continuous mode (`exactly run --continuous`, the continuous job) compacts the table
+    #: and the quarantine between two batches once either holds more files than this: a
+    #: commit's cost grows with the live files (BENCHMARKS.md, "Commit latency over
+    #: history"). Unset: it never does, for the reason above.
+    when_files_over: int | None = Field(default=None, gt=0)
 
 
 class AlertSettings(_Strict):

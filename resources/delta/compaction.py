@@ -29,6 +29,16 @@ class Compaction:
     tries: int
 
 
+def compacted_text(target: str, done: Compaction | None) -> str:
+    """One line for what compacting the output `target` did."""
+    if done is None:
+        return f"{target}: no table yet, nothing to compact"
+    return (
+        f"{target}: {done.files_removed} files merged into {done.files_added} "
+        f"(version {done.table_version}, {done.tries} tries)"
+    )
+
+
 def compact(target: Committable, max_tries: int = 20) -> Compaction | None:
     """Merge the table's small files (delta-rs OPTIMIZE compact); None without a table.
 
