@@ -290,18 +290,14 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
                 "cpu_s_per_m_records": sum(run.get("cpu_s", {}).values()) / run["records"] * 1e6,
             }
         )
-    for row in rows:
-        streaming = raw.get("structured_streaming", {}).get(str(row["partitions"]))
-        if "failed" in row or not ok(streaming):
-            continue
-        row["structured_streaming_records_per_s"] = _rate(streaming)
-        row["product_over_structured_streaming"] = row["records_per_s"] / _rate(streaming)
-    for row in rows:
-        before = raw.get("per_partition_tasks", {}).get(str(row["partitions"]))
-        if "failed" in row or not ok(before):
-            continue
-        row["per_partition_tasks_records_per_s"] = _rate(before)
-        row["product_over_per_partition_tasks"] = row["records_per_s"] / _rate(before)
+    # beside each count: Structured Streaming, and the stage's former task per partition
+    for key in ("structured_streaming", "per_partition_tasks"):
+        for row in rows:
+            other = raw.get(key, {}).get(str(row["partitions"]))
+            if "failed" in row or not ok(other):
+                continue
+            row[f"{key}_records_per_s"] = _rate(other)
+            row[f"product_over_{key}"] = row["records_per_s"] / _rate(other)
     base = next((r for r in rows if "failed" not in r), None)
     for row in rows:
         if "failed" in row or base is None:
