@@ -113,13 +113,13 @@ def test_a_standalone_clusters_daemons_run_with_the_operators_options(spark_clus
 
 @pytest.mark.integration
 def test_a_connect_server_runs_with_the_operators_options(tmp_path: Path) -> None:
-    from resources.jvm.process import free_port
-    from resources.spark.connect_server import start_connect_server
+    from resources.spark.connect_server import start_connect_server, start_on_a_free_port
 
-    port = free_port()
-    server = start_connect_server(port, work_dir=tmp_path, timeout=180)
+    server = start_on_a_free_port(
+        lambda port: start_connect_server(port, work_dir=tmp_path, timeout=180)
+    )
     try:
-        assert has_suite_options(listening_command_line(port))
+        assert has_suite_options(listening_command_line(server.port))
     finally:
         server.stop()
 

@@ -22,10 +22,9 @@ from ledger.core.errors import ExactlyError, UnreachableError
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
 from resources.failures.causes import WORKER_IMPORT
-from resources.jvm.process import free_port
 from resources.kafka.client import KafkaClient
 from resources.object_storage.s3 import S3Access
-from resources.spark.connect_server import start_connect_server
+from resources.spark.connect_server import start_connect_server, start_on_a_free_port
 from resources.spark.session import build_session, driver_settings, stop_session
 from resources.spark.standalone_cluster import SparkCluster, start_spark_cluster
 from tests.fixtures.pipeline import assert_exactly_once, config_path
@@ -116,12 +115,14 @@ def test_a_batch_stages_and_commits_to_s3_through_spark_connect_on_the_cluster(
 ) -> None:
     # the executors get the keys from the Connect server's settings, whatever environment
     # the workers were started with, as on a cluster of other machines
-    server = start_connect_server(
-        free_port(),
-        master=spark_cluster.url,
-        work_dir=tmp_path / "connect",
-        timeout=CONNECT_START_TIMEOUT,
-        object_store=S3Access.from_env(),
+    server = start_on_a_free_port(
+        lambda port: start_connect_server(
+            port,
+            master=spark_cluster.url,
+            work_dir=tmp_path / "connect",
+            timeout=CONNECT_START_TIMEOUT,
+            object_store=S3Access.from_env(),
+        )
     )
     with server:
         remote = build_session(server.url)

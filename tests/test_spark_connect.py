@@ -8,6 +8,7 @@ start here); each test opens and stops its own remote session, which costs milli
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +24,11 @@ from pyspark.sql.utils import is_remote
 from ledger.core.errors import ConfigError, ExactlyError, UnreachableError
 from resources.jvm.process import free_port
 from resources.kafka.client import KafkaClient
-from resources.spark.connect_server import ConnectServer, start_connect_server
+from resources.spark.connect_server import (
+    ConnectServer,
+    start_connect_server,
+    start_on_a_free_port,
+)
 from resources.spark.session import build_session, stop_session
 from tests.test_spark_kafka_delta import assert_reads_exact_ranges
 
@@ -35,8 +40,9 @@ SERVER_START_TIMEOUT = 600.0
 
 @pytest.fixture(scope="module")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConnectServer]:
-    server = start_connect_server(
-        free_port(), work_dir=tmp_path_factory.mktemp("connect"), timeout=SERVER_START_TIMEOUT
+    folder = tmp_path_factory.mktemp("connect")
+    server = start_on_a_free_port(
+        lambda port: start_connect_server(port, work_dir=folder, timeout=SERVER_START_TIMEOUT)
     )
     try:
         yield server
@@ -136,6 +142,29 @@ def test_a_server_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
     # an invalid driver memory makes the launcher fail before the JVM listens
     with pytest.raises(UnreachableError, match="exited") as failure:
         start_connect_server(free_port(), {"spark.driver.memory": "lots"}, work_dir=tmp_path)
+    assert str(tmp_path / "connect-server.log") in str(failure.value)
+
+
+def test_a_port_taken_while_the_server_starts_is_an_error_not_a_server(tmp_path: Path) -> None:
+    """The port is free when the start checks it and taken before the JVM binds it (in CI,
+    by the server's own Spark driver, whose RPC took the same ephemeral port). The port then
+    answers, but not as our server: the start must fail naming the port, not hand out a URL
+    whose clients retry for ten minutes."""
+    port = free_port()
+    taken = socket.socket()
+
+    def take(_pid: int) -> None:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+
+    try:
+        with pytest.raises(UnreachableError, match=f"127.0.0.1:{port}") as failure:
+            start_connect_server(
+                port, work_dir=tmp_path, on_launch=take, timeout=SERVER_START_TIMEOUT
+            )
+    finally:
+        taken.close()
+    assert "could not bind" in str(failure.value)
     assert str(tmp_path / "connect-server.log") in str(failure.value)
 
 

@@ -17,10 +17,12 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ledger.core.errors import ConfigError, ExactlyError
+from ledger.core.errors import ConfigError, ExactlyError, UnreachableError
 from resources.jvm.process import (
     LoopbackServer,
+    free_port,
     launch_detached,
+    log_lines_since,
     port_in_use,
     spark_log4j2,
 )
@@ -42,6 +44,11 @@ CONNECT_LOG = "connect-server.log"
 # and far longer while other JVMs are busy.
 CONNECT_START_TIMEOUT = 300.0
 CONNECT_STOP_TIMEOUT = 60.0
+#: What SparkConnectServer logs once its gRPC service is bound, and when its start failed.
+STARTED_LINE = "Spark Connect server started at"
+FAILED_LINE = "Error starting Spark Connect server"
+#: Starts on a new free port when the last one was taken before the server bound it.
+PORT_TRIES = 3
 
 #: The server's log4j2 config: its start and bind lines explain a start that fails or hangs.
 CONNECT_LOG4J2 = spark_log4j2(
@@ -58,6 +65,11 @@ def _pyspark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
+
+
+class PortTaken(UnreachableError):
+    """The server's port was free when checked and taken when the server bound it: a start
+    on another free port may succeed (resources/spark/shared_server.py tries one)."""
 
 
 class ConnectServer(LoopbackServer):
@@ -82,6 +94,37 @@ class ConnectServer(LoopbackServer):
     @property
     def url(self) -> str:
         return f"sc://{LOOPBACK}:{self.port}"
+
+    def await_listening(self, deadline: float, poll_seconds: float = 0.5) -> None:
+        """Return once the server's gRPC service is bound to its port; fail, quoting the log,
+        once the server says it could not bind it, exits, or `deadline` passes.
+
+        A port that answers is not yet our server. The server's own Spark driver takes an
+        ephemeral port for its RPC, and that may be this very port (seen in CI): the gRPC
+        bind then fails, the driver's port answers, and a client handed the URL retried for
+        ten minutes. Another process may take the port between the start's check and the
+        bind, too. So the server's own line saying its service is bound (`STARTED`) is what
+        counts, and its line saying the start failed (`FAILED`) ends the wait at once.
+        """
+        super().await_listening(deadline, poll_seconds)
+        where = f"{LOOPBACK}:{self.port}"
+        while True:
+            lines = log_lines_since(self.log_path, self.log_offset) or []
+            if any(FAILED_LINE in line for line in lines):
+                raise PortTaken(
+                    f"the Spark Connect server could not bind {where} (taken by another "
+                    f"process meanwhile?); {self.log_path}: {self.log_tail()}"
+                )
+            if any(STARTED_LINE in line for line in lines):
+                return
+            code = self.process.poll()
+            if code is not None or time.monotonic() > deadline:
+                happened = f"exited (code {code})" if code is not None else "did not start in time"
+                raise UnreachableError(
+                    f"the Spark Connect server {happened} before serving on {where}; "
+                    f"{self.log_path}: {self.log_tail()}"
+                )
+            time.sleep(poll_seconds)
 
 
 def _escaped(value: str) -> str:
@@ -223,3 +266,17 @@ def start_connect_server(
         raise
     server.start_seconds = time.monotonic() - started
     return server
+
+
+def start_on_a_free_port(
+    start: Callable[[int], ConnectServer], tries: int = PORT_TRIES
+) -> ConnectServer:
+    """`start(port)` on a free port; on another while a port was taken before the server
+    bound it (`PortTaken`), `tries` times in all."""
+    for tries_left in reversed(range(tries)):
+        try:
+            return start(free_port(LOOPBACK))
+        except PortTaken:
+            if not tries_left:
+                raise
+    raise AssertionError("tries must be at least 1")

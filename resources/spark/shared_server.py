@@ -57,7 +57,6 @@ from ledger.core.errors import ConfigError, UnreachableError
 from resources.jvm.jars import spark_jars
 from resources.jvm.process import (
     accepts_connections,
-    free_port,
     process_args,
     signal_group,
     wait_gone,
@@ -65,7 +64,9 @@ from resources.jvm.process import (
 from resources.spark.connect_server import (
     CONNECT_SERVER_CLASS,
     CONNECT_START_TIMEOUT,
+    ConnectServer,
     start_connect_server,
+    start_on_a_free_port,
 )
 from resources.spark.session import LOOPBACK, s3a_settings
 
@@ -272,19 +273,23 @@ def _start(
     object_store: S3Access | None,
     timeout: float,
 ) -> Server:
-    port = free_port(LOOPBACK)
     started_at = time.time()
     process_env = {"PYTHONPATH": key.python_path}
-    launched = start_connect_server(
-        port,
-        {**conf, **SHARED_CONF},
-        master=master,
-        work_dir=folder / "server",
-        timeout=timeout,
-        object_store=object_store,
-        env=process_env,
-        on_launch=lambda pid: _write(Server(folder, pid, port, started_at, master)),
-    )
+
+    def start(port: int) -> ConnectServer:
+        return start_connect_server(
+            port,
+            {**conf, **SHARED_CONF},
+            master=master,
+            work_dir=folder / "server",
+            timeout=timeout,
+            object_store=object_store,
+            env=process_env,
+            on_launch=lambda pid: _write(Server(folder, pid, port, started_at, master)),
+        )
+
+    launched = start_on_a_free_port(start)
+    port = launched.port
     server = Server(folder, launched.pid, port, started_at, master)
     _write(server)
     return server
