@@ -14,6 +14,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -196,11 +197,14 @@ def latest_of(rows: pa.Table, spec: UpsertOutput) -> pa.Table:
     for. Null keys are one key, as the MERGE's `IS NOT DISTINCT FROM` makes them (pyarrow's
     group_by groups nulls together)."""
     keys = [(c, "ascending") for c in (PARTITION, OFFSET, TOPIC) if c in rows.column_names]
-    order = pc.sort_indices(rows, sort_keys=keys)
-    rows = rows.take(order)
-    rows = rows.append_column("__position", pa.array(range(rows.num_rows), pa.int64()))
-    last = rows.group_by(list(spec.key), use_threads=False).aggregate([("__position", "max")])
-    return rows.take(last["__position_max"]).drop_columns(["__position"])
+    # the rows' ranks in that order, without sorting the rows themselves (a take of every
+    # column of every row): only each key's last row is taken, once
+    order = pc.sort_indices(rows.select([c for c, _ in keys]), sort_keys=keys).to_numpy()
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order), dtype=np.int64)
+    ranked = rows.select(list(spec.key)).append_column("__rank", pa.array(rank))
+    last = ranked.group_by(list(spec.key), use_threads=False).aggregate([("__rank", "max")])
+    return rows.take(pa.array(order[last["__rank_max"].to_numpy()]))
 
 
 def latest_records(raw_rows: pa.Table, spec: UpsertOutput) -> pa.Table:
