@@ -1,4 +1,6 @@
-"""A batch's partial for each derived output, computed by the stage with Spark.
+"""A batch's partial for each derived output, as Spark computes it: the definition. The stage
+computes the same partial in Arrow, without a Spark job, wherever Arrow's answer is
+provably this one (jobs/derived/arrow_partials.py), and runs this where it might not be.
 
 The input is the transform's output as the stage holds it before splitting it between the
 table and the quarantine (jobs/stage/staging.py `stage`: `out`), or the table's own rows: the

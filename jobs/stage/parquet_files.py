@@ -7,7 +7,10 @@ the commit reuses it, so publishing never touches the data files again.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+
+import pyarrow as pa
 
 from ledger.core.batch import StagedFile
 from resources.delta.stats import delta_stats, float_columns, nan_columns, stats_json
@@ -38,3 +41,17 @@ def describe(
             )
         )
     return files
+
+
+#: The key of the Spark schema Spark stores in every Parquet footer it writes.
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+
+
+def write_as_spark(rows: pa.Table, folder: str, spark_schema_json: str, name: str = "") -> str:
+    """Write `rows` as one Parquet file into `folder`, as a file Spark wrote: Spark's
+    schema in the footer (so Spark reads its types back as they were, a timestamp as an
+    instant) and a `part-` name no other writer of the folder takes. The file's URI."""
+    name = name or f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    uri = storage.join(folder, name)
+    storage.write_parquet(rows.replace_schema_metadata({SPARK_SCHEMA_KEY: spark_schema_json}), uri)
+    return uri

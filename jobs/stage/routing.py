@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from jobs.stage import parquet_files
 from ledger.core.errors import ConfigError, UnreachableError
 from ledger.core.layout import COORDINATES, QUARANTINE, ROUTE, TABLE
 from resources.config.derived_spec import DELETED, AnyOutput, UpsertOutput
@@ -23,8 +24,6 @@ from resources.object_storage import storage
 
 #: Columns the stage adds to the transform's output; a transform may not return them.
 RESERVED = ("_raw_value", ROUTE)
-#: The key of the Spark schema Spark stores in every Parquet footer it writes.
-_SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
 
 
 def carries_tombstones(derived: Sequence[AnyOutput]) -> bool:
@@ -123,12 +122,11 @@ def move_quarantine(bad: DataFrame, attempt_dirs: Mapping[str, str]) -> float:
     started = time.perf_counter()
     source = routed_folder(attempt_dirs[TABLE], QUARANTINE)
     columns = bad.columns
-    spark_schema = bad.schema.json().encode()
+    spark_schema = bad.schema.json()
     for info in storage.list_data_files(source):
         rows = storage.read_parquet(info.uri, columns)
-        rows = rows.replace_schema_metadata({_SPARK_SCHEMA_KEY: spark_schema})
         name = info.uri.rsplit("/", 1)[-1]
-        storage.write_parquet(rows, storage.join(attempt_dirs[QUARANTINE], name))
+        parquet_files.write_as_spark(rows, attempt_dirs[QUARANTINE], spark_schema, name)
     for info in storage.list_files(source):
         try:
             storage.delete_file(info.uri)
