@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import commits, freshness, limits, peer, product, scale, spark_profile
+from bench import commits, derived_cost, freshness, limits, peer, product, scale, spark_profile
 from bench.data import produce, split
 from bench.freshness import FreshnessSettings
 from bench.memory import PeakMemory, driver_meter, spark_jvm_pid
@@ -71,6 +71,8 @@ class Settings:
     scale_pipelines: int = 4
     #: Structured Streaming and the former stage beside each count (bench/scale.py)
     scale_beside: bool = True
+    #: rounds of the derived outputs' cost (bench/derived_cost.py); 0: not measured
+    derived_rounds: int = 3
 
     def scale(self) -> ScaleSettings:
         return ScaleSettings(
@@ -111,6 +113,9 @@ SMOKE = Settings(
     scale_batch_records=500,
     # Structured Streaming is measured in the smoke's throughput section already
     scale_beside=False,
+    # three pipelines over the data set, each round: tests/test_bench_derived_cost.py
+    # checks its arithmetic instead
+    derived_rounds=0,
 )
 
 
@@ -360,6 +365,11 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
                     for i in range(settings.repeat)
                 ]
                 result["scale"] = _scale(spark, root / "scale", bootstrap, settings, log)
+                if settings.derived_rounds:
+                    result["derived"] = derived_cost.compare(
+                        spark.session, root / "derived", bootstrap, TOPIC, data.records,
+                        settings.derived_rounds, log,
+                    )  # fmt: skip
                 log(f"bench: delta-rs history of {settings.history} commits")
                 result["history"] = commits.commit_vs_history(root / "history", settings.history)
                 result["freshness"] = _freshness(spark.session, root, bootstrap, settings, log)
