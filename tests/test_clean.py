@@ -666,6 +666,7 @@ def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
 
     # VACUUM lists the table in spark.sql.sources.parallelPartitionDiscovery.parallelism
     # tasks, 10,000 by default: 45 s per tiny table on local[2], 4 tasks take seconds
+    # (and the `spark` fixture keeps delta-spark's state in 2 tasks, not 50)
     listing = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
     spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     spark.conf.set(listing, "4")
