@@ -34,12 +34,13 @@ decimal(p + 10, s)) included.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from jobs.derived.invariants import latest_of, latest_records, recompute_aggregate
 from resources.config.derived_spec import AggregateOutput, AnyOutput, PostgresOutput, UpsertOutput
@@ -175,33 +176,42 @@ def partial_from_files(
     One file at a time: memory holds one file's rows and the groups, never the batch."""
     if not arrow_computes(spec, rows):
         return None
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     schema = to_arrow_schema(rows, timezone="UTC")
     stored = [n for n in schema.names if n not in partitions]
+
+    def read(uri: str, path: str) -> pa.Table:
+        return _with_partitions(storage.read_parquet(uri, stored), path, schema, partitions)
+
     try:
         if isinstance(spec, UpsertOutput):
-            latest = [
-                latest_records(_with_partitions(storage.read_parquet(uri, stored), path,
-                                                schema, partitions), spec)
-                for uri, path in files
-            ]  # fmt: skip
-            if not latest:
-                return partial.empty_table()
-            return latest_of(pa.concat_tables(latest), spec).select(partial.names).cast(partial)
-        return _aggregate_files(files, spec, schema, partial, partitions)
+            return _latest_in_files(files, read, spec, partial)
+        return _aggregate_files(files, read, spec, schema, partial)
     except _ARROW_REFUSALS:
         return None
 
 
+Reader = Callable[[str, str], pa.Table]
+
+
+def _latest_in_files(
+    files: Sequence[tuple[str, str]], read: Reader, spec: UpsertOutput, partial: pa.Schema
+) -> pa.Table:
+    """Each file's latest record per key, then the latest of those (Kafka order is total)."""
+    latest = [latest_records(read(uri, path), spec) for uri, path in files]
+    if not latest:
+        return partial.empty_table()
+    return latest_of(pa.concat_tables(latest), spec).select(partial.names).cast(partial)
+
+
 def _aggregate_files(
     files: Sequence[tuple[str, str]],
+    read: Reader,
     spec: Aggregation,
     schema: pa.Schema,
     partial: pa.Schema,
-    partitions: Sequence[str],
 ) -> pa.Table | None:
-    stored = [n for n in schema.names if n not in partitions]
+    """Each file's partial aggregate, combined; None once a file's values leave what Arrow
+    computes as Spark does (`_SumBound`, `_nan_free`)."""
     # a double's sum never wraps (it reaches inf, as Spark's does): only exact sums bounded
     bound = _SumBound({m.column: _limit(partial.field(m.name).type)
                        for m in spec.measures if m.fn == "sum" and m.column
@@ -210,7 +220,7 @@ def _aggregate_files(
               and pa.types.is_floating(schema.field(m.column).type)]  # fmt: skip
     per_file = []
     for uri, path in files:
-        rows = _with_partitions(storage.read_parquet(uri, stored), path, schema, partitions)
+        rows = read(uri, path)
         if not bound.holds(rows) or not _nan_free(rows, floats):
             return None
         per_file.append(

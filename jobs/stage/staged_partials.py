@@ -92,6 +92,7 @@ def stage_partials(
     schema = T.StructType([T.StructField(f.name, f.dataType, True) for f in good.schema.fields])
     names = [c.name for c in partition_by]
     files, schemas = list(output.files), dict(output.schemas)
+    read_back_rows: DataFrame | None = None  # for the outputs Spark computes, read once
     for spec in derived:
         target = derived_target(spec.name)
         folder = attempt_dirs[target]
@@ -99,13 +100,14 @@ def stage_partials(
         arrow_kind = to_arrow_schema(kind, timezone="UTC")
         partial = partial_from_files(staged, spec, schema, arrow_kind, names)
         if partial is None:
-            if staged:
-                rows = read_back(
-                    spark.read, [_spark_file(u) for u, _ in staged], schema, partition_by
+            if read_back_rows is None:
+                read_back_rows = (
+                    read_back(spark.read, [_spark_file(u) for u, _ in staged], schema, partition_by)
+                    if staged
+                    else spark.createDataFrame([], schema)
                 )
-            else:
-                rows = spark.createDataFrame([], schema)
-            _spark_partial(rows, spec).write.mode("error").parquet(storage.spark_uri(folder))
+            partial_rows = _spark_partial(read_back_rows, spec)
+            partial_rows.write.mode("error").parquet(storage.spark_uri(folder))
         else:
             _write_once(partial, folder, kind.json())
         files += parquet_files.describe(folder, table_roots[target], target, arrow_kind.names)
