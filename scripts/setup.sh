@@ -52,3 +52,12 @@ fi
 # Written once per JDK and classpath (the file name says which), so a driver starts ~3 s
 # sooner; skipped in a second when they are there.
 .venv/bin/python -m resources.jvm.class_archive
+
+# --- Bytecode of the project's own modules -----------------------------------------------
+# The installed packages were compiled by pip; the project's modules (an editable install)
+# are compiled by the first import that may write them. A shell with PYTHONDONTWRITEBYTECODE
+# set (as some CI images and this project's machines have) never writes them, and every
+# `exactly` process, Dagster run and test child then compiled ~300 modules again: a tenth of
+# a short process's start. Compiled here once; a no-op when they are current.
+.venv/bin/python -m compileall -q -j 0 exactly_cli jobs ledger resources orchestration \
+  pipelines bench tests > /dev/null

@@ -12,17 +12,16 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from alembic.operations import Operations
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util import CommandError as AlembicError
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ledger.core.errors import ConfigError, UnreachableError
+
+if TYPE_CHECKING:
+    from alembic.script import ScriptDirectory
 
 #: Bump with every schema change, with an Alembic revision `000N` in ledger/store/migrations that
 #: makes it (and writes N to exactly_meta); a ledger written by a newer exactly is refused, an
@@ -34,6 +33,8 @@ SCHEMA_VERSION = 4
 #: Alembic's record of the ledger's revision, named for exactly: a ledger may share its
 #: PostgreSQL database with another Alembic user (Dagster's storage keeps `alembic_version`).
 VERSION_TABLE = "exactly_alembic_version"
+#: The revision a ledger at SCHEMA_VERSION is stamped with (revision `000N` makes version N).
+HEAD_REVISION = f"{SCHEMA_VERSION:04d}"
 
 metadata = sa.MetaData()
 
@@ -221,19 +222,38 @@ _MIGRATING = threading.Lock()
 @functools.cache
 def _migrations() -> ScriptDirectory:
     """The revisions, read from disk once per process."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory(str(Path(__file__).parent / "migrations"))
 
 
 def _known(scripts: ScriptDirectory, revision: str) -> bool:
+    from alembic.util import CommandError as AlembicError
+
     try:
         return scripts.get_revision(revision) is not None
     except AlembicError:  # a revision a newer exactly wrote
         return False
 
 
+def _at_head(conn: Connection) -> bool:
+    """Whether Alembic's record says the ledger is at HEAD_REVISION: one read, and no import
+    of Alembic, whose import was a tenth of every `exactly` process's start. Anything else
+    (no record, an older or a newer revision, several heads) goes through Alembic."""
+    if not sa.inspect(conn).has_table(VERSION_TABLE):
+        return False
+    rows = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
+    return rows == [HEAD_REVISION]
+
+
 def _upgrade(conn: Connection, safe_url: str) -> None:
     """Refuse a newer ledger; stamp a ledger from before Alembic at the revision of its
     schema version (`000N`); then run the revisions it lacks, in the caller's transaction."""
+    if _at_head(conn):
+        return
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+
     legacy = None
     if sa.inspect(conn).has_table(meta_table.name):
         legacy = conn.execute(

@@ -25,7 +25,6 @@ import json
 from enum import Enum
 from typing import Any
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -108,6 +107,15 @@ def _advance(
     )
 
 
+def _undefined_table(exc: DBAPIError) -> bool:
+    """Whether PostgreSQL said the table is not there. psycopg is imported here, not at the
+    top: every `exactly` process imports this module, and a pipeline without PostgreSQL
+    outputs would pay for the driver's import (a quarter of a second) in each one."""
+    from psycopg.errors import UndefinedTable
+
+    return isinstance(exc.orig, UndefinedTable)
+
+
 def held_batch(engine: Engine, spec: PostgresOutput, app_id: str) -> int | None:
     """The last batch id of `app_id` the output holds (None: none yet), for recovery: an
     output at or past a batch id holds that batch, as a Delta output whose app-transaction
@@ -118,7 +126,7 @@ def held_batch(engine: Engine, spec: PostgresOutput, app_id: str) -> int | None:
     except OperationalError as exc:
         raise UnreachableError(f"{_where(engine, spec)}: {exc.orig}") from exc
     except DBAPIError as exc:
-        if isinstance(exc.orig, psycopg.errors.UndefinedTable):
+        if _undefined_table(exc):
             return None  # no batch was ever applied: the state table is not there yet
         raise
 
@@ -140,7 +148,7 @@ def held_state(
     except OperationalError as exc:
         raise UnreachableError(f"{_where(engine, spec)}: {_one_line(exc)}") from exc
     except DBAPIError as exc:
-        if isinstance(exc.orig, psycopg.errors.UndefinedTable):
+        if _undefined_table(exc):
             return None, None
         raise
     if row is None or row.batch_id is None:
