@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 
 from jobs.derived.partials import aggregate_partial, latest_per_key
+from jobs.stage import staged_partials
 from jobs.stage.partition_columns import read_back, with_partition_columns
 from jobs.stage.routing import routed, routed_folder, split_outputs, write_routed
 from jobs.stage.staged_partials import stage_partials
@@ -241,3 +242,30 @@ def test_a_float_max_over_nan_is_spark_s(spark: SparkSession, tmp_path: Path) ->
     output, jobs, staged_rows = partials(spark, rows, tmp_path, outputs)
     assert jobs, "Spark was not asked"
     same_rows(voted(output, outputs[0]), spark_partial(staged_rows, outputs[0]))
+
+
+def test_a_partial_s_schema_is_analysed_once_wherever_its_output_lives(
+    spark: SparkSession, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The schema depends on what an output computes, not on where it is written: two
+    pipelines with the same outputs in other folders (every test, every Dagster pipeline
+    of one code location) share one analysis."""
+    analysed: list[str] = []
+    real = staged_partials._spark_partial
+
+    def counted(rows: DataFrame, spec: AnyOutput) -> DataFrame:
+        analysed.append(spec.name)
+        return real(rows, spec)
+
+    monkeypatch.setattr(staged_partials, "_spark_partial", counted)
+    rows = frame(spark, 1).schema
+
+    def schemas(root: Path) -> list[T.StructType]:
+        # per_user_day groups by the table's partition column, which these rows lack
+        outputs = [s for s in specs(root) if s.name != "per_user_day"]
+        return [staged_partials.partial_schema(spark, s, rows) for s in outputs]
+
+    first = schemas(tmp_path / "a")
+    again = schemas(tmp_path / "b")
+    assert again == first
+    assert len(analysed) <= len(first)

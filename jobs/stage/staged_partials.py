@@ -45,12 +45,16 @@ def _spark_partial(rows: DataFrame, spec: AnyOutput) -> DataFrame:
 #: the plan costs 0.1-0.3 s per output here, more than Arrow's partial of a 100k batch, and
 #: its answer changes only with the spec or the rows' schema.
 _SCHEMAS: dict[tuple[int, str, str], T.StructType] = {}
+#: The fields of an output that say where it is written, not what it holds.
+_WHERE = {"table_uri", "url", "table"}
 
 
 def partial_schema(spark: SparkSession, spec: AnyOutput, rows: T.StructType) -> T.StructType:
     """The Spark schema of `spec`'s partial over rows of schema `rows`: analysis only, no
-    job; once per spec and schema in a session."""
-    key = (id(spark), spec.model_dump_json(), rows.json())
+    job; once per computation and schema in a session. Where the output lives (its table,
+    its database) is no part of its schema, so outputs that compute the same thing in other
+    places (another pipeline's, a test's) share the analysis."""
+    key = (id(spark), spec.model_dump_json(exclude=_WHERE), rows.json())
     if key not in _SCHEMAS:
         _SCHEMAS[key] = _spark_partial(spark.createDataFrame([], rows), spec).schema
     return _SCHEMAS[key]
