@@ -13,7 +13,7 @@ run in turn in every round, each on fresh tables and ledger:
   computed as the stage computes them (jobs/stage/staged_partials.py: in Arrow where
   Arrow's answer is Spark's);
 - `derived-spark`: the same outputs with every partial computed by a Spark job reading the
-  staged files back, as the stage did before (`partial_from_files` made to decline).
+  staged files back, as the stage did before (`partials_from_files` made to decline).
 
 Printed: each contender's whole-run seconds per round, the medians over the rounds after the
 first (a warm-up), the ratios against `raw` (the target is at most 1.15x) and the mean stage
@@ -55,12 +55,16 @@ def spark_partials() -> Iterator[None]:
     """Every partial computed by Spark, as before Arrow's (the stage's own fallback)."""
     from jobs.stage import staged_partials
 
-    kept = staged_partials.partial_from_files
-    staged_partials.partial_from_files = lambda *args, **kwargs: None  # type: ignore[assignment]
+    kept = staged_partials.partials_from_files
+
+    def declined(files: Any, outputs: Any, *args: Any, **kwargs: Any) -> list[None]:
+        return [None] * len(outputs)
+
+    staged_partials.partials_from_files = declined  # type: ignore[assignment]
     try:
         yield
     finally:
-        staged_partials.partial_from_files = kept
+        staged_partials.partials_from_files = kept
 
 
 def run_one(spark: Any, root: Path, name: str, bootstrap: str, topic: str, records: int) -> Any:

@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from jobs.derived.arrow_partials import partial_from_files
+from jobs.derived.arrow_partials import partials_from_files
 from jobs.derived.partials import aggregate_partial, latest_per_key
 from jobs.stage import parquet_files
 from jobs.stage.partition_columns import read_back
@@ -97,12 +97,14 @@ def stage_partials(
     names = [c.name for c in partition_by]
     files, schemas = list(output.files), dict(output.schemas)
     read_back_rows: DataFrame | None = None  # for the outputs Spark computes, read once
-    for spec in derived:
+    kinds = [partial_schema(spark, spec, schema) for spec in derived]
+    arrow_kinds = [to_arrow_schema(kind, timezone="UTC") for kind in kinds]
+    in_arrow = partials_from_files(
+        staged, list(zip(derived, arrow_kinds, strict=True)), schema, names
+    )
+    for spec, kind, arrow_kind, partial in zip(derived, kinds, arrow_kinds, in_arrow, strict=True):
         target = derived_target(spec.name)
         folder = attempt_dirs[target]
-        kind = partial_schema(spark, spec, schema)
-        arrow_kind = to_arrow_schema(kind, timezone="UTC")
-        partial = partial_from_files(staged, spec, schema, arrow_kind, names)
         if partial is None:
             if read_back_rows is None:
                 read_back_rows = (
