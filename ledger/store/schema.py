@@ -239,7 +239,9 @@ def _known(scripts: ScriptDirectory, revision: str) -> bool:
 def _at_head(conn: Connection) -> bool:
     """Whether Alembic's record says the ledger is at HEAD_REVISION: one read, and no import
     of Alembic, whose import was a tenth of every `exactly` process's start. Anything else
-    (no record, an older or a newer revision, several heads) goes through Alembic."""
+    (no record, an older or a newer revision, several heads) goes through Alembic. Asked
+    after exactly_meta's version is checked: either record may be the one that says a newer
+    exactly wrote the ledger."""
     if not sa.inspect(conn).has_table(VERSION_TABLE):
         return False
     rows = conn.execute(sa.text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().all()
@@ -249,11 +251,6 @@ def _at_head(conn: Connection) -> bool:
 def _upgrade(conn: Connection, safe_url: str) -> None:
     """Refuse a newer ledger; stamp a ledger from before Alembic at the revision of its
     schema version (`000N`); then run the revisions it lacks, in the caller's transaction."""
-    if _at_head(conn):
-        return
-    from alembic.operations import Operations
-    from alembic.runtime.migration import MigrationContext
-
     legacy = None
     if sa.inspect(conn).has_table(meta_table.name):
         legacy = conn.execute(
@@ -261,6 +258,11 @@ def _upgrade(conn: Connection, safe_url: str) -> None:
         ).scalar_one_or_none()
     if legacy is not None and int(legacy) > SCHEMA_VERSION:
         raise _newer(safe_url, legacy)
+    if _at_head(conn):
+        return
+    from alembic.operations import Operations
+    from alembic.runtime.migration import MigrationContext
+
     scripts = _migrations()
     context = MigrationContext.configure(
         conn,
