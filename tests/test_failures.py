@@ -480,3 +480,32 @@ def test_a_library_s_log_record_goes_to_a_log_file_not_the_terminal(
     assert err == "exactly: error: the one line\n", err
     (log,) = (tmp_path / "logs").glob("python-*.log")
     assert "Traceback" in log.read_text() and "Connection reset by peer" in log.read_text()
+
+
+def test_an_out_of_memory_spark_reports_itself_names_the_driver_s_log(tmp_path: Path) -> None:
+    """The task's OutOfMemoryError reached Python in Spark's own error, before (or instead of)
+    the JVM's exit (seen in CI, the same transform that usually ends the JVM first): the
+    line still names the driver's log, where the operator finds which task and how much."""
+
+    class Py4JJavaError(Exception):
+        pass
+
+    log = tmp_path / "spark-1.log"
+    log.write_text("java.lang.OutOfMemoryError: Java heap space\n")
+    error = Py4JJavaError(
+        "An error occurred while calling o120.save.\n: org.apache.spark.SparkException: Job "
+        "aborted due to stage failure: Task 0 in stage 1.0 failed 1 times, most recent "
+        "failure: Lost task 0.0 in stage 1.0 (TID 1) (localhost executor driver): "
+        "java.lang.OutOfMemoryError: Java heap space\n"
+    )
+    context = FailureContext(spark="local[2]", spark_log=log)
+    oom = describe_failure(error, "exactly run", context)
+    assert oom.cause == SPARK_OOM
+    assert oom.line.startswith(
+        f"Spark ran out of memory: Spark at local[2] (Java heap space; its log: {log}); "
+    ), oom.line
+    # a driver without a log of its own (a cluster's, Spark Connect's) is told without one
+    remote = describe_failure(error, "exactly run", FailureContext(spark="sc://host:15002"))
+    assert remote.line.startswith(
+        "Spark ran out of memory: Spark at sc://host:15002 (Java heap space); "
+    )

@@ -318,6 +318,9 @@ def classify(
                 heap = context.spark_out_of_memory
                 cause, detail = (SPARK_OOM, heap.detail) if heap else (cause, "")
                 detail += f"{'; ' if detail else ''}its log: {context.spark_log}"
+            elif cause == SPARK_OOM and context.spark_log is not None:
+                # Spark's error told it before the JVM exited: the log still says which task
+                detail += f"; its log: {context.spark_log}"
             return KnownCause(cause, where, detail)
         if cause == KAFKA_AUTHORIZATION:
             where = f"Kafka at {context.kafka}" if context.kafka else "Kafka"
