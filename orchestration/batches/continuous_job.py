@@ -23,6 +23,7 @@ from pydantic import Field
 
 from jobs.wiring.continuous import Cadence, run_continuously
 from ledger.coordinator.reports import BatchReport
+from orchestration.batches.partitions import add_batch_partition
 from orchestration.health.failures import one_line_failures
 from orchestration.health.liveness import warn_if_not_acked
 from orchestration.health.rejection import rejections_end_the_run
@@ -82,7 +83,7 @@ def build_continuous_job(
                     return None
                 # the batch in flight is this run's: the sensors see the run as its owner
                 context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(batch.batch_id)})
-                context.instance.add_dynamic_partitions(batches.name, [str(batch.batch_id)])
+                add_batch_partition(context.instance, batches.name, str(batch.batch_id))
                 return tpc.finish(batch)
 
         def committed(report: BatchReport) -> None:

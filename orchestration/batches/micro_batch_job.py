@@ -33,6 +33,7 @@ from ledger.core.errors import CONFIG_PLACEHOLDER
 from ledger.core.ports import StageOutput
 from ledger.core.protocol import BatchState
 from ledger.core.run_plan import Refused, RunAction, RunPlan, decide_plan
+from orchestration.batches.partitions import add_batch_partition
 from orchestration.health.failures import one_line_failures
 from orchestration.health.liveness import warn_if_not_acked
 from orchestration.health.rejection import rejected, rejections_end_the_run
@@ -176,7 +177,7 @@ def _plan_op(
             return
         context.instance.add_run_tags(context.run_id, {BATCH_TAG: str(batch.batch_id)})
         if wanted is None:
-            context.instance.add_dynamic_partitions(batches.name, [str(batch.batch_id)])
+            add_batch_partition(context.instance, batches.name, str(batch.batch_id))
         batch = _timed(tpc, batch, "plan", started)
         yield dg.Output(batch, metadata=batch_metadata(batch))
 

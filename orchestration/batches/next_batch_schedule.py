@@ -14,6 +14,7 @@ from typing import Any
 import dagster as dg
 
 from jobs.wiring.pipeline import Pipeline
+from orchestration.batches.partitions import add_batch_partition
 from orchestration.health.liveness import abandon_dead_batches
 from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
@@ -44,7 +45,7 @@ def next_batch_request(
         read = pipeline.config.kafka.topic or pipeline.config.kafka.selection().describe()
         return dg.SkipReason(f"{read}: caught up, nothing new to read")
     key = str(due.batch_id)
-    instance.add_dynamic_partitions(partitions, [key])
+    add_batch_partition(instance, partitions, key)
     return dg.RunRequest(
         run_key=f"{pipeline.config.app_id}:{key}", partition_key=key, tags={BATCH_TAG: key}
     )

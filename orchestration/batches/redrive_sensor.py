@@ -19,6 +19,7 @@ from jobs.wiring.pipeline import Pipeline
 from ledger.coordinator.two_phase import TwoPhaseCommit
 from ledger.core.batch import Batch
 from ledger.core.protocol import IN_FLIGHT
+from orchestration.batches.partitions import add_batch_partition
 from orchestration.health.liveness import abandon_dead_batches, run_alive
 from orchestration.names import dagster_name
 from orchestration.resources import pipeline_in, pipeline_key
@@ -51,8 +52,7 @@ def redrive_requests(
         key = str(batch.batch_id)
         if run_alive(instance, name, key):
             continue
-        if not instance.has_dynamic_partition(partitions, key):
-            instance.add_dynamic_partitions(partitions, [key])
+        add_batch_partition(instance, partitions, key)
         yield dg.RunRequest(
             run_key=f"{batch.app_id}:{batch.batch_id}:{batch.attempt}",
             job_name=redrive_job,

@@ -33,6 +33,7 @@ from jobs.wiring.pipeline import Pipeline
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, BatchKind
 from ledger.core.protocol import PUBLISHED, BatchState
+from orchestration.batches.partitions import add_batch_partition
 from orchestration.health.fates import (
     FATE_OF,
     action_observation,
@@ -245,8 +246,7 @@ def record_history(
         settled = True
         for batch in sorted((b for b in found if b.batch_id > floor), key=lambda b: b.batch_id):
             key, label = str(batch.batch_id), batch_label(batch)
-            if batch.kind == BatchKind.LIVE and not instance.has_dynamic_partition(partitions, key):
-                instance.add_dynamic_partitions(partitions, [key])
+            if batch.kind == BatchKind.LIVE and add_batch_partition(instance, partitions, key):
                 recorded.append(f"partition {key} added ({batch.state})")
             if batch.state in PUBLISHED and label not in events.seen:
                 if _run_may_log(instance, name, batch):
