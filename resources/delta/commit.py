@@ -15,7 +15,9 @@ concurrent commit of the same app id, never against the stored version).
 A failed try may have committed all the same, so whose commit a batch found in the table is
 decided by content, never by which error a try saw: the batch is this call's if the table
 holds the very files a try of this call added (an attempt's staged paths are its own; fencing
-keeps a second process off them). Ways a try commits and still fails:
+keeps a second process off them), or, for a MERGE, which names no files before it runs, if
+the commit that recorded the batch carries this call's token in its commit info
+(`TOKEN_KEY`). Ways a try commits and still fails:
 - the object store wrote the log entry and its answer was lost: the client retries the
   conditional PUT, which now finds its own entry there (412) and reports a commit conflict
   (CommitFailedError);
@@ -34,7 +36,9 @@ itself, and a conflict means the table moved on anyway.
 from __future__ import annotations
 
 import contextlib
+import json
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -52,10 +56,17 @@ from resources.delta.checkpoints import NO_CHECKPOINT, checkpoint_later, due_ver
 from resources.delta.log import METADATA_KEY, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
+from resources.object_storage import storage
 
 #: Commits in a row whose outcome is unknown (module docstring) before the error is raised:
 #: a store that keeps failing that way has a problem a retry will not fix.
 MAX_UNKNOWN_OUTCOMES = 5
+#: The commit info key of a token that every try of one `commit_batch` call carries: a batch
+#: found in the table after a try whose outcome was unknown is this call's if the commit that
+#: recorded it carries the token. A MERGE's metrics in the ledger and the UI say whether
+#: this run applied the batch or found it applied, so a lost answer must not turn the one
+#: into the other (tests/test_derived_storage_faults.py).
+TOKEN_KEY = "exactlyCommitToken"
 
 
 @dataclass(frozen=True)
@@ -90,8 +101,8 @@ class Try:
 
     #: the data files the commit adds, as the log names them: a batch the loop later finds
     #: in the table is this call's if they are all there; empty for a commit whose files
-    #: are not known before it runs (a MERGE writes its own), which so never claims a
-    #: batch it finds (its outcome is then decided by the app transaction alone)
+    #: are not known before it runs (a MERGE writes its own), whose batch found later is
+    #: this call's if the commit that recorded it carries the call's `TOKEN_KEY`
     adds: frozenset[str]
     #: makes the commit on that table with the given properties (the app transaction, the
     #: commit info, no retries); returns what it did (delta-rs's metrics; empty for a
@@ -130,15 +141,23 @@ def commit_batch(
     last_error: Exception | None = None
     unknown = 0
     ours: frozenset[str] = frozenset()
-    custom = {METADATA_KEY: dict(metadata), "userMetadata": user_metadata(metadata)}
+    token = uuid.uuid4().hex
+    custom = {
+        METADATA_KEY: dict(metadata),
+        "userMetadata": user_metadata(metadata),
+        TOKEN_KEY: token,
+    }
+    first_read: int | None = None
     for tries in range(1, max_tries + 1):
         table = target.load()
         if table is None:
             target.ensure_table(schema)
             continue
+        if first_read is None:
+            first_read = table.version()
         version = table.transaction_version(app_id)
         if version is not None and version >= batch_id:
-            published = bool(ours) and ours <= _paths(table)
+            published = _ours(target.uri, table, ours, token, first_read)
             seconds = time.perf_counter() - started
             return CommitOutcome(published, table.version(), tries, seconds), {}
         planned = plan(table, tries)
@@ -172,6 +191,23 @@ def commit_batch(
 
 def _store_failed(uri: str) -> Callable[[Exception, int], Exception]:
     return lambda exc, _count: store_failure(uri, exc)
+
+
+def _ours(uri: str, table: DeltaTable, adds: frozenset[str], token: str, first_read: int) -> bool:
+    """Whether the batch found in `table` was committed by this call: a publish's by its
+    files, a MERGE's by `token` in the commit info of a version after `first_read`, the
+    version this call read first (a batch there already then was someone else's). The log
+    entries are read only when the table moved on since, that is after a try of this call
+    failed, and through the store's own client (storage.read_bytes says why)."""
+    if adds:
+        return adds <= _paths(table)
+    for version in range(table.version(), first_read, -1):
+        entry = storage.read_bytes(storage.join(uri, "_delta_log", f"{version:020d}.json"))
+        for line in (entry or b"").splitlines():
+            info = json.loads(line).get("commitInfo")
+            if isinstance(info, dict) and info.get(TOKEN_KEY) == token:
+                return True
+    return False
 
 
 def _paths(table: DeltaTable) -> set[str]:

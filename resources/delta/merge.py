@@ -291,8 +291,8 @@ def _apply(
     A try whose outcome is unknown (a DeltaError other than a lost race, an OSError: the
     store may have written the entry and lost the answer) is decided the same way, by the
     next read of the app-transaction version, which lands in the same commit as the MERGE's
-    rows: the version says whether the rows are there. A MERGE names no files before it
-    runs, so a batch found in the table is never this call's (`applied` False). Each try
+    rows: the version says whether the rows are there, and the commit info of the version
+    that holds them whether this call wrote them (commit.py `TOKEN_KEY`). Each try
     checks the partial's schema against the table as read, then runs `before_commit`
     between the read and the MERGE (tests use it to make two writers race).
     """

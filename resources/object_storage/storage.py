@@ -340,6 +340,26 @@ def fingerprint(uri: str) -> tuple[Any, ...] | None:
     return (stat.st_size, stat.st_mtime_ns, stat.st_ino, digest)
 
 
+def read_bytes(uri: str) -> bytes | None:
+    """The whole file at `uri` (a Delta log entry: a few KiB), or None when there is none.
+    Through boto3 rather than delta-rs, whose log reads hold the GIL while they wait for the
+    store: a slow store would stall the process's other threads (its heartbeat among them).
+    Raises UnreachableError when the store does not answer (S3)."""
+    if is_remote(uri):
+        bucket, key = split_s3(uri)
+        try:
+            return bytes(_client(s3_access()).get_object(Bucket=bucket, Key=key)["Body"].read())
+        except Exception as exc:
+            if _is_missing(exc):
+                return None
+            raise _unreachable(uri, exc) from exc
+    path = urlparse(uri).path if uri.startswith("file://") else uri
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def exists(uri: str) -> bool:
     """Whether a file (or, locally, a folder) is at `uri`."""
     if is_remote(uri):
