@@ -200,6 +200,12 @@ def test_spark_out_of_memory_and_a_lost_executor_name_spark() -> None:
     assert gone is not None and gone.cause == SPARK_GONE
 
 
+def oom_line(spark: str, log: Path | None = None) -> str:
+    """How the line of a Spark that ran out of heap begins, its driver's log named if any."""
+    where = f"Java heap space; its log: {log}" if log is not None else "Java heap space"
+    return f"Spark ran out of memory: Spark at {spark} ({where}); "
+
+
 def test_a_driver_jvm_that_exited_is_told_by_its_log(tmp_path: Path) -> None:
     """Python sees only the lost connection; the JVM's log says whether it ran out of heap
     (Spark's handler exits a local-mode JVM on a task's OutOfMemoryError) and is named."""
@@ -216,9 +222,7 @@ def test_a_driver_jvm_that_exited_is_told_by_its_log(tmp_path: Path) -> None:
     context = FailureContext(spark="local[2]", spark_log=log)
     oom = describe_failure(gone, "exactly run", context)
     assert oom.cause == SPARK_OOM
-    assert oom.line.startswith(
-        f"Spark ran out of memory: Spark at local[2] (Java heap space; its log: {log}); "
-    )
+    assert oom.line.startswith(oom_line("local[2]", log))
     log.write_text("java.lang.OutOfMemoryError: Java heap space\n" + "y" * TAIL_BYTES)
     killed = describe_failure(gone, "exactly run", context)  # the OOM killer says nothing
     assert killed.cause == SPARK_GONE
@@ -501,11 +505,7 @@ def test_an_out_of_memory_spark_reports_itself_names_the_driver_s_log(tmp_path: 
     context = FailureContext(spark="local[2]", spark_log=log)
     oom = describe_failure(error, "exactly run", context)
     assert oom.cause == SPARK_OOM
-    assert oom.line.startswith(
-        f"Spark ran out of memory: Spark at local[2] (Java heap space; its log: {log}); "
-    ), oom.line
+    assert oom.line.startswith(oom_line("local[2]", log)), oom.line
     # a driver without a log of its own (a cluster's, Spark Connect's) is told without one
     remote = describe_failure(error, "exactly run", FailureContext(spark="sc://host:15002"))
-    assert remote.line.startswith(
-        "Spark ran out of memory: Spark at sc://host:15002 (Java heap space); "
-    )
+    assert remote.line.startswith(oom_line("sc://host:15002"))

@@ -53,7 +53,7 @@ from ledger.core.batch import StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from resources.config.partitioning import partition_values
 from resources.delta.checkpoints import NO_CHECKPOINT, checkpoint_later, due_version
-from resources.delta.log import METADATA_KEY, user_metadata
+from resources.delta.log import METADATA_KEY, entry_uri, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
 from resources.object_storage import storage
@@ -202,7 +202,7 @@ def _ours(uri: str, table: DeltaTable, adds: frozenset[str], token: str, first_r
     if adds:
         return adds <= _paths(table)
     for version in range(table.version(), first_read, -1):
-        entry = storage.read_bytes(storage.join(uri, "_delta_log", f"{version:020d}.json"))
+        entry = storage.read_bytes(entry_uri(uri, version))
         for line in (entry or b"").splitlines():
             info = json.loads(line).get("commitInfo")
             if isinstance(info, dict) and info.get(TOKEN_KEY) == token:

@@ -25,6 +25,11 @@ from resources.object_storage import storage
 METADATA_KEY = "exactly"
 
 
+def entry_uri(uri: str, version: int) -> str:
+    """Where the log entry of `version` of the table at `uri` is (a JSON file per commit)."""
+    return storage.join(uri, "_delta_log", f"{version:020d}.json")
+
+
 def user_metadata(metadata: Mapping[str, Any]) -> str:
     """A batch's commit as one line in the commit info's `userMetadata`, the field
     delta-spark's DESCRIBE HISTORY shows as a column (our own key, METADATA_KEY, is kept

@@ -269,7 +269,7 @@ class DeltaTarget:
         raise AssertionError("unreachable: the last try returns or raises")
 
     def _log_entry(self, version: int) -> str:
-        return storage.join(self.uri, "_delta_log", f"{version:020d}.json")
+        return log.entry_uri(self.uri, version)
 
     def transaction_version(self, app_id: str) -> int | None:
         """The last batch id committed by `app_id`, or None (no table, or never committed)."""
