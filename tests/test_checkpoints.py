@@ -112,3 +112,53 @@ def test_no_checkpoint_is_asked_for_between_due_versions() -> None:
     # another writer's commit came in between: the first version past the multiple is taken
     assert checkpoints.due_version(Table(11, "5"), 9) == 11  # type: ignore[arg-type]
     assert checkpoints.due_version(Table(12, "5"), 11) is None  # type: ignore[arg-type]
+
+
+def test_a_checkpoint_missed_by_an_earlier_process_is_written_by_the_next_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process that ended before its checkpoint was written (the store was down, or it
+    left the write at exit) leaves the table an interval or more past its newest checkpoint;
+    the next process's first commit writes it, not the next multiple of the interval."""
+    real = DeltaTable
+
+    class Failing(real):  # type: ignore[misc, valid-type]
+        def create_checkpoint(self) -> Any:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "DeltaTable", Failing)
+    first = every_fifth(tmp_path)
+    for batch_id in range(1, 7):  # version 5 was due, and is not written
+        publish(first, tmp_path, batch_id)
+    assert checkpoints.wait_for_checkpoints(30)
+    assert checkpoint_files(tmp_path) == []
+
+    monkeypatch.setattr(checkpoints, "DeltaTable", real)
+    monkeypatch.setattr(checkpoints, "_newest", {})  # what the next process knows: nothing
+    publish(DeltaTarget(str(tmp_path)), tmp_path, 7)  # version 7: no multiple of 5 passed
+    assert checkpoints.wait_for_checkpoints(30)
+    assert checkpoint_files(tmp_path) == ["00000000000000000007.checkpoint.parquet"]
+    assert DeltaTable(str(tmp_path)).transaction_version("p") == 7
+    publish(DeltaTarget(str(tmp_path)), tmp_path, 8)  # now one behind: nothing due
+    assert checkpoints.wait_for_checkpoints(30)
+    assert checkpoint_files(tmp_path) == ["00000000000000000007.checkpoint.parquet"]
+
+
+def test_how_far_behind_its_newest_checkpoint_a_table_may_fall() -> None:
+    class Table:
+        def __init__(self, version: int) -> None:
+            self._version = version
+
+        def version(self) -> int:
+            return self._version
+
+        def metadata(self) -> Any:
+            return type("M", (), {"configuration": {"delta.checkpointInterval": "5"}})()
+
+    due = checkpoints.due_version
+    assert due(Table(7), 6, newest=-1) == 7  # type: ignore[arg-type]  # none yet, 5 passed
+    assert due(Table(7), 6, newest=2) == 7  # type: ignore[arg-type]
+    assert due(Table(7), 6, newest=5) is None  # type: ignore[arg-type]
+    assert due(Table(4), 3, newest=-1) is None  # type: ignore[arg-type]  # young table
+    assert due(Table(7), 6, newest=None) is None  # type: ignore[arg-type]  # unknown
+    assert due(Table(10), 9, newest=9) == 10  # type: ignore[arg-type]  # a multiple still is

@@ -11,11 +11,15 @@ ack.
 
 Failure cases, each harmless to the table:
 - the checkpoint cannot be written (a full disk, a store down): a warning; readers replay
-  the log from the previous checkpoint, and the next due version tries again;
-- the process ends while the thread writes: the threads are not daemons, so a normal exit
-  waits for them (a checkpoint takes tens of milliseconds); a killed process leaves either
-  no checkpoint or a whole one (the object store's put of the file is atomic,
-  and `_last_checkpoint`, a hint, is written after it);
+  the log from the previous checkpoint, and the next commit that finds the table an
+  interval or more past its newest checkpoint writes one (`due_version`);
+- the process ends while the thread writes: it waits for the thread up to
+  `EXIT_WAIT_SECONDS`, then ends and says which checkpoint it left. A checkpoint takes tens
+  of milliseconds; a store that does not answer would otherwise hold a process whose
+  batches are all committed for as long as delta-rs retries (120 s), and with it the next
+  scheduled run. What it left is either no checkpoint or a whole one (the object store's put
+  of the file is atomic, and `_last_checkpoint`, a hint, is written after it), and the next
+  process's first commit finds the table behind and writes it;
 - another writer commits meanwhile: the checkpoint is of the version asked for, whatever
   came after;
 - two writers of the same table ask for the same version: both write the same content.
@@ -25,11 +29,16 @@ table says `delta.enableExpiredLogCleanup=false`.
 
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 from deltalake import DeltaTable, PostCommitHookProperties
+
+from resources.object_storage import storage
 
 log = logging.getLogger(__name__)
 
@@ -38,16 +47,53 @@ NO_CHECKPOINT = PostCommitHookProperties(create_checkpoint=False, cleanup_expire
 #: delta-rs's default `delta.checkpointInterval`.
 DEFAULT_INTERVAL = 100
 
+#: How long an ending process waits for the checkpoints it asked for (module docstring).
+EXIT_WAIT_SECONDS = 10.0
+
 _pending: list[threading.Thread] = []
 _lock = threading.Lock()
+#: per table uri, the newest checkpoint version this process knows of: read once from the
+#: table's `_last_checkpoint`, then raised by every checkpoint it asks for
+_newest: dict[str, int] = {}
 
 
-def due_version(table: DeltaTable, before: int) -> int | None:
+def due_version(table: DeltaTable, before: int, newest: int | None = None) -> int | None:
     """The version to checkpoint now that `table` moved from version `before` to its own: its
-    version if a multiple of the checkpoint interval was passed on the way, else None."""
+    version if a multiple of the checkpoint interval was passed on the way, or since its
+    newest checkpoint (`newest`, -1 for none, None when unknown): one an earlier process
+    missed. Else None."""
     interval = int(table.metadata().configuration.get("delta.checkpointInterval", DEFAULT_INTERVAL))
     now = table.version()
-    return now if interval > 0 and now // interval > max(before, 0) // interval else None
+    if interval <= 0:
+        return None
+    since = max(before, 0) if newest is None else min(max(before, 0), max(newest, 0))
+    return now if now // interval > since // interval else None
+
+
+def due_after_commit(uri: str, table: DeltaTable, before: int) -> int | None:
+    """`due_version` for the table at `uri`, which this process just committed to; a version
+    returned counts as checkpointed from here on (it is asked for next), so a checkpoint
+    being written is not asked for again by the commits that follow it."""
+    with _lock:
+        newest = _newest.get(uri)
+    if newest is None:
+        newest = newest_checkpoint(uri)
+    due = due_version(table, before, newest)
+    with _lock:
+        known = [-1 if v is None else v for v in (newest, due)]
+        _newest[uri] = max(_newest.get(uri, -1), *known)
+    return due
+
+
+def newest_checkpoint(uri: str) -> int | None:
+    """The version `_last_checkpoint` names (-1 when there is none), or None when it cannot
+    be read: a hint, read once per table and process, never a reason to fail a commit."""
+    try:
+        hint = storage.read_bytes(storage.join(uri, "_delta_log", "_last_checkpoint"))
+        return -1 if hint is None else int(json.loads(hint)["version"])
+    except Exception as exc:
+        log.warning("the newest checkpoint of %s is unknown: %s", uri, exc)
+        return None
 
 
 def checkpoint_later(
@@ -70,7 +116,9 @@ def checkpoint_later(
         except Exception as exc:  # a missing checkpoint costs reads time, never a row
             log.warning("checkpoint of %s at version %s not written: %s", uri, version, exc)
 
-    thread = threading.Thread(target=write, name=f"checkpoint {uri}@{version}")
+    # a daemon: an ending process waits for it only up to EXIT_WAIT_SECONDS (_wait_at_exit)
+    thread = threading.Thread(target=write, name=f"checkpoint of {uri} at version {version}")
+    thread.daemon = True
     with _lock:
         _pending[:] = [t for t in _pending if t.is_alive()]
         _pending.append(thread)
@@ -78,9 +126,28 @@ def checkpoint_later(
 
 
 def wait_for_checkpoints(timeout: float | None = None) -> bool:
-    """Wait for every checkpoint asked for so far; True if none is still being written."""
+    """Wait for every checkpoint asked for so far, `timeout` seconds at most in all; True if
+    none is still being written."""
     with _lock:
         pending = list(_pending)
+    deadline = None if timeout is None else time.monotonic() + timeout
     for thread in pending:
-        thread.join(timeout)
+        thread.join(None if deadline is None else max(deadline - time.monotonic(), 0))
     return not any(t.is_alive() for t in pending)
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """As the process ends: the checkpoints still being written get EXIT_WAIT_SECONDS, and
+    each one left is named in a warning (the next commit writes it: module docstring)."""
+    if wait_for_checkpoints(EXIT_WAIT_SECONDS):
+        return
+    with _lock:
+        left = [t.name for t in _pending if t.is_alive()]
+    for name in left:
+        log.warning(
+            "%s was still being written %.0f s after the process's work ended: left to the "
+            "next commit (readers replay the log meanwhile)",
+            name,
+            EXIT_WAIT_SECONDS,
+        )

@@ -52,7 +52,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from ledger.core.batch import StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from resources.config.partitioning import partition_values
-from resources.delta.checkpoints import NO_CHECKPOINT, checkpoint_later, due_version
+from resources.delta.checkpoints import NO_CHECKPOINT, checkpoint_later, due_after_commit
 from resources.delta.log import METADATA_KEY, entry_uri, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
@@ -245,7 +245,7 @@ def appending(table: DeltaTable, actions: list[Any], schema: pa.Schema, target: 
         if not _write(table, actions, schema, properties, target.uri):
             return None
         table.update_incremental()
-        due = due_version(table, before)
+        due = due_after_commit(target.uri, table, before)
         if due is not None:
             checkpoint_later(target.uri, due, target.storage_options, target.checkpointed)
         return {}
