@@ -46,6 +46,16 @@ def every_fifth(root: Path) -> DeltaTarget:
     return DeltaTarget(str(root))
 
 
+def disk_full_for_checkpoints(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every checkpoint the module writes fails as on a full disk; the commits do not."""
+
+    class Failing(DeltaTable):  # type: ignore[misc]
+        def create_checkpoint(self) -> Any:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "DeltaTable", Failing)
+
+
 def checkpoint_files(root: Path) -> list[str]:
     return sorted(p.name for p in (root / "_delta_log").glob("*.checkpoint.parquet"))
 
@@ -78,13 +88,7 @@ def test_a_due_version_s_checkpoint_is_written_after_its_commit_returns(
 def test_a_checkpoint_that_cannot_be_written_costs_the_batch_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    real = DeltaTable
-
-    class Failing(real):  # type: ignore[misc, valid-type]
-        def create_checkpoint(self) -> Any:
-            raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(checkpoints, "DeltaTable", Failing)
+    disk_full_for_checkpoints(monkeypatch)
     target = every_fifth(tmp_path)
     with caplog.at_level(logging.WARNING, logger=checkpoints.__name__):
         for batch_id in range(1, 7):
@@ -120,20 +124,14 @@ def test_a_checkpoint_missed_by_an_earlier_process_is_written_by_the_next_commit
     """A process that ended before its checkpoint was written (the store was down, or it
     left the write at exit) leaves the table an interval or more past its newest checkpoint;
     the next process's first commit writes it, not the next multiple of the interval."""
-    real = DeltaTable
-
-    class Failing(real):  # type: ignore[misc, valid-type]
-        def create_checkpoint(self) -> Any:
-            raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(checkpoints, "DeltaTable", Failing)
+    disk_full_for_checkpoints(monkeypatch)
     first = every_fifth(tmp_path)
     for batch_id in range(1, 7):  # version 5 was due, and is not written
         publish(first, tmp_path, batch_id)
     assert checkpoints.wait_for_checkpoints(30)
     assert checkpoint_files(tmp_path) == []
 
-    monkeypatch.setattr(checkpoints, "DeltaTable", real)
+    monkeypatch.setattr(checkpoints, "DeltaTable", DeltaTable)
     monkeypatch.setattr(checkpoints, "_newest", {})  # what the next process knows: nothing
     publish(DeltaTarget(str(tmp_path)), tmp_path, 7)  # version 7: no multiple of 5 passed
     assert checkpoints.wait_for_checkpoints(30)
