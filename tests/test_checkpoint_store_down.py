@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -38,9 +40,9 @@ HELD_SECONDS = 400.0
 ENDS_WITHIN = 75.0
 
 
-def publish_batches(uri: str, batch_ids: list[int], interval: int) -> None:
-    """In the child: the table with checkpoint interval `interval` (created if absent), then
-    one publish of one staged file per batch id."""
+def publish_batches(uri: str, batch_ids: list[int]) -> None:
+    """In the child: the table with checkpoint interval 2 (created if absent), then one
+    publish of one staged file per batch id."""
     from deltalake import write_deltalake
 
     from ledger.core.batch import StagedFile
@@ -49,7 +51,7 @@ def publish_batches(uri: str, batch_ids: list[int], interval: int) -> None:
 
     target = DeltaTarget(uri)
     if target.load() is None:
-        configuration = {"delta.checkpointInterval": str(interval)}
+        configuration = {"delta.checkpointInterval": "2"}
         write_deltalake(
             uri,
             pa.table({"n": []}, SCHEMA),
@@ -67,9 +69,14 @@ def publish_batches(uri: str, batch_ids: list[int], interval: int) -> None:
     print("published", batch_ids, flush=True)
 
 
-def child(uri: str, batch_ids: list[int], env: dict[str, str]) -> tuple[float, str, str, int]:
+def child(
+    uri: str, batch_ids: list[int], env: dict[str, str], work: Callable[..., None] | None = None
+) -> tuple[float, str, str, int]:
+    """Run `work(uri, batch_ids)` (publish_batches by default) in a child process: (seconds
+    until it ended, its stdout, its stderr, its exit code)."""
     started = time.monotonic()
-    code = f"from {__name__} import publish_batches; publish_batches({uri!r}, {batch_ids!r}, 2)"
+    name = "publish_batches" if work is None else work.__name__
+    code = f"from {__name__} import {name}; {name}({uri!r}, {batch_ids!r})"
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -80,34 +87,112 @@ def child(uri: str, batch_ids: list[int], env: dict[str, str]) -> tuple[float, s
     return time.monotonic() - started, done.stdout, done.stderr, done.returncode
 
 
-def test_a_store_down_for_the_checkpoint_does_not_hold_the_process_and_the_next_writes_it(
+def hold_checkpoint_puts(proxy: FaultProxy, path_contains: str) -> None:
+    """The store stops answering the PUTs of checkpoint files (`path_contains`)."""
+    puts = frozenset({"PUT"})
+    proxy.inject(Delay(times=100, methods=puts, path_contains=path_contains, seconds=HELD_SECONDS))
+
+
+def answer_again(proxy: FaultProxy) -> None:
+    for fault in proxy.armed():
+        fault.times = 0
+
+
+def assert_ended_quietly(took: float, err: str) -> None:
+    """The child ended without waiting out delta-rs's retries, with no traceback."""
+    assert took < ENDS_WITHIN, f"the process ended {took:.0f} s after it started: {err}"
+    assert "Traceback" not in err and "Fatal" not in err and "panicked" not in err
+
+
+@dataclass
+class Store:
+    """The loopback S3 server, the fault proxy in front of it, and this test's bucket."""
+
+    proxy: FaultProxy
+    env: dict[str, str]  # the AWS variables that point a child at the proxy
+    server: S3Server
+    bucket: str
+    monkeypatch: pytest.MonkeyPatch
+
+    def read_past_the_proxy(self, uri: str) -> DeltaTable:
+        """The table read from the server itself: delta-rs holds the GIL that the proxy's
+        threads (this process's) would need to answer it."""
+        for name, value in self.server.env().items():
+            self.monkeypatch.setenv(name, value)
+        return DeltaTable(uri, storage_options=DeltaTarget(uri).storage_options)
+
+
+@pytest.fixture
+def store(
     faulty_s3: tuple[FaultProxy, dict[str, str]],
     s3_server: S3Server,
     s3_bucket: str,
     monkeypatch: pytest.MonkeyPatch,
+) -> Store:
+    return Store(*faulty_s3, s3_server, s3_bucket, monkeypatch)
+
+
+def test_a_store_down_for_the_checkpoint_does_not_hold_the_process_and_the_next_writes_it(
+    store: Store,
 ) -> None:
-    proxy, env = faulty_s3
-    uri = f"s3://{s3_bucket}/table"
-    checkpoint = "/_delta_log/00000000000000000002.checkpoint.parquet"
-    puts = frozenset({"PUT"})
-    proxy.inject(Delay(times=100, methods=puts, path_contains=checkpoint, seconds=HELD_SECONDS))
+    proxy, env, uri = store.proxy, store.env, f"s3://{store.bucket}/table"
+    hold_checkpoint_puts(proxy, "/_delta_log/00000000000000000002.checkpoint.parquet")
 
     took, out, err, code = child(uri, [1, 2], env)  # version 2 is due
     assert code == 0, err
     assert "published [1, 2]" in out
-    assert took < ENDS_WITHIN, f"the process ended {took:.0f} s after it started: {err}"
+    assert_ended_quietly(took, err)
     assert "checkpoint of" in err and "at version 2" in err and "next commit" in err
-    assert "Traceback" not in err and "Fatal" not in err and "panicked" not in err
 
-    for fault in proxy.armed():
-        fault.times = 0  # the store answers again
+    answer_again(proxy)
     took, out, err, code = child(uri, [3], env)  # version 3: no multiple of 2 passed
     assert code == 0, err
     assert storage.exists(storage.join(uri, "_delta_log/00000000000000000003.checkpoint.parquet"))
 
-    # read past the proxy: delta-rs holds the GIL the proxy's threads need to answer it
-    for name, value in s3_server.env().items():
-        monkeypatch.setenv(name, value)
-    table = DeltaTable(uri, storage_options=DeltaTarget(uri).storage_options)
+    table = store.read_past_the_proxy(uri)
     assert sorted(table.to_pyarrow_table()["n"].to_pylist()) == [1, 2, 3]
     assert table.transaction_version("p") == 3
+
+
+def merge_batches(uri: str, batch_ids: list[int]) -> None:
+    """In the child: an aggregate output at `uri` (checkpoint interval 2 from its second
+    version), and one MERGE per batch id, each of one row of app "a" sized by the id."""
+    from jobs.derived.invariants import recompute_aggregate
+    from resources.delta.merge import merge_aggregate
+    from tests.test_derived_merge import aggregate_spec, raw
+
+    target, spec = DeltaTarget(uri), aggregate_spec(uri)
+    for batch_id in batch_ids:
+        rows = raw([("a", batch_id, batch_id)], first_offset=batch_id)
+        outcome = merge_aggregate(
+            target, spec, recompute_aggregate(rows, spec), app_id="p", batch_id=batch_id
+        )
+        print("merged", batch_id, outcome.applied, flush=True)
+        table = target.load()
+        if table is not None and "delta.checkpointInterval" not in table.metadata().configuration:
+            table.alter.set_table_properties({"delta.checkpointInterval": "2"})
+
+
+def test_a_store_down_for_a_derived_output_s_checkpoint_holds_neither_its_merge_nor_the_process(
+    store: Store,
+) -> None:
+    proxy, env, uri = store.proxy, store.env, f"s3://{store.bucket}/views"
+    hold_checkpoint_puts(proxy, ".checkpoint")
+
+    took, out, err, code = child(uri, [1, 2, 3], env, merge_batches)
+    assert code == 0, err
+    assert [line for line in out.splitlines() if line.startswith("merged")] == [
+        "merged 1 True",
+        "merged 2 True",
+        "merged 3 True",
+    ]
+    assert_ended_quietly(took, err)
+
+    answer_again(proxy)
+    took, out, err, code = child(uri, [4], env, merge_batches)
+    assert (code, out.splitlines()[-1]) == (0, "merged 4 True"), err
+    table = store.read_past_the_proxy(uri)
+    assert table.to_pyarrow_table().to_pylist()[0]["bytes"] == 1 + 2 + 3 + 4
+    assert table.transaction_version("p") == 4
+    newest = json.loads(storage.read_bytes(storage.join(uri, "_delta_log", "_last_checkpoint")))
+    assert newest["version"] >= table.version() - 1

@@ -4,10 +4,12 @@ Why: delta-rs writes a checkpoint in the post-commit hook of every commit whose 
 multiple of `delta.checkpointInterval` (100 by default), so one batch in a hundred paid 75 to
 110 ms more for its commit (BENCHMARKS.md, "Commit latency over history"): a freshness
 spike and a commit-time outlier for no row's sake. A checkpoint changes no row and no app
-transaction; it only spares readers replaying the log. So the publish commits with that
-hook off (`NO_CHECKPOINT`) and asks here for the checkpoint of the version it made, which a
-thread of its own writes from a table loaded at that version, while the batch goes on to its
-ack.
+transaction; it only spares readers replaying the log. So the publish and the derived
+outputs' MERGEs commit with that hook off (`NO_CHECKPOINT`) and ask here for the checkpoint
+of the version they made (resources/delta/commit.py `checkpoint_if_due`), which a thread of
+its own writes from a table loaded at that version, while the batch goes on to its ack. In
+the commit, a store that did not answer the checkpoint's PUT held the batch's commit for as
+long as delta-rs retried (120 s), silently.
 
 Failure cases, each harmless to the table:
 - the checkpoint cannot be written (a full disk, a store down): a warning; readers replay

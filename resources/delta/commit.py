@@ -245,12 +245,18 @@ def appending(table: DeltaTable, actions: list[Any], schema: pa.Schema, target: 
         if not _write(table, actions, schema, properties, target.uri):
             return None
         table.update_incremental()
-        due = due_after_commit(target.uri, table, before)
-        if due is not None:
-            checkpoint_later(target.uri, due, target.storage_options, target.checkpointed)
+        checkpoint_if_due(target, table, before)
         return {}
 
     return Try(frozenset(a.path for a in actions if isinstance(a, AddAction)), commit)
+
+
+def checkpoint_if_due(target: Committable, table: DeltaTable, before: int) -> None:
+    """After a commit made with `NO_CHECKPOINT` moved `table` on from version `before`: the
+    checkpoint that makes due, written beside the batch (resources/delta/checkpoints.py)."""
+    due = due_after_commit(target.uri, table, before)
+    if due is not None:
+        checkpoint_later(target.uri, due, target.storage_options, target.checkpointed)
 
 
 def _write(

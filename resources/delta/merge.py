@@ -36,7 +36,8 @@ from resources.config.derived_spec import (
     correction_count,
 )
 from resources.config.partitioning import check_layout
-from resources.delta.commit import Try, commit_batch
+from resources.delta.checkpoints import NO_CHECKPOINT
+from resources.delta.commit import Try, checkpoint_if_due, commit_batch
 from resources.delta.options import store_failure
 from resources.delta.schema import widen_schema
 from resources.delta.table import DeltaTarget
@@ -271,6 +272,7 @@ def _merger(
         # no float bounds for wide decimals, a sum's above all (resources/delta/writer_stats.py)
         writer_properties=sound_writer_properties(table.schema().to_arrow()),
         commit_properties=properties,
+        post_commithook_properties=NO_CHECKPOINT,  # written beside the batch, as a publish's
     )
 
 
@@ -307,6 +309,7 @@ def _apply(
             metrics = plan(table, properties).execute()
             if table.version() == before:
                 _record_only(table, properties)
+            checkpoint_if_due(target, table, before)
             return dict(metrics)
 
         return Try(frozenset(), commit)
@@ -344,7 +347,13 @@ def _record_only(table: DeltaTable, properties: CommitProperties) -> None:
     the output would not show it holds the batch, and a recovery would take it for
     unfinished. An empty append carries the transaction (and the commit info) instead.
     """
-    table.create_write_transaction([], "append", table.schema(), commit_properties=properties)
+    table.create_write_transaction(
+        [],
+        "append",
+        table.schema(),
+        commit_properties=properties,
+        post_commithook_properties=NO_CHECKPOINT,
+    )
     table.update_incremental()
 
 
