@@ -132,7 +132,7 @@ def test_a_checkpoint_missed_by_an_earlier_process_is_written_by_the_next_commit
     assert checkpoint_files(tmp_path) == []
 
     monkeypatch.setattr(checkpoints, "DeltaTable", DeltaTable)
-    monkeypatch.setattr(checkpoints, "_newest", {})  # what the next process knows: nothing
+    monkeypatch.setattr(checkpoints, "_seen", set())  # the next process: its first commit
     publish(DeltaTarget(str(tmp_path)), tmp_path, 7)  # version 7: no multiple of 5 passed
     assert checkpoints.wait_for_checkpoints(30)
     assert checkpoint_files(tmp_path) == ["00000000000000000007.checkpoint.parquet"]
@@ -160,3 +160,31 @@ def test_how_far_behind_its_newest_checkpoint_a_table_may_fall() -> None:
     assert due(Table(4), 3, newest=-1) is None  # type: ignore[arg-type]  # young table
     assert due(Table(7), 6, newest=None) is None  # type: ignore[arg-type]  # unknown
     assert due(Table(10), 9, newest=9) == 10  # type: ignore[arg-type]  # a multiple still is
+
+
+def test_the_newest_checkpoint_is_read_beside_the_commit_not_inside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first commit of a process looks for a checkpoint an earlier one missed: that read
+    of `_last_checkpoint` is the store's to answer, and must not hold the batch's commit."""
+    disk_full_for_checkpoints(monkeypatch)
+    first = every_fifth(tmp_path)
+    for batch_id in range(1, 7):
+        publish(first, tmp_path, batch_id)
+    assert checkpoints.wait_for_checkpoints(30)
+    monkeypatch.setattr(checkpoints, "DeltaTable", DeltaTable)
+    monkeypatch.setattr(checkpoints, "_seen", set(), raising=False)
+
+    committed, waited = threading.Event(), []
+    read = checkpoints.newest_checkpoint
+
+    def slow_store(uri: str) -> int | None:
+        waited.append(committed.wait(30))  # answers only once the commit has returned
+        return read(uri)
+
+    monkeypatch.setattr(checkpoints, "newest_checkpoint", slow_store)
+    publish(DeltaTarget(str(tmp_path)), tmp_path, 7)
+    committed.set()
+    assert checkpoints.wait_for_checkpoints(30)
+    assert waited == [True]
+    assert checkpoint_files(tmp_path) == ["00000000000000000007.checkpoint.parquet"]

@@ -13,8 +13,8 @@ long as delta-rs retried (120 s), silently.
 
 Failure cases, each harmless to the table:
 - the checkpoint cannot be written (a full disk, a store down): a warning; readers replay
-  the log from the previous checkpoint, and the next commit that finds the table an
-  interval or more past its newest checkpoint writes one (`due_version`);
+  the log from the previous checkpoint, and the next multiple of the interval, or the next
+  process's first commit (`after_commit`), writes one;
 - the process ends while the thread writes: it waits for the thread up to
   `EXIT_WAIT_SECONDS`, then ends and says which checkpoint it left. A checkpoint takes tens
   of milliseconds; a store that does not answer would otherwise hold a process whose
@@ -54,9 +54,9 @@ EXIT_WAIT_SECONDS = 10.0
 
 _pending: list[threading.Thread] = []
 _lock = threading.Lock()
-#: per table uri, the newest checkpoint version this process knows of: read once from the
-#: table's `_last_checkpoint`, then raised by every checkpoint it asks for
-_newest: dict[str, int] = {}
+#: the tables this process has committed to: its first commit to one also looks for a
+#: checkpoint an earlier process missed (`after_commit`)
+_seen: set[str] = set()
 
 
 def due_version(table: DeltaTable, before: int, newest: int | None = None) -> int | None:
@@ -72,19 +72,30 @@ def due_version(table: DeltaTable, before: int, newest: int | None = None) -> in
     return now if now // interval > since // interval else None
 
 
-def due_after_commit(uri: str, table: DeltaTable, before: int) -> int | None:
-    """`due_version` for the table at `uri`, which this process just committed to; a version
-    returned counts as checkpointed from here on (it is asked for next), so a checkpoint
-    being written is not asked for again by the commits that follow it."""
+def after_commit(
+    uri: str,
+    table: DeltaTable,
+    before: int,
+    storage_options: Mapping[str, str] | None,
+    done: Callable[[int], None] = lambda _version: None,
+) -> None:
+    """After this process's commit moved `table` (at `uri`) on from version `before`: the
+    checkpoint that makes due, written in a thread of its own (`checkpoint_later`).
+
+    Due when a multiple of the interval was passed on the way. On the process's first commit
+    to the table, also when one was passed since the table's newest checkpoint: one an
+    earlier process missed (it ended first, or the store failed it). The thread, not the
+    commit, reads the newest checkpoint's version, so a store slow to answer that read holds
+    no batch; a table younger than one interval is not looked at.
+    """
+    version = table.version()
     with _lock:
-        newest = _newest.get(uri)
-    if newest is None:
-        newest = newest_checkpoint(uri)
-    due = due_version(table, before, newest)
-    with _lock:
-        known = [-1 if v is None else v for v in (newest, due)]
-        _newest[uri] = max(_newest.get(uri, -1), *known)
-    return due
+        first = uri not in _seen
+        _seen.add(uri)
+    if due_version(table, before) is not None:
+        checkpoint_later(uri, version, storage_options, done)
+    elif first and due_version(table, before, newest=-1) is not None:
+        checkpoint_later(uri, version, storage_options, done, only_if_missed=True)
 
 
 def newest_checkpoint(uri: str) -> int | None:
@@ -103,14 +114,20 @@ def checkpoint_later(
     version: int,
     storage_options: Mapping[str, str] | None,
     done: Callable[[int], None] = lambda _version: None,
+    *,
+    only_if_missed: bool = False,
 ) -> None:
-    """Write the checkpoint of `uri` at `version` in a thread of its own; `done(version)`
-    once it is written (the DeltaTarget then loads its kept tables afresh from it: a kept
-    table replays every commit since its own load, and would grow slower with each)."""
+    """Write the checkpoint of `uri` at `version` in a thread of its own (with
+    `only_if_missed`, only if the table's newest checkpoint is a multiple of the interval
+    behind it); `done(version)` once it is written (the DeltaTarget then loads its kept
+    tables afresh from it: a kept table replays every commit since its own load, and would
+    grow slower with each)."""
 
     def write() -> None:
         try:
             table = DeltaTable(uri, version=version, storage_options=dict(storage_options or {}))
+            if only_if_missed and due_version(table, version, newest_checkpoint(uri)) is None:
+                return
             table.create_checkpoint()
             done(version)
             if table.metadata().configuration.get("delta.enableExpiredLogCleanup") != "false":

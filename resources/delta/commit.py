@@ -52,7 +52,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from ledger.core.batch import StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from resources.config.partitioning import partition_values
-from resources.delta.checkpoints import NO_CHECKPOINT, checkpoint_later, due_after_commit
+from resources.delta.checkpoints import NO_CHECKPOINT, after_commit
 from resources.delta.log import METADATA_KEY, entry_uri, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
@@ -254,9 +254,7 @@ def appending(table: DeltaTable, actions: list[Any], schema: pa.Schema, target: 
 def checkpoint_if_due(target: Committable, table: DeltaTable, before: int) -> None:
     """After a commit made with `NO_CHECKPOINT` moved `table` on from version `before`: the
     checkpoint that makes due, written beside the batch (resources/delta/checkpoints.py)."""
-    due = due_after_commit(target.uri, table, before)
-    if due is not None:
-        checkpoint_later(target.uri, due, target.storage_options, target.checkpointed)
+    after_commit(target.uri, table, before, target.storage_options, target.checkpointed)
 
 
 def _write(
