@@ -45,8 +45,7 @@ def publish_batches(uri: str, batch_ids: list[int]) -> None:
     publish of one staged file per batch id."""
     from deltalake import write_deltalake
 
-    from ledger.core.batch import StagedFile
-    from resources.delta.stats import delta_stats
+    from jobs.stage.parquet_files import describe
     from tests.fixtures.s3 import put_object
 
     target = DeltaTarget(uri)
@@ -61,11 +60,10 @@ def publish_batches(uri: str, batch_ids: list[int]) -> None:
     for batch_id in batch_ids:
         buffer = io.BytesIO()
         pq.write_table(pa.table({"n": [batch_id]}, SCHEMA), buffer)
-        body, name = buffer.getvalue(), f"staged/b{batch_id}.parquet"
-        put_object(storage.join(uri, name), body)
-        stats = json.dumps(delta_stats(pq.read_metadata(io.BytesIO(body))))
-        staged = StagedFile("table", name, len(body), 1, int(time.time() * 1000), stats)
-        target.publish(app_id="p", batch_id=batch_id, files=[staged], schema=SCHEMA, metadata={})
+        folder = storage.join(uri, "staged", f"batch-{batch_id}")
+        put_object(storage.join(folder, "part-0.parquet"), buffer.getvalue())
+        staged = describe(folder, uri, "table")  # as the vote records them
+        target.publish(app_id="p", batch_id=batch_id, files=staged, schema=SCHEMA, metadata={})
     print("published", batch_ids, flush=True)
 
 
