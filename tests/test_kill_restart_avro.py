@@ -31,6 +31,7 @@ from resources.config.loading import load_config
 from resources.kafka.client import KafkaClient
 from tests.fixtures.derived import assert_derived_match
 from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.spark_conf import suite_spark
 from tests.test_avro_format import ORDER_V1, confluent, order, schema_file, with_format
 from tests.test_cli import EXACTLY, REPO
 from tests.test_kill_restart import (
@@ -242,7 +243,7 @@ def test_two_topics_by_pattern_avro_into_a_date_partitioned_table_with_an_aggreg
             "partition_by": [{"name": "order_date", "date_of": "ts", **paris}],
         },
         "ledger": {"url": f"sqlite:///{tmp_path / 'ledger.db'}"},
-        "spark": {"master": "local[2]"},
+        "spark": suite_spark(),
         "batch": {"max_records_per_partition": MAX_RECORDS_PER_PARTITION},
         "format": {
             "kind": "avro",

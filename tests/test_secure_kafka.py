@@ -23,6 +23,7 @@ from resources.config.pipeline_config import PipelineConfig
 from resources.kafka.client import KafkaClient
 from tests.fixtures.pipeline import assert_exactly_once
 from tests.fixtures.secure_kafka import RESTRICTED_USER, SecureKafka
+from tests.fixtures.spark_conf import suite_spark
 from tests.test_cli import EXACTLY, REPO, one_error_line
 
 PASSWORD_ENV = "EXACTLY_TEST_KAFKA_PASSWORD"
@@ -59,7 +60,7 @@ def secure_config(
             "quarantine_uri": str(folder / "quarantine"),
         },
         "ledger": {"url": f"sqlite:///{folder / 'ledger.db'}"},
-        "spark": {"master": "local[2]"},
+        "spark": suite_spark(),
         "batch": {"max_records_per_partition": max_records},
     }
     path = folder / f"{name}.yaml"

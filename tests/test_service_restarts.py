@@ -34,6 +34,7 @@ from resources.kafka.embedded_broker import EmbeddedBroker
 from tests.fixtures.kafka import BROKER_START_TIMEOUT
 from tests.fixtures.pipeline import assert_exactly_once, shared_spark_env
 from tests.fixtures.postgres import PostgresServer, find_pg_bin
+from tests.fixtures.spark_conf import suite_spark
 from tests.test_cli import EXACTLY
 
 pytestmark = pytest.mark.integration
@@ -133,7 +134,7 @@ def write_config(
             "quarantine_uri": str(folder / "quarantine"),
         },
         "ledger": {"url": ledger_url},
-        "spark": {"master": "local[2]"},
+        "spark": suite_spark(),
         "batch": {"max_records_per_partition": MAX_RECORDS, "lease_seconds": 30},
         "transform": "jobs.examples.pageviews:transform",
     }

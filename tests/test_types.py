@@ -36,11 +36,20 @@ from resources.config.loading import load_config
 from resources.delta.compaction import Compaction
 from resources.delta.table import DeltaTarget
 from tests.fixtures.pipeline import assert_exactly_once
+from tests.fixtures.spark_conf import compiled_session
 
 TRANSFORM = "tests.transforms:every_type"
 NAN, INF = float("nan"), float("inf")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 D = Decimal
+
+
+@pytest.fixture(scope="module")
+def spark(spark: Any) -> Any:
+    """The worker's session with code generation on, as the product's sessions have it (the
+    suite's pipelines interpret their queries: tests/fixtures/spark_conf.py): every column type
+    goes through the compiled code paths."""
+    return compiled_session(spark)
 
 
 def _ts(text: str) -> datetime:

@@ -60,6 +60,7 @@ from tests.fixtures.dagster_ui import (
     chromium_executable,
 )
 from tests.fixtures.pipeline import assert_exactly_once
+from tests.fixtures.spark_conf import suite_spark
 from tests.test_metrics import assert_figures_match_the_ledger, scrape, value
 
 pytestmark = pytest.mark.integration
@@ -137,7 +138,7 @@ def pipeline_file(
             "quarantine_uri": str(root / "quarantine"),
         },
         "ledger": {"url": f"sqlite:///{root / 'ledger.db'}"},
-        "spark": {"master": "local[2]"},
+        "spark": suite_spark(),
         "batch": {"max_records_per_partition": 100_000},
         "transform": "ui_views:transform",
         "python_path": ["code"],
