@@ -1,7 +1,8 @@
 """A Spark standalone cluster on loopback (`resources.spark.standalone_cluster`): it starts with its
 workers on 127.0.0.1, says why when it cannot, and runs the product's batches with the
-stage job's tasks in executors, through a classic driver (`exactly run` with
-`spark.master: spark://...`) and through a Spark Connect server whose master is the cluster.
+stage job's tasks in executors (derived outputs' partials included), through a classic driver
+(`exactly run` with `spark.master: spark://...`) and through a Spark Connect server whose
+master is the cluster.
 
 Real cluster, broker and tables; no mocks. Classic sessions on the cluster run in `exactly`
 child processes: this process already holds the suite's local session, and pyspark allows
@@ -27,6 +28,7 @@ from resources.object_storage.s3 import S3Access
 from resources.spark.connect_server import start_connect_server, start_on_a_free_port
 from resources.spark.session import build_session, driver_settings, stop_session
 from resources.spark.standalone_cluster import SparkCluster, start_spark_cluster
+from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path
 from tests.test_cli import exactly
 from tests.test_failure_lines import assert_one_clean_line, cli
@@ -85,16 +87,23 @@ def test_a_worker_that_cannot_start_reports_its_log(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_exactly_run_commits_on_the_cluster_with_its_driver_on_loopback(
-    spark_cluster: SparkCluster, kafka_client: KafkaClient, pipeline_factory: Any
+    spark_cluster: SparkCluster, kafka_client: KafkaClient, pipeline_factory: Any, tmp_path: Path
 ) -> None:
-    config = pipeline_factory(2, master=spark_cluster.url)
-    kafka_client.produce(config.kafka.topic, pageviews(400, malformed_every=50))
+    """A pipeline with one derived output of each kind (their partials computed in the
+    executors too) staged on the cluster: every record once, every output equal to its
+    recomputation."""
+    derived = derived_outputs(tmp_path / "derived")
+    config = pipeline_factory(2, master=spark_cluster.url, transform=TRANSFORM, derived=derived)
+    kafka_client.produce_records(config.kafka.topic, user_events(0, 400, 2, malformed_every=50))
     before = set(spark_cluster.executor_logs())
 
     result = exactly("run", "-c", str(config_path(config)), "--until-caught-up")
 
     assert result.returncode == 0, result.stdout + result.stderr
-    assert assert_exactly_once(config, kafka_client) == (392, 8)
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert (table + quarantined, quarantined) == (400, 8)
+    sizes = assert_derived_match(config)
+    assert all(sizes.values()), sizes
     # the Kafka reads and Parquet writes ran in the workers' executors, which got the
     # project's jars from the driver and reached it on loopback
     executors = sorted(set(spark_cluster.executor_logs()) - before)
