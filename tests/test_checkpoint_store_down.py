@@ -1,7 +1,8 @@
 """A store that stops answering while a checkpoint is written (resources/delta/checkpoints.py),
 on the loopback S3 server behind the fault proxy: the process that committed the batches
 ends without waiting out the store's retries, says in one warning what it left, and the
-next process's first commit writes the checkpoint.
+next process's first commit writes the checkpoint. A process killed while its checkpoint is in
+flight leaves nothing a reader trips on, even when that PUT lands after its death.
 
 The publishing runs in a child process (the product's DeltaTarget.publish, the same call the
 publish op makes), because what is under test is how a process ends; and because the
@@ -194,3 +195,52 @@ def test_a_store_down_for_a_derived_output_s_checkpoint_holds_neither_its_merge_
     assert table.transaction_version("p") == 4
     newest = json.loads(storage.read_bytes(storage.join(uri, "_delta_log", "_last_checkpoint")))
     assert newest["version"] >= table.version() - 1
+
+
+def test_a_process_killed_while_its_checkpoint_is_written_leaves_a_table_every_reader_opens(
+    store: Store,
+) -> None:
+    """SIGKILL while the checkpoint's PUT is in flight (the proxy holds it, body read), the
+    way a machine dies: the dead process wrote no `_last_checkpoint`, and its PUT lands 15 s
+    after its death, as a request delayed in the network does. The next process's first
+    commit writes a checkpoint of its own; readers then open the table at every version,
+    the late checkpoint's included, with every row once."""
+    proxy, env, uri = store.proxy, store.env, f"s3://{store.bucket}/table"
+    version_2 = "/_delta_log/00000000000000000002.checkpoint.parquet"
+    proxy.inject(Delay(times=1, methods=frozenset({"PUT"}), path_contains=version_2, seconds=15))
+    (held,) = proxy.armed()
+    code = f"from {__name__} import publish_batches; publish_batches({uri!r}, [1, 2])"
+    dying = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).parents[1])},
+    )
+    deadline = time.monotonic() + 120
+    while held.times:  # the checkpoint's PUT has not reached the store yet
+        assert dying.poll() is None, dying.communicate()
+        assert time.monotonic() < deadline, "the checkpoint's PUT never came"
+        time.sleep(0.05)
+    landed_after = time.monotonic() + 15
+    dying.kill()
+    out, err = dying.communicate(timeout=30)
+    assert dying.returncode == -9 and "published [1, 2]" in out, err
+    last = storage.join(uri, "_delta_log", "_last_checkpoint")
+    assert not storage.exists(last), "the dead process wrote no checkpoint hint"
+
+    _took, out, err, code = child(uri, [3], env)  # its first commit: version 3
+    assert code == 0, err
+    assert storage.exists(storage.join(uri, "_delta_log/00000000000000000003.checkpoint.parquet"))
+
+    while time.monotonic() < landed_after + 5 and not storage.exists(
+        storage.join(uri, version_2.removeprefix("/"))
+    ):
+        time.sleep(0.2)
+    assert storage.exists(storage.join(uri, version_2.removeprefix("/"))), "the late PUT landed"
+    assert json.loads(storage.read_bytes(last))["version"] == 3
+    table = store.read_past_the_proxy(uri)
+    assert sorted(table.to_pyarrow_table()["n"].to_pylist()) == [1, 2, 3]
+    assert table.transaction_version("p") == 3
+    table.load_as_version(2)
+    assert sorted(table.to_pyarrow_table()["n"].to_pylist()) == [1, 2]
