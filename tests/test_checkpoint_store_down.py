@@ -74,16 +74,22 @@ def child(
     """Run `work(uri, batch_ids)` (publish_batches by default) in a child process: (seconds
     until it ended, its stdout, its stderr, its exit code)."""
     started = time.monotonic()
+    args, child_env = child_command(uri, batch_ids, env, work)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=600, env=child_env)
+    return time.monotonic() - started, done.stdout, done.stderr, done.returncode
+
+
+def child_command(
+    uri: str, batch_ids: list[int], env: dict[str, str], work: Callable[..., None] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a child that runs `work(uri, batch_ids)`."""
     name = "publish_batches" if work is None else work.__name__
     code = f"from {__name__} import {name}; {name}({uri!r}, {batch_ids!r})"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).parents[1])},
-    )
-    return time.monotonic() - started, done.stdout, done.stderr, done.returncode
+    return [sys.executable, "-c", code], {
+        **os.environ,
+        **env,
+        "PYTHONPATH": str(Path(__file__).parents[1]),
+    }
 
 
 def hold_checkpoint_puts(proxy: FaultProxy, path_contains: str) -> None:
@@ -206,16 +212,13 @@ def test_a_process_killed_while_its_checkpoint_is_written_leaves_a_table_every_r
     commit writes a checkpoint of its own; readers then open the table at every version,
     the late checkpoint's included, with every row once."""
     proxy, env, uri = store.proxy, store.env, f"s3://{store.bucket}/table"
-    version_2 = "/_delta_log/00000000000000000002.checkpoint.parquet"
+    version_2 = "_delta_log/00000000000000000002.checkpoint.parquet"
+    late = storage.join(uri, version_2)
     proxy.inject(Delay(times=1, methods=frozenset({"PUT"}), path_contains=version_2, seconds=15))
     (held,) = proxy.armed()
-    code = f"from {__name__} import publish_batches; publish_batches({uri!r}, [1, 2])"
+    args, child_env = child_command(uri, [1, 2], env)
     dying = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, **env, "PYTHONPATH": str(Path(__file__).parents[1])},
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env
     )
     deadline = time.monotonic() + 120
     while held.times:  # the checkpoint's PUT has not reached the store yet
@@ -233,11 +236,9 @@ def test_a_process_killed_while_its_checkpoint_is_written_leaves_a_table_every_r
     assert code == 0, err
     assert storage.exists(storage.join(uri, "_delta_log/00000000000000000003.checkpoint.parquet"))
 
-    while time.monotonic() < landed_after + 5 and not storage.exists(
-        storage.join(uri, version_2.removeprefix("/"))
-    ):
+    while time.monotonic() < landed_after + 5 and not storage.exists(late):
         time.sleep(0.2)
-    assert storage.exists(storage.join(uri, version_2.removeprefix("/"))), "the late PUT landed"
+    assert storage.exists(late), "the late PUT landed"
     assert json.loads(storage.read_bytes(last))["version"] == 3
     table = store.read_past_the_proxy(uri)
     assert sorted(table.to_pyarrow_table()["n"].to_pylist()) == [1, 2, 3]
