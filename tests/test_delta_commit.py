@@ -347,6 +347,44 @@ def test_a_kept_table_sees_another_writers_commits(tmp_path: Path) -> None:
     assert coordinates(root) == Counter({(5, 0): 1, **{(0, o): 1 for o in range(10, 50)}})
 
 
+def test_a_load_with_nothing_new_does_not_read_the_log_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delta-rs lists the whole `_delta_log` folder on every update (locally: every entry
+    the log still keeps, so its cost grows with history), even when nothing is new. A load
+    whose next log entry is not there has nothing to read: it updates nothing, and still
+    sees the next commit, its own or another writer's, as soon as that entry is there."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1, 2])
+    kept = target.load()
+    updates: list[int] = []
+    real = DeltaTable.update_incremental
+    monkeypatch.setattr(
+        DeltaTable,
+        "update_incremental",
+        lambda self, *a, **k: (
+            updates.extend([self.version()] if self is kept else []),
+            real(self, *a, **k),
+        )[1],
+    )
+    assert target.load() is kept and target.transaction_version(APP) == 2
+    assert updates == []
+
+    publish_batches(DeltaTarget(str(root)), root, [3])
+    assert assert_reads_as_fresh(target, root) is kept
+    assert kept.version() == 3 and updates == [2]
+    assert publish(target, root, 4, 1, OffsetRange(TOPIC, 0, 40, 50)).published
+    assert assert_reads_as_fresh(target, root) is kept and kept.transaction_version(APP) == 4
+
+    # the same through a file:// URI: the look for the next entry must find it there too
+    by_uri = DeltaTarget(root.as_uri())
+    assert by_uri.transaction_version(APP) == 4
+    kept_by_uri = by_uri.load()
+    publish_batches(target, root, [5])
+    assert by_uri.transaction_version(APP) == 5 and by_uri.load() is kept_by_uri
+
+
 def test_time_travel_leaves_the_kept_table_at_the_latest_version(tmp_path: Path) -> None:
     """A batch's history reads the table as of its commit: from a table of its own."""
     root = tmp_path / "table"

@@ -58,6 +58,12 @@ def resolve(uri: str, base: Path) -> str:
     return str((base / os.path.expanduser(uri)).resolve())
 
 
+def _local_path(uri: str) -> str:
+    """A local file's path, from a plain path or a `file:` URI in either spelling
+    (`file:///x`, or `file:/x` as delta-rs and log.entry_uri write it)."""
+    return urlparse(uri).path if urlparse(uri).scheme == "file" else uri
+
+
 def overlaps(a: str, b: str) -> bool:
     """Whether one location is the other or lies inside it."""
     a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
@@ -330,7 +336,7 @@ def fingerprint(uri: str) -> tuple[Any, ...] | None:
         if head is None:
             return None
         return (int(head["ContentLength"]), head.get("ETag"), head.get("LastModified"))
-    path = urlparse(uri).path if uri.startswith("file://") else uri
+    path = _local_path(uri)
     try:
         with open(path, "rb") as entry:
             stat = os.fstat(entry.fileno())
@@ -353,7 +359,7 @@ def read_bytes(uri: str) -> bytes | None:
             if _is_missing(exc):
                 return None
             raise _unreachable(uri, exc) from exc
-    path = urlparse(uri).path if uri.startswith("file://") else uri
+    path = _local_path(uri)
     try:
         return Path(path).read_bytes()
     except FileNotFoundError:
@@ -364,7 +370,7 @@ def exists(uri: str) -> bool:
     """Whether a file (or, locally, a folder) is at `uri`."""
     if is_remote(uri):
         return _head(uri) is not None
-    return Path(uri).exists()
+    return Path(_local_path(uri)).exists()
 
 
 def list_files(folder: str) -> list[FileInfo]:
