@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -580,3 +581,39 @@ def test_an_output_added_to_a_pipeline_with_history_waits_for_its_rebuild(
     run_until_caught_up(build(config, spark_factory=lambda: spark))
     assert assert_exactly_once(config, kafka_client)[0] == 300
     assert_derived_match(config)
+
+
+def test_partitions_added_to_a_topic_read_from_latest_lose_no_record(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """`starting_offsets: latest` skips what the topic held when the pipeline started, and
+    nothing else: partitions added to the topic while one process keeps the pipeline (as
+    `run --continuous` does) are read from their first record, not from wherever their end
+    was when a plan first saw them. Real broker, real Spark, the partitions added by Kafka's
+    own admin API between batches."""
+    from confluent_kafka.admin import NewPartitions
+
+    from tests.fixtures.pipeline import produced_coordinates
+
+    config = pipeline_factory(2, starting_offsets="latest")
+    topic = config.kafka.topic
+    kafka_client.produce_to_partitions(topic, {0: pageviews(10)})  # before the start
+    tpc = build(config, spark_factory=lambda: spark)
+    run_until_caught_up(tpc)  # pins the start: partition 0 at 10, 1 at 0
+    kafka_client.produce(topic, pageviews(20, start=10))
+
+    admin = AdminClient({"bootstrap.servers": config.kafka.bootstrap_servers})
+    admin.create_partitions([NewPartitions(topic, 4)])[topic].result(timeout=60)
+    deadline = time.monotonic() + 60
+    while len(kafka_client.offsets(topic)) < 4:  # the broker's metadata reaches every client
+        assert time.monotonic() < deadline, "the added partitions never showed"
+        time.sleep(0.2)
+    kafka_client.produce_to_partitions(
+        topic, {2: pageviews(15, start=30), 3: pageviews(15, start=45), 0: pageviews(5, start=60)}
+    )
+    run_until_caught_up(tpc)
+
+    before_start = {(0, offset) for offset in range(10)}
+    expected = produced_coordinates(kafka_client, topic) - before_start
+    assert len(expected) == 55
+    assert coordinates(config.delta.table_uri) == Counter(dict.fromkeys(expected, 1))

@@ -26,6 +26,7 @@ from ledger.core.protocol import (
     owner_may_be_alive,
     plan_ranges,
     positions_after,
+    worth_planning,
 )
 
 S = BatchState
@@ -147,6 +148,32 @@ def test_plan_new_partition_starts_at_earliest() -> None:
         OffsetRange("t", 1, 7, 30),
         OffsetRange("t", 2, 0, 0),
     ]
+
+
+def test_starting_offsets_latest_is_where_the_topic_starts_not_a_partition_added_later() -> None:
+    """`latest` pins where the pipeline starts reading a topic. A partition added to the
+    topic once it is read holds only records produced since: it starts at its earliest
+    offset (as Structured Streaming and Flink start a newly discovered partition); its last
+    stable offset would skip, silently, every record produced to it before this plan."""
+    available = {0: Available(0, 40), 1: Available(0, 12), 2: Available(3, 30)}
+    first = plan_ranges("t", {}, available, 1000, "latest")
+    assert first == [
+        OffsetRange("t", 0, 40, 40),
+        OffsetRange("t", 1, 12, 12),
+        OffsetRange("t", 2, 30, 30),
+    ]
+    assert worth_planning(first, {}, "latest")  # the start must be pinned
+
+    later = plan_ranges("t", {0: 40, 1: 12}, available, 1000, "latest")
+    assert later == [
+        OffsetRange("t", 0, 40, 40),
+        OffsetRange("t", 1, 12, 12),
+        OffsetRange("t", 2, 3, 30),
+    ]
+    # a partition added empty starts at its earliest, which does not move: no batch to pin it
+    empty = {**available, 2: Available(0, 0)}
+    pinned = plan_ranges("t", {0: 40, 1: 12}, empty, 1000, "latest")
+    assert not worth_planning(pinned, {0: 40, 1: 12}, "latest")
 
 
 def test_plan_end_bounded_by_last_stable_and_max_records() -> None:

@@ -50,6 +50,21 @@ def test_a_topic_new_to_the_pipeline_starts_at_the_starting_offsets() -> None:
     assert plan.worth_planning
 
 
+def test_a_partition_added_to_a_topic_already_read_starts_at_its_earliest() -> None:
+    """`latest` pins where the pipeline starts each topic, not where a partition added to
+    a topic it reads starts: that one holds only records produced since."""
+    grown = {**A, 2: Available(2, 9)}
+    plan = plan_topics(
+        ("a", "b"),
+        {"a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a")},
+        reads(a=TopicRead("id-a", grown), b=TopicRead("id-b", B)),
+        max_records_per_partition=100,
+        starting_offsets="latest",
+    )
+    assert OffsetRange("a", 2, 2, 9) in plan.ranges
+    assert OffsetRange("b", 0, 8, 8) in plan.ranges
+
+
 def test_caught_up_on_every_topic_is_not_worth_a_batch() -> None:
     plan = plan_topics(
         ("a", "b"),

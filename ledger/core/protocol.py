@@ -154,9 +154,14 @@ def plan_ranges(
     """Fix the next batch's range for every partition at one instant.
 
     `positions` maps partition -> the end offset of the last batch that holds a range (the
-    next offset to read). A partition Kafka reports that has no position yet (a new topic,
-    or a partition added later) starts at its earliest offset, or with `starting_offsets`
-    "latest" at its last stable offset (older records are then for a fill backfill).
+    next offset to read). A partition Kafka reports that has no position yet starts at its
+    earliest offset, with one exception: `starting_offsets` "latest" is where the pipeline
+    starts reading the topic, so while the topic has no position at all its partitions
+    start at their last stable offset (older records are then for a fill backfill). A
+    partition added to the topic once it is read holds only records produced since, and
+    starts at its earliest offset whatever `starting_offsets` says, as Structured Streaming
+    and Flink start a newly discovered partition: its last stable offset would skip,
+    silently, every record produced to it before this plan saw it.
 
     Protects: ranges are contiguous with the previous batch (start == stored position, never
     a skip or an overlap); `end` never passes the last stable offset, so an open transaction
@@ -173,10 +178,11 @@ def plan_ranges(
             f"topic {topic}: partitions {vanished} have committed offsets in the ledger but "
             "no longer exist in Kafka (was the topic deleted and re-created?)"
         )
+    from_latest = starting_offsets == "latest" and not positions
     ranges = []
     for partition in sorted(available):
         avail = available[partition]
-        first = avail.earliest if starting_offsets == "earliest" else avail.last_stable
+        first = avail.last_stable if from_latest else avail.earliest
         start = positions.get(partition, first)
         check_readable(topic, partition, start, avail, name_topic=name_topic)
         end = min(avail.last_stable, start + max_records_per_partition)
@@ -255,12 +261,14 @@ def worth_planning(
     ranges: Iterable[OffsetRange], positions: Mapping[int, int], starting_offsets: str
 ) -> bool:
     """A batch is worth committing if it reads something, or, with starting offsets
-    "latest", if it pins the start of a partition that has no position yet (otherwise the
-    start would keep moving with the topic's end and skip what arrives meanwhile)."""
+    "latest", if it pins where the pipeline starts reading a topic it has no position in
+    (otherwise the start would keep moving with the topic's end and skip what arrives
+    meanwhile). A partition added later starts at its earliest offset (`plan_ranges`),
+    which does not move with what arrives: it needs no batch of its own."""
     ranges = list(ranges)
     if not is_empty(ranges):
         return True
-    return starting_offsets == "latest" and any(r.partition not in positions for r in ranges)
+    return starting_offsets == "latest" and not positions and bool(ranges)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ refused until an operator accepts it (invariant 10), offsets retention deleted a
 error (invariant 8). What is new is only what several topics add:
 
 - a topic the pipeline has no positions for yet (listed, or newly matching the pattern)
-  starts at `starting_offsets`, like a partition added to a single topic;
+  starts at `starting_offsets`, as a single topic does when the pipeline starts (a
+  partition added to a topic it already reads starts at its earliest: protocol.plan_ranges);
 - a topic that has positions but is not read any more (deleted, so the pattern no longer
   finds it, or dropped from `kafka.topics`) stops the plan: its unread records would
   otherwise be lost without anyone deciding so. An operator's `retire-topic` decision

@@ -155,8 +155,10 @@ class KafkaSettings(_Strict):
     topics: list[str] | None = Field(default=None, min_length=1)
     pattern: str | None = Field(default=None, min_length=1)
     group_id: str | None = None
-    #: where a partition without a committed position starts: its earliest offset, or its
-    #: last stable offset (older records can then be ingested by a fill backfill)
+    #: where the pipeline starts reading a topic it has no position in: each partition's
+    #: earliest offset, or its last stable offset (older records can then be ingested by a
+    #: fill backfill); a partition added to the topic later starts at its earliest either
+    #: way (ledger/core/protocol.py plan_ranges)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     security: KafkaSecurity = Field(default_factory=KafkaSecurity)
     #: raw librdkafka settings for the confluent clients, over `security`'s; never logged;
