@@ -2,10 +2,10 @@
 and `kafka.pattern` (ledger/coordinator/topics.py, jobs/sources/topics_source.py).
 
 Every record of every topic lands once, in the table or the quarantine, with its topic in
-its coordinates; a topic created later that matches the pattern is read from the starting
-offsets and shows in `exactly ledger`; a re-created topic stops `exactly run` with the
-`exactly skip` command that names it, and that command lets the pipeline go on; so does a
-deleted topic, with the command that retires it; a crash
+its coordinates; a topic created later that matches the pattern is read from its first
+record (also with `starting_offsets: latest`) and shows in `exactly ledger`; a re-created
+topic stops `exactly run` with the `exactly skip` command that names it, and that command
+lets the pipeline go on; so does a deleted topic, with the command that retires it; a crash
 after the vote on a two-topic batch is recovered exactly once.
 """
 
@@ -128,7 +128,7 @@ def test_a_topic_that_matches_the_pattern_later_is_read_and_shown_by_exactly_led
     kafka_client.produce(x, pageviews(3, start=200))
     (second,) = run_until_caught_up(tpc)
     z_ranges = sorted((r.partition, r.start) for r in second.batch.ranges if r.topic == z)
-    assert z_ranges == [(0, 0), (1, 0)]  # from the starting offsets (earliest)
+    assert z_ranges == [(0, 0), (1, 0)]  # from its first record
     assert set(second.batch.topic_ids) == {x, y, z}
     assert assert_exactly_once_on(config, kafka_client, [x, y, z]) == 55
 
@@ -136,6 +136,34 @@ def test_a_topic_that_matches_the_pattern_later_is_read_and_shown_by_exactly_led
     assert shown.returncode == 0, shown.stderr
     line = next(ln for ln in shown.stdout.splitlines() if ln.split()[:1] == ["2"])
     assert f"{z}-0:[0," in line and f"{x}-0:" in line
+
+
+def test_a_topic_created_while_a_pattern_pipeline_runs_from_latest_loses_no_record(
+    spark: Any, kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str
+) -> None:
+    """`starting_offsets: latest` skips what the matched topics held when the pipeline
+    started, and nothing else: a topic created afterwards, and produced to before the next
+    plan sees it, is read from its first record (and so is a partition added to a topic
+    already read). One process keeps the pipeline across, as `run --continuous` does."""
+    x, z = f"{prefix}-x", f"{prefix}-z"
+    kafka_client.create_topic(x, 2)
+    kafka_client.produce_to_partitions(x, {0: pageviews(10)})  # before the start
+    config = several_topics_config(
+        tmp_path, kafka_broker, {"pattern": f"{prefix}-.*", "starting_offsets": "latest"}
+    )
+    tpc = build(config, spark_factory=lambda: spark)
+    run_until_caught_up(tpc)  # pins x at its end
+
+    kafka_client.create_topic(z, 2)
+    kafka_client.produce(z, pageviews(12, start=500))
+    kafka_client.produce(x, pageviews(3, start=200))
+    run_until_caught_up(tpc)
+
+    read = stored(config.delta.table_uri)
+    assert max(read.values()) == 1
+    produced = {(t, p, o) for t in (x, z) for p, o in produced_coordinates(kafka_client, t)}
+    assert set(read) == produced - {(x, 0, o) for o in range(10)}
+    assert len(read) == 15
 
 
 def test_a_recreated_topic_stops_exactly_run_with_the_skip_command_naming_it(

@@ -7,8 +7,11 @@ positions do not belong to what Kafka has now stops the whole plan, naming that 
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
+from ledger.core.decisions import Decision, DecisionKind, apply_decisions
 from ledger.core.errors import DataLossError, TopicChangedError
 from ledger.core.protocol import Available, OffsetRange, Positions
 from ledger.core.topic_plan import TopicRead, plan_topics, positions_by_topic
@@ -37,7 +40,28 @@ def test_every_topic_is_planned_in_one_batch_with_its_own_id() -> None:
     assert plan.worth_planning
 
 
-def test_a_topic_new_to_the_pipeline_starts_at_the_starting_offsets() -> None:
+def test_the_pipeline_starts_every_topic_at_the_starting_offsets() -> None:
+    plan = plan_topics(
+        ("a", "b"),
+        {},
+        reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
+        max_records_per_partition=100,
+        starting_offsets="latest",
+    )
+    assert plan.ranges == (
+        OffsetRange("a", 0, 10, 10),
+        OffsetRange("a", 1, 4, 4),
+        OffsetRange("b", 0, 8, 8),
+    )
+    # nothing to read, but the starts must be pinned or they move with the topics' ends
+    assert plan.worth_planning
+
+
+def test_a_topic_that_appears_once_the_pipeline_runs_starts_at_its_earliest() -> None:
+    """`latest` is where the pipeline starts, as Structured Streaming's startingOffsets
+    applies only when a query starts: a topic that appears later (created and matching the
+    pattern, or added to the list) starts at its earliest offset, or every record produced
+    to it before this plan saw it would be skipped, silently."""
     plan = plan_topics(
         ("a", "b"),
         {"a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a")},
@@ -45,9 +69,40 @@ def test_a_topic_new_to_the_pipeline_starts_at_the_starting_offsets() -> None:
         max_records_per_partition=100,
         starting_offsets="latest",
     )
+    assert OffsetRange("b", 0, 5, 8) in plan.ranges
+
+
+def test_a_topic_accepted_anew_by_a_decision_restarts_at_the_starting_offsets() -> None:
+    """`exactly skip new-topic` is an operator's decision that positions restart at
+    `starting_offsets` (ledger/core/decisions.py): it keeps doing so on a running pipeline."""
+    accepted = apply_decisions(
+        Positions({0: 3}, topic="b", topic_id="old-b"),
+        1,
+        [
+            Decision(
+                id="d-1",
+                pipeline="orders",
+                app_id="orders",
+                kind=DecisionKind.NEW_TOPIC,
+                topic="b",
+                topic_id="id-b",
+                previous_topic_id="old-b",
+                after_batch_id=1,
+                reason="re-created",
+                decided_by="alice",
+                decided_at=datetime(2026, 11, 28, tzinfo=UTC),
+            )
+        ],
+    )
+    plan = plan_topics(
+        ("a", "b"),
+        {"a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a"), "b": accepted},
+        reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
+        max_records_per_partition=100,
+        starting_offsets="latest",
+    )
     assert OffsetRange("b", 0, 8, 8) in plan.ranges
-    # nothing to read, but b's start must be pinned or it moves with the topic's end
-    assert plan.worth_planning
+    assert plan.worth_planning  # b's start must be pinned
 
 
 def test_a_partition_added_to_a_topic_already_read_starts_at_its_earliest() -> None:
@@ -62,7 +117,6 @@ def test_a_partition_added_to_a_topic_already_read_starts_at_its_earliest() -> N
         starting_offsets="latest",
     )
     assert OffsetRange("a", 2, 2, 9) in plan.ranges
-    assert OffsetRange("b", 0, 8, 8) in plan.ranges
 
 
 def test_caught_up_on_every_topic_is_not_worth_a_batch() -> None:

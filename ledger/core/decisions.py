@@ -15,7 +15,8 @@ an operator records a decision, with who, when and why:
 - `retire-topic`: on a pipeline reading several topics, a topic it no longer reads (deleted,
   so the pattern no longer finds it, or dropped from `kafka.topics`) is held by no batch any
   more, so the other topics go on; read again later, the same incarnation continues where
-  it was left, and a topic created anew under its name starts from the `starting_offsets`.
+  it was left, and a topic created anew under its name is read from its first record, as
+  any topic that appears once the pipeline runs (ledger/core/topic_plan.py).
 
 A decision is recorded in the ledger (one row per decision) and carried by the commit
 metadata of the next batch planned on it, so a lost ledger gets it back from the Delta log.

@@ -11,9 +11,13 @@ topic: positions continue where the last batch ended (invariant 1), a re-created
 refused until an operator accepts it (invariant 10), offsets retention deleted are a loud
 error (invariant 8). What is new is only what several topics add:
 
-- a topic the pipeline has no positions for yet (listed, or newly matching the pattern)
-  starts at `starting_offsets`, as a single topic does when the pipeline starts (a
-  partition added to a topic it already reads starts at its earliest: protocol.plan_ranges);
+- `starting_offsets` is where the pipeline starts, as Structured Streaming's
+  `startingOffsets` applies only when a query starts: every topic of the pipeline's first
+  batch starts there, and so does a topic an operator accepted anew (`new-topic`). A topic
+  that appears once the pipeline has positions (created and matching the pattern, added to
+  the list, or created anew after it was retired) starts at its earliest offset, as does a
+  partition added to a topic already read (protocol.plan_ranges): with `latest`, every
+  record produced to it before a plan saw it would otherwise be skipped, silently;
 - a topic that has positions but is not read any more (deleted, so the pattern no longer
   finds it, or dropped from `kafka.topics`) stops the plan: its unread records would
   otherwise be lost without anyone deciding so. An operator's `retire-topic` decision
@@ -153,23 +157,28 @@ def plan_topics(
     DataLossError (from protocol.plan_ranges) naming the partition whose offsets are gone.
     """
     check_nothing_left_behind(topics, positions)
+    started = any(len(held) > 0 for held in positions.values())
     ranges: list[OffsetRange] = []
     worth = False
     for topic in topics:
         read = reads[topic]
-        held = continued(positions.get(topic) or Positions(topic=topic), read.topic_id)
+        stored = positions.get(topic)
+        held = continued(Positions(topic=topic) if stored is None else stored, read.topic_id)
         check_topic_identity(topic, held, read.topic_id, name_topic=True)
+        starts = starting_offsets if not started or restarted(held) else "earliest"
         planned = plan_ranges(
-            topic,
-            held,
-            read.available,
-            max_records_per_partition,
-            starting_offsets,
-            name_topic=True,
+            topic, held, read.available, max_records_per_partition, starts, name_topic=True
         )
-        worth = worth or worth_planning(planned, held, starting_offsets)
+        worth = worth or worth_planning(planned, held, starts)
         ranges.extend(planned)
     return TopicPlan(tuple(ranges), {topic: reads[topic].topic_id for topic in topics}, worth)
+
+
+def restarted(held: Positions) -> bool:
+    """Whether an operator's `new-topic` decision reset the topic's positions since its last
+    batch: they restart at `starting_offsets` (ledger/core/decisions.py), on a running
+    pipeline too."""
+    return not held and any(d.kind is DecisionKind.NEW_TOPIC for d in held.decisions)
 
 
 def check_nothing_left_behind(topics: Sequence[str], positions: Mapping[str, Positions]) -> None:
