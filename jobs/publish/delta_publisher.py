@@ -38,9 +38,11 @@ from ledger.core.layout import BATCH_ID, QUARANTINE, TABLE, TOPIC, derived_targe
 from ledger.core.ports import PublishResult
 from resources.config.derived_spec import AggregateOutput, PostgresOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
+from resources.delta.features import refuse_unwritable
+from resources.delta.figures import TableLayout, TableStats
 from resources.delta.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
 from resources.delta.schema import decode_schema
-from resources.delta.table import Compaction, DeltaTarget, TableLayout, TableStats
+from resources.delta.table import Compaction, DeltaTarget
 from resources.object_storage import storage
 from resources.postgres.apply import PostgresOutcome
 from resources.postgres.target import PostgresTarget
@@ -224,6 +226,7 @@ class DeltaPublisher:
             target = derived_target(spec.name)
             table = delta.load() if target in schemas else None
             if table is not None:
+                refuse_unwritable(table, delta.uri, voted=False)
                 _check_schema(table, table_schema(spec, schemas[target]), delta.uri, spec.name)
         for target, pg in self.postgres.items():
             if target in schemas:

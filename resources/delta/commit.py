@@ -53,6 +53,7 @@ from ledger.core.batch import StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from resources.config.partitioning import partition_values
 from resources.delta.checkpoints import NO_CHECKPOINT, after_commit
+from resources.delta.features import refuse_unwritable
 from resources.delta.log import METADATA_KEY, entry_uri, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
@@ -277,6 +278,7 @@ def _write(
     them as null, no row changes) and returns False: the caller re-reads and decides
     again, and then the replace fits the widened table as it is.
     """
+    refuse_unwritable(table, uri, voted=True)
     try:
         widened = table_widened(table, schema, uri)
     except RefusedBatchError as exc:

@@ -38,6 +38,7 @@ from resources.config.derived_spec import (
 from resources.config.partitioning import check_layout
 from resources.delta.checkpoints import NO_CHECKPOINT
 from resources.delta.commit import Try, checkpoint_if_due, commit_batch
+from resources.delta.features import refuse_unwritable
 from resources.delta.options import store_failure
 from resources.delta.schema import widen_schema
 from resources.delta.table import DeltaTarget
@@ -301,6 +302,7 @@ def _apply(
 
     def planned(table: DeltaTable, _try: int) -> Try:
         before = table.version()
+        refuse_unwritable(table, target.uri, voted=True)
         _check_schema(table, schema, target.uri, name)
         if before_commit is not None:
             before_commit()

@@ -32,6 +32,8 @@ from resources.config.partitioning import PartitionColumn, check_layout, names, 
 from resources.delta import log
 from resources.delta.commit import CommitOutcome, Try, add_actions, appending, commit_batch
 from resources.delta.compaction import Compaction, compact
+from resources.delta.features import refuse_unwritable
+from resources.delta.figures import TableLayout, TableStats
 from resources.delta.options import storage_options_for, store_failure
 from resources.delta.rewrite import remove_rows
 from resources.delta.schema import table_widened, with_legacy_features
@@ -51,24 +53,6 @@ _METADATA_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 #: Tries of a publish or a replace before its lost races are an error (commit_batch).
 _MAX_TRIES = 50
-
-
-@dataclass(frozen=True)
-class TableStats:
-    """What an operator sees of a table: its version, its rows, and an application's last batch."""
-
-    version: int
-    row_count: int
-    #: the last batch id the application committed, or None if it never committed
-    app_version: int | None
-
-
-@dataclass(frozen=True)
-class TableLayout:
-    """How a table is stored now: the data files its snapshot reads, and their bytes."""
-
-    files: int
-    bytes: int
 
 
 @dataclass
@@ -127,14 +111,10 @@ class DeltaTarget:
         grew with history (issue 13). The table returned is this thread's kept one: use it
         until the next load, and never time-travel it (stats opens a table of its own).
 
-        An update lists the `_delta_log` folder (delta-rs, on every call, even when nothing
-        is new), and its cost grows with the entries the log keeps: with nothing new, 3 ms
-        at 150 versions and 9 ms at 3,000 here (checkpoints every 100). So the
-        kept table is updated only when the entry of the version after its own is there:
-        versions are written one after the other, each only if absent, so while that entry
-        is missing the kept table is the latest. A commit landing just after that look
-        makes this load's snapshot stale, as one landing just after an update would, and the
-        compare-and-set of resources/delta/commit.py refuses a commit on a stale snapshot.
+        An update lists the log even when nothing is new (3 ms at 150 versions, 9 at 3,000
+        here), so it runs only when the next version's entry is there: entries are written
+        in order, each only if absent, so without it the kept table is the latest; one
+        landing just after the look is refused by commit.py's compare-and-set, as ever.
 
         update_incremental() trusts that the log it continues is the log it read. When the
         table was deleted and created again underneath it, that is false, and it does not
@@ -317,7 +297,8 @@ class DeltaTarget:
         return compact(self, max_tries)
 
     def check_schema(self, schema: pa.Schema) -> DeltaSchema | None:
-        """Refuse (RefusedBatchError) a staged schema this table cannot take (invariant 14).
+        """Refuse (RefusedBatchError) a staged schema this table cannot take (invariant 14),
+        or a table whose features exactly cannot honour (resources/delta/features.py).
 
         Returns the widened schema the batch's commit will carry, or None when the batch
         fits as it is or the table does not exist yet (its first commit creates it).
@@ -325,6 +306,7 @@ class DeltaTarget:
         table = self.load()
         if table is None:
             return None
+        refuse_unwritable(table, self.uri, voted=False)
         self._partition_columns(table)
         return table_widened(table, schema, self.uri)
 

@@ -1,0 +1,88 @@
+"""What a table may have turned on that exactly's commits cannot honour.
+
+delta-spark reads and maintains the tables exactly commits, so an operator can set a table
+property there under a live pipeline. Most features delta-rs cannot write it refuses on its
+own, at the commit (as a lost race, or an error that looks like the store failing); one it
+commits through, silently wrong: column mapping. exactly adds a batch's files as Spark
+staged them, with the columns' names; once a column is mapped to another physical name
+(a rename, or a drop and re-add), delta-spark reads those files' values of it as nulls, and
+delta-rs reads the older rows' as nulls. CHECK constraints are the other silent case: a
+batch's rows are added as staged, never checked against the table's constraints, which
+every reader then trusts.
+
+So before the vote (the batch is abandoned, its offsets read again once the table is
+fixed) and again at the commit (a batch that voted before the change waits, voted), a table
+is refused, in one line naming what to turn off, when it has:
+- column mapping on (`delta.columnMapping.mode` other than `none`);
+- CHECK constraints (`delta.constraints.*`);
+- a reader or writer feature outside `WRITABLE`: the ones exactly's own tables carry, the
+  ones those two leave in the protocol once turned off (features are never removed), and
+  change data feed (appends need nothing more of a writer).
+"""
+
+from __future__ import annotations
+
+from deltalake import DeltaTable
+
+from ledger.core.errors import InconsistencyError, RefusedBatchError
+
+#: Table features exactly writes correctly (see the module docstring for why each).
+WRITABLE = frozenset(
+    {
+        "appendOnly",
+        "invariants",
+        "timestampNtz",
+        "generatedColumns",
+        "changeDataFeed",
+        "columnMapping",  # refused while its mode is on, below
+        "checkConstraints",  # refused while a constraint is set, below
+    }
+)
+
+
+def unwritable(table: DeltaTable) -> str | None:
+    """What in `table` exactly cannot honour, in words, or None."""
+    configuration = table.metadata().configuration
+    mode = configuration.get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        return (
+            f"column mapping (delta.columnMapping.mode = {mode}): a batch's files name "
+            "their columns as staged, and a column mapped to another physical name would "
+            "read as nulls"
+        )
+    constraints = sorted(k for k in configuration if k.startswith("delta.constraints."))
+    if constraints:
+        return (
+            f"CHECK constraints ({', '.join(constraints)}), which exactly does not check a "
+            "batch's rows against"
+        )
+    protocol = table.protocol()
+    features = {*(protocol.reader_features or ()), *(protocol.writer_features or ())}
+    others = sorted(features - WRITABLE)
+    if others:
+        return f"table features exactly does not write ({', '.join(others)})"
+    return None
+
+
+def unwritable_sentence(uri: str, reason: str) -> str:
+    """The one line that refuses a table for `reason`."""
+    return (
+        f"Delta table {uri} uses {reason}; nothing was committed: turn it off (delta-spark "
+        "ALTER TABLE ... UNSET/SET TBLPROPERTIES), or point the pipeline at another table"
+    )
+
+
+def refuse_unwritable(table: DeltaTable, uri: str, *, voted: bool) -> None:
+    """Refuse `table` (at `uri`) if it has what exactly cannot honour: before the vote a
+    RefusedBatchError, which abandons the batch; after it an InconsistencyError, which
+    leaves the voted batch waiting until the table is fixed and the batch recovered."""
+    reason = unwritable(table)
+    if reason is None:
+        return
+    sentence = unwritable_sentence(uri, reason)
+    if voted:
+        raise InconsistencyError(
+            f"{sentence}; the batch voted before the table changed, so it waits, voted: "
+            "recover it once the table is fixed"
+        )
+    raise RefusedBatchError(sentence)

@@ -1,0 +1,113 @@
+"""Table features delta-spark can turn on under a live pipeline's tables.
+
+delta-spark reads and maintains the tables exactly commits (README), so an operator may set
+a table property there that changes how the table must be written. delta-rs refuses most
+of them itself at the commit, in ways the commit loop took for lost races or a failing
+store; not column mapping: it commits a batch's files as they are, and once a column was
+renamed their values read as nulls through delta-spark (its physical name is the old one)
+while delta-rs reads the table's older rows as nulls. Nor are a table's CHECK constraints
+checked against a batch's rows. Each case must stop the pipeline in one line naming what to
+turn off, before anything of the batch is committed: before the vote (the batch is
+abandoned, its offsets read again once the table is fixed) and at the commit for a batch
+that voted before the change (it waits, voted). resources/delta/features.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from ledger.core.errors import InconsistencyError, RefusedBatchError
+from ledger.core.protocol import OffsetRange
+from resources.delta.table import DeltaTarget
+from tests.test_delta_commit import SCHEMA, TOPIC, publish, publish_batches
+
+
+def altered(spark: Any, root: Path, *statements: str) -> None:
+    for statement in statements:
+        spark.sql(statement.format(table=f"delta.`{root}`"))
+
+
+def test_column_mapping_is_refused_before_the_vote_and_at_the_commit(
+    spark: Any, tmp_path: Path
+) -> None:
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1])
+    altered(
+        spark,
+        root,
+        "ALTER TABLE {table} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
+        "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')",
+        "ALTER TABLE {table} RENAME COLUMN value TO payload",
+    )
+    version = DeltaTable(str(root)).version()
+
+    with pytest.raises(RefusedBatchError, match=r"column mapping \(delta.columnMapping.mode"):
+        target.check_schema(SCHEMA)
+    with pytest.raises(InconsistencyError, match="column mapping") as failure:
+        publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30))
+    assert "\n" not in str(failure.value)
+    assert DeltaTable(str(root)).version() == version  # nothing of batch 2 committed
+
+
+def test_a_feature_delta_rs_cannot_write_is_one_line_not_fifty_lost_races(
+    spark: Any, tmp_path: Path
+) -> None:
+    """delta-rs refuses type widening at the commit as a CommitFailedError, which the commit
+    loop took for a lost race, fifty times over."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1])
+    altered(
+        spark, root, "ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+    )
+
+    with pytest.raises(RefusedBatchError, match="typeWidening"):
+        target.check_schema(SCHEMA)
+    with pytest.raises(InconsistencyError) as failure:
+        publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30))
+    said = str(failure.value)
+    assert "typeWidening" in said and "commit races" not in said and "\n" not in said
+
+
+def test_deletion_vectors_are_one_line_naming_the_feature(spark: Any, tmp_path: Path) -> None:
+    """delta-rs refuses a table with deletion vectors at the commit with a DeltaError, which
+    the commit loop took for the store failing."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1])
+    altered(
+        spark,
+        root,
+        "ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')",
+        "DELETE FROM {table} WHERE _kafka_offset = 3",
+    )
+    version = DeltaTable(str(root)).version()
+
+    with pytest.raises(RefusedBatchError, match="deletionVectors"):
+        target.check_schema(SCHEMA)
+    with pytest.raises(InconsistencyError, match="deletionVectors") as failure:
+        publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30))
+    assert "\n" not in str(failure.value)
+    assert DeltaTable(str(root)).version() == version
+
+
+def test_check_constraints_are_refused_and_allowed_again_once_dropped(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A batch's rows are added as staged, never checked against a CHECK constraint that
+    every reader trusts; once the constraint is dropped the table takes batches again
+    (its protocol keeps naming the feature: features are never removed)."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1])
+    altered(spark, root, "ALTER TABLE {table} ADD CONSTRAINT small CHECK (_kafka_offset < 25)")
+
+    with pytest.raises(InconsistencyError, match=r"CHECK constraints \(delta.constraints.small"):
+        publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30))
+    altered(spark, root, "ALTER TABLE {table} DROP CONSTRAINT small")
+    assert publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30)).published
