@@ -26,20 +26,27 @@ from resources.delta.table import DeltaTarget
 from tests.test_delta_commit import SCHEMA, TOPIC, publish, publish_batches
 
 
-def altered(spark: Any, root: Path, *statements: str) -> None:
+def run_on(spark: Any, root: Path, *statements: str) -> None:
+    """delta-spark's SQL on the table at `root` (`{table}` in each statement)."""
     for statement in statements:
         spark.sql(statement.format(table=f"delta.`{root}`"))
+
+
+def altered(spark: Any, tmp_path: Path, *statements: str) -> tuple[Path, DeltaTarget]:
+    """A table of exactly's with one batch, then `statements` run on it by delta-spark."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1])
+    run_on(spark, root, *statements)
+    return root, target
 
 
 def test_column_mapping_is_refused_before_the_vote_and_at_the_commit(
     spark: Any, tmp_path: Path
 ) -> None:
-    root = tmp_path / "table"
-    target = DeltaTarget(str(root))
-    publish_batches(target, root, [1])
-    altered(
+    root, target = altered(
         spark,
-        root,
+        tmp_path,
         "ALTER TABLE {table} SET TBLPROPERTIES ('delta.columnMapping.mode' = 'name', "
         "'delta.minReaderVersion' = '2', 'delta.minWriterVersion' = '5')",
         "ALTER TABLE {table} RENAME COLUMN value TO payload",
@@ -59,11 +66,10 @@ def test_a_feature_delta_rs_cannot_write_is_one_line_not_fifty_lost_races(
 ) -> None:
     """delta-rs refuses type widening at the commit as a CommitFailedError, which the commit
     loop took for a lost race, fifty times over."""
-    root = tmp_path / "table"
-    target = DeltaTarget(str(root))
-    publish_batches(target, root, [1])
-    altered(
-        spark, root, "ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')"
+    root, target = altered(
+        spark,
+        tmp_path,
+        "ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableTypeWidening' = 'true')",
     )
 
     with pytest.raises(RefusedBatchError, match="typeWidening"):
@@ -77,12 +83,9 @@ def test_a_feature_delta_rs_cannot_write_is_one_line_not_fifty_lost_races(
 def test_deletion_vectors_are_one_line_naming_the_feature(spark: Any, tmp_path: Path) -> None:
     """delta-rs refuses a table with deletion vectors at the commit with a DeltaError, which
     the commit loop took for the store failing."""
-    root = tmp_path / "table"
-    target = DeltaTarget(str(root))
-    publish_batches(target, root, [1])
-    altered(
+    root, target = altered(
         spark,
-        root,
+        tmp_path,
         "ALTER TABLE {table} SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')",
         "DELETE FROM {table} WHERE _kafka_offset = 3",
     )
@@ -102,12 +105,11 @@ def test_check_constraints_are_refused_and_allowed_again_once_dropped(
     """A batch's rows are added as staged, never checked against a CHECK constraint that
     every reader trusts; once the constraint is dropped the table takes batches again
     (its protocol keeps naming the feature: features are never removed)."""
-    root = tmp_path / "table"
-    target = DeltaTarget(str(root))
-    publish_batches(target, root, [1])
-    altered(spark, root, "ALTER TABLE {table} ADD CONSTRAINT small CHECK (_kafka_offset < 25)")
+    root, target = altered(
+        spark, tmp_path, "ALTER TABLE {table} ADD CONSTRAINT small CHECK (_kafka_offset < 25)"
+    )
 
     with pytest.raises(InconsistencyError, match=r"CHECK constraints \(delta.constraints.small"):
         publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30))
-    altered(spark, root, "ALTER TABLE {table} DROP CONSTRAINT small")
+    run_on(spark, root, "ALTER TABLE {table} DROP CONSTRAINT small")
     assert publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30)).published

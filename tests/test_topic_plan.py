@@ -14,7 +14,7 @@ import pytest
 from ledger.core.decisions import Decision, DecisionKind, apply_decisions
 from ledger.core.errors import DataLossError, TopicChangedError
 from ledger.core.protocol import Available, OffsetRange, Positions
-from ledger.core.topic_plan import TopicRead, plan_topics, positions_by_topic
+from ledger.core.topic_plan import TopicPlan, TopicRead, plan_topics, positions_by_topic
 
 A = {0: Available(0, 10), 1: Available(0, 4)}
 B = {0: Available(5, 8)}
@@ -57,19 +57,24 @@ def test_the_pipeline_starts_every_topic_at_the_starting_offsets() -> None:
     assert plan.worth_planning
 
 
+def running_from_latest(a: dict[int, Available]) -> TopicPlan:
+    """The plan of a pipeline started from `latest` that read topic a up to (10, 4), when
+    Kafka holds `a` of topic a and topic b appeared."""
+    return plan_topics(
+        ("a", "b"),
+        {"a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a")},
+        reads(a=TopicRead("id-a", a), b=TopicRead("id-b", B)),
+        max_records_per_partition=100,
+        starting_offsets="latest",
+    )
+
+
 def test_a_topic_that_appears_once_the_pipeline_runs_starts_at_its_earliest() -> None:
     """`latest` is where the pipeline starts, as Structured Streaming's startingOffsets
     applies only when a query starts: a topic that appears later (created and matching the
     pattern, or added to the list) starts at its earliest offset, or every record produced
     to it before this plan saw it would be skipped, silently."""
-    plan = plan_topics(
-        ("a", "b"),
-        {"a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a")},
-        reads(a=TopicRead("id-a", A), b=TopicRead("id-b", B)),
-        max_records_per_partition=100,
-        starting_offsets="latest",
-    )
-    assert OffsetRange("b", 0, 5, 8) in plan.ranges
+    assert OffsetRange("b", 0, 5, 8) in running_from_latest(A).ranges
 
 
 def test_a_topic_accepted_anew_by_a_decision_restarts_at_the_starting_offsets() -> None:
@@ -109,14 +114,7 @@ def test_a_partition_added_to_a_topic_already_read_starts_at_its_earliest() -> N
     """`latest` pins where the pipeline starts each topic, not where a partition added to
     a topic it reads starts: that one holds only records produced since."""
     grown = {**A, 2: Available(2, 9)}
-    plan = plan_topics(
-        ("a", "b"),
-        {"a": Positions({0: 10, 1: 4}, topic="a", topic_id="id-a")},
-        reads(a=TopicRead("id-a", grown), b=TopicRead("id-b", B)),
-        max_records_per_partition=100,
-        starting_offsets="latest",
-    )
-    assert OffsetRange("a", 2, 2, 9) in plan.ranges
+    assert OffsetRange("a", 2, 2, 9) in running_from_latest(grown).ranges
 
 
 def test_caught_up_on_every_topic_is_not_worth_a_batch() -> None:
