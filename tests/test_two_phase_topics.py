@@ -1,7 +1,7 @@
 """ledger/coordinator/two_phase.py on several topics (ledger/coordinator/topics.py), on in-memory
 edges:
 one batch is one checkpoint over every topic; a topic that newly matches the pattern joins
-from the starting offsets; a re-created or vanished topic stops planning naming it; and a
+from its first record; a re-created or vanished topic stops planning naming it; and a
 batch is staged, re-staged and recovered over exactly the ranges and ids it was planned on.
 """
 

@@ -231,7 +231,7 @@ def retire_skips(
     if still_read:
         raise DecisionError(
             f"topic {topic}: the pipeline still reads it (the config names it or its pattern "
-            "matches it), so retiring it would read it again from the starting offsets; "
+            "matches it), so retiring it would read it again from its first record; "
             "nothing to retire: delete the topic, or take it out of kafka.topics, first"
         )
     if not positions or positions.retired:

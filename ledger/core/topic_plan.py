@@ -89,7 +89,7 @@ def apply_topic_decisions(
     A retired topic (`retire-topic`) is absent from every batch planned after it, so its
     positions are the decision's own: where it was left, marked `retired`, and kept for
     good, so that the same incarnation read again continues there instead of reading its
-    committed records again from the starting offsets (plan_topics)."""
+    committed records again from its first record (plan_topics)."""
     decisions = list(decisions)
     applicable = [
         d for d in decisions if last_batch_id is None or d.after_batch_id >= last_batch_id

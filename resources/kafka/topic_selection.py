@@ -2,11 +2,12 @@
 
 The config (resources/config/kafka_settings.py `KafkaSettings.selection`) gives one of the three.
 A pattern is resolved against the topics Kafka lists at each plan, never once at start-up: a topic
-created later that matches is read from `kafka.starting_offsets` from the first batch
-planned after it exists, as Structured Streaming's `subscribePattern` and Kafka Connect's
-`topics.regex` do. The set a batch was planned on is recorded with its ranges (one range per
-partition of every matched topic, each with the topic's id), so a re-stage after a crash
-reads exactly those ranges even if the pattern matches more by then.
+created later that matches is read from its first record by the first batch planned after
+it exists (ledger/core/topic_plan.py: `kafka.starting_offsets` is where the pipeline starts),
+as Structured Streaming's `subscribePattern` and Kafka Connect's `topics.regex` do. The set a
+batch was planned on is recorded with its ranges (one range per partition of every matched
+topic, each with the topic's id), so a re-stage after a crash reads exactly those ranges
+even if the pattern matches more by then.
 
 Matching is a full match (Java's `Pattern.matches`, which Kafka's clients and Spark use;
 Python's `re.fullmatch` here): `orders-.*` matches `orders-eu`, not `old-orders-eu`.
