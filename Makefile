@@ -1,5 +1,5 @@
 # The two entry points of the README. Both set the machine up first (idempotent).
-.PHONY: setup demo test test-unit soak lint ui
+.PHONY: setup demo test test-wide test-unit soak lint ui
 
 setup:
 	@bash scripts/setup.sh
@@ -12,10 +12,18 @@ demo: setup
 # --no-loadscope-reorder: files go out in tests/conftest.py's order (LONGEST_FIRST), not
 # xdist's default of most tests first, which sent the few-test long files out last.
 # Each prints its wall time last ("make test: 1234 s"), setup excluded, pass or fail.
+# `make test` runs every behaviour once; `make test-wide` runs the `wide` cases (the same
+# behaviours again on another deployment, format or crash-point family: tests/conftest.py).
+# CI (.ci/run) runs both, `make test` first.
 test: setup
 	start=$$(date +%s); .venv/bin/ruff check . && .venv/bin/lint-imports && \
-	.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder; \
+	.venv/bin/python -m pytest -m "not wide" -n 2 --dist loadfile --no-loadscope-reorder; \
 	code=$$?; echo "make test: $$(( $$(date +%s) - start )) s"; exit $$code
+
+test-wide: setup
+	start=$$(date +%s); \
+	.venv/bin/python -m pytest -m wide -n 2 --dist loadfile --no-loadscope-reorder; \
+	code=$$?; echo "make test-wide: $$(( $$(date +%s) - start )) s"; exit $$code
 
 # Only the tests that start no JVM and no server (tests/conftest.py marks them): seconds.
 # Two workers (default distribution, test by test): the tests are CPU-bound and short.

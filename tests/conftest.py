@@ -6,6 +6,17 @@ Kafka broker, Spark, PostgreSQL, the S3 server; directly or through another fixt
 the PostgreSQL variant of `ledger_url`, or is marked `integration` by hand (tests that start
 their own broker, Connect server or Dagster webserver). Everything else is `unit`, and
 `pytest -m unit` runs it all in about a minute with no JVM and no server.
+
+Two tiers, both run by CI (.ci/run): `make test` runs every behaviour at least once, on the
+default deployment (local Spark, SQLite, local files, JSON) and in one case of its own on
+each other one (a standalone cluster, Spark Connect, S3, PostgreSQL, Avro and Protobuf,
+SASL_SSL, the Dagster UI); every crash point, every storage fault whose retry must decide by
+content, and every one-line failure. A case marked `wide` (`make test-wide`) repeats a
+behaviour `make test` already checks, on another deployment or format or at the same point
+of another batch kind: the kill soak on cluster + S3 + PostgreSQL, the Avro kill soaks, a
+fill's commit-side crash points (a replace's and a live batch's are in `make test`), one
+more pair of a point-by-ledger matrix, the race's control without conditional writes. Each
+mark says, where it is set, which case in `make test` checks the same behaviour.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from tests.test_spark_connect import connect_server, remote  # noqa: F401 (fixtu
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.wide  # a decoder through Connect: the Protobuf case below, in `make test`
 def test_an_avro_batch_stages_and_commits_through_spark_connect(
     remote: Any,  # noqa: F811 (the fixture)
     kafka_client: KafkaClient,
@@ -43,6 +44,7 @@ def test_an_avro_batch_stages_and_commits_through_spark_connect(
     assert assert_exactly_once(config, kafka_client) == (5, 1)
 
 
+@pytest.mark.wide  # the cluster's executors decoding: test_spark_cluster.py's transform module
 def test_exactly_run_decodes_avro_on_a_standalone_cluster(
     spark_cluster: Any, kafka_client: KafkaClient, pipeline_factory: Any, tmp_path: Path
 ) -> None:

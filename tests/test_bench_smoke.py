@@ -85,6 +85,7 @@ def _may_be_zero(where: str) -> bool:
 
 @pytest.mark.integration
 @pytest.mark.soak
+@pytest.mark.wide  # the benchmark's harness: every pipeline path it times is in `make test`
 def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "exactly_cli", "bench", "--smoke", *SIZES.flags]

@@ -50,10 +50,24 @@ S = BatchState
 #: points by the fill); it differs in its commit, which removes the rows it replaces. So
 #: `make test` crashes a replace at the points from its vote on, and `make soak` at these
 #: too, as every crash point of a fill and of a live batch runs in `make test`.
+#: A fill commits as a live batch does (tests/test_crash.py crashes that at every point) and
+#: as a replace does from its vote on, but for the removal: so `make test` crashes a fill
+#: before its commit and at its first derived output, and `make test-wide` at the commit's
+#: points the replace's cases below and the live batch's cover in `make test`.
 STAGE_SIDE = ("after_plan", "before_stage", "during_stage", "after_stage")
+FILL_COMMIT_SIDE = (
+    "between_derived_commits#2",
+    "between_table_commits",
+    "after_delta_commit",
+    "after_committed",
+    "recovery_after_delta_commit",
+)
 SOAK_ONLY = [pytest.mark.soak, pytest.mark.skipif(not full_size(), reason="runs in make soak")]
 BACKFILL_CASES = [
-    *(("fill", p) for p in [*LEFT_IN, "between_derived_commits#2"]),
+    *(
+        pytest.param("fill", p, marks=pytest.mark.wide) if p in FILL_COMMIT_SIDE else ("fill", p)
+        for p in [*LEFT_IN, "between_derived_commits#2"]
+    ),
     *(
         pytest.param("replace", p, marks=SOAK_ONLY) if p in STAGE_SIDE else ("replace", p)
         for p in [*LEFT_IN, "between_derived_commits#2"]

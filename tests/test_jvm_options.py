@@ -107,11 +107,13 @@ def test_the_spark_driver_runs_with_the_operators_options(spark: Any) -> None:
     assert has_suite_options(list(runtime.getInputArguments()))
 
 
+@pytest.mark.wide  # the driver's, broker's and S3 server's options above are `make test`'s
 def test_a_standalone_clusters_daemons_run_with_the_operators_options(spark_cluster: Any) -> None:
     assert has_suite_options(listening_command_line(spark_cluster.port))
 
 
 @pytest.mark.integration
+@pytest.mark.wide
 def test_a_connect_server_runs_with_the_operators_options(tmp_path: Path) -> None:
     from resources.spark.connect_server import start_connect_server, start_on_a_free_port
 

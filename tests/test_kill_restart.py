@@ -183,7 +183,8 @@ def run_and_kill(
     ("ledger_url", "where"),
     [
         pytest.param("sqlite", "local", id="local-spark-sqlite"),
-        pytest.param("postgresql", "cluster", id="cluster-s3-postgresql"),
+        # the same kills on every other deployment at once: `make test-wide`
+        pytest.param("postgresql", "cluster", id="cluster-s3-postgresql", marks=pytest.mark.wide),
     ],
     indirect=["ledger_url"],
 )

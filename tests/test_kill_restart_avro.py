@@ -49,7 +49,9 @@ from tests.test_kill_restart import (
 )
 from tests.test_pipeline_topics import assert_exactly_once_on
 
-pytestmark = [pytest.mark.integration, pytest.mark.soak]
+#: `make test-wide`: the kills of tests/test_kill_restart.py, the decoding of
+#: tests/test_avro_format.py and the partitioned tables of test_partitioned_*.py, at once.
+pytestmark = [pytest.mark.integration, pytest.mark.soak, pytest.mark.wide]
 
 BROKEN_EVERY = 25
 

@@ -40,6 +40,12 @@ def run_until_caught_up(tpc: Any) -> list[Any]:
     return reports
 
 
+@pytest.mark.parametrize(
+    "ledger_url",
+    # the PostgreSQL ledger's own cases are test_store*.py's and test_service_restarts.py's
+    ["sqlite", pytest.param("postgresql", marks=pytest.mark.wide)],
+    indirect=True,
+)
 def test_end_to_end_while_a_producer_keeps_writing(
     spark: Any, kafka_client: Any, pipeline_factory: Any, ledger_url: str
 ) -> None:

@@ -288,8 +288,16 @@ def test_an_upsert_on_two_topics_is_rebuilt_equal_to_the_live_one_unless_one_was
     assert started.returncode == 0, started.stdout + started.stderr
 
 
-@pytest.mark.parametrize("ledger", ["kept", "lost"])
-@pytest.mark.parametrize("point", ["after_prepare", "between_table_commits"])
+@pytest.mark.parametrize(
+    ("point", "ledger"),
+    # each point and each ledger once in `make test`, every pair in `make test-wide`
+    [
+        ("after_prepare", "lost"),
+        ("between_table_commits", "kept"),
+        pytest.param("after_prepare", "kept", marks=pytest.mark.wide),
+        pytest.param("between_table_commits", "lost", marks=pytest.mark.wide),
+    ],
+)
 def test_a_crash_after_the_vote_on_two_topics_is_recovered_exactly_once(
     kafka_client: Any, kafka_broker: str, tmp_path: Path, prefix: str, point: str, ledger: str
 ) -> None:

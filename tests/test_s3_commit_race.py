@@ -196,6 +196,7 @@ def unconditional_store(
             yield server, proxy
 
 
+@pytest.mark.wide  # the control of the race above: what conditional writes prevent
 def test_the_same_race_without_conditional_writes_loses_or_duplicates_a_batch(
     unconditional_store: tuple[S3Server, FaultProxy],
 ) -> None:

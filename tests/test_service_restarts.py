@@ -185,7 +185,9 @@ def own_postgres() -> Iterator[PostgresServer]:
     "point",
     [
         "after_plan",  # down as the run checks the planned ranges readable (librdkafka)
-        "before_stage",  # down as Spark's Kafka source plans and fetches the read
+        pytest.param(  # down as Spark's Kafka source plans and fetches the read
+            "before_stage", marks=pytest.mark.wide
+        ),
     ],
 )
 def test_a_broker_restarted_while_a_batch_stages(

@@ -114,6 +114,7 @@ def test_exactly_run_commits_on_the_cluster_with_its_driver_on_loopback(
 
 
 @pytest.mark.integration
+@pytest.mark.wide  # Connect (test_spark_connect.py) and S3 (test_s3_pipeline.py) on the cluster
 def test_a_batch_stages_and_commits_to_s3_through_spark_connect_on_the_cluster(
     spark_cluster: SparkCluster,
     kafka_client: KafkaClient,

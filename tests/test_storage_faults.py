@@ -201,9 +201,12 @@ SOAK_ONLY = pytest.mark.skipif(not full_size(), reason="runs in make soak")
 CONTROL = pytest.param("none", marks=[pytest.mark.soak, SOAK_ONLY])
 DELAYED = pytest.param("delayed", marks=[pytest.mark.soak, SOAK_ONLY])
 SLOWDOWN = pytest.param("slowdown", marks=[pytest.mark.soak, SOAK_ONLY])
+#: a store refusing every connection under kills: `make test-wide` (its one line is
+#: test_a_store_down_while_spark_stages_is_one_line..., its kills the dropped reply's)
+REFUSED = pytest.param("refused", marks=pytest.mark.wide)
 
 
-@pytest.mark.parametrize("fault", [CONTROL, SLOWDOWN, "dropped", DELAYED, "refused"])
+@pytest.mark.parametrize("fault", [CONTROL, SLOWDOWN, "dropped", DELAYED, REFUSED])
 def test_every_record_once_under_a_storage_fault_with_kills_and_restarts(
     faulty_s3: tuple[FaultProxy, dict[str, str]],
     s3_server: S3Server,
