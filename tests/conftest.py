@@ -62,34 +62,38 @@ def _starts_a_server(item: pytest.Item) -> bool:
     return callspec is not None and callspec.params.get("ledger_url") == "postgresql"
 
 
-#: The files that take longest on one worker (estimates from the CI of 2026-11-26, seconds:
-#: crash matrix ~600, storage faults ~500, S3 pipeline ~270, shared Spark ~250, service
-#: restarts ~200, ...), run first, longest first: `make test` gives each of its two workers
-#: a whole file at a time in this order (`--no-loadscope-reorder`: xdist's default sends
-#: the files with most tests first, and a long file with few tests sent last keeps one
-#: worker busy while the other idles).
+#: The files that take longest on one worker (the CI of 2026-11-28, seconds of tests in
+#: `make test`: the UI ~280, the backfill crash matrix ~235, the one-line failures ~230, the
+#: cluster ~190, ...; the four first are `make test-wide`'s longest: the bench smoke ~210, the
+#: kill soaks ~150 and ~100, Avro sessions ~95), run first, longest first: each of the two
+#: workers takes a whole file at a time in this order (`--no-loadscope-reorder`: xdist's
+#: default sends the files with most tests first, and a long file with few tests sent last
+#: keeps one worker busy while the other idles).
 LONGEST_FIRST = (
-    "test_crash.py",
-    "test_storage_faults.py",
-    "test_crash_backfill.py",
-    "test_s3_pipeline.py",
-    "test_shared_spark.py",
-    "test_service_restarts.py",
-    "test_kill_restart.py",
     "test_bench_smoke.py",
+    "test_kill_restart.py",
     "test_kill_restart_avro.py",
-    "test_clean.py",
-    "test_failure_lines.py",
-    "test_ui.py",
     "test_avro_sessions.py",
-    "test_partitioned_crash.py",
-    "test_avro_format.py",
-    "test_pipeline_topics.py",
-    "test_backfill.py",
-    "test_continuous.py",
+    "test_ui.py",
+    "test_crash_backfill.py",
+    "test_failure_lines.py",
     "test_spark_cluster.py",
+    "test_shared_spark.py",
+    "test_storage_faults.py",
+    "test_crash.py",
+    "test_pipeline.py",
+    "test_s3_pipeline.py",
+    "test_service_restarts.py",
+    "test_orchestration.py",
+    "test_topic_identity.py",
+    "test_spark_connect.py",
     "test_compaction.py",
-    "test_types.py",
+    "test_secure_kafka.py",
+    "test_pipeline_topics.py",
+    "test_cli.py",
+    "test_clean.py",
+    "test_backfill_plan.py",
+    "test_backfill.py",
 )
 
 
