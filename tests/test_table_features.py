@@ -21,8 +21,12 @@ import pytest
 from deltalake import DeltaTable
 
 from ledger.core.errors import InconsistencyError, RefusedBatchError
-from ledger.core.protocol import OffsetRange
+from ledger.core.protocol import BatchState, OffsetRange
+from ledger.store.ledger_store import LedgerStore
 from resources.delta.table import DeltaTarget
+from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
+from tests.fixtures.pipeline import assert_exactly_once, crash_run
+from tests.test_crash import live_restart
 from tests.test_delta_commit import SCHEMA, TOPIC, publish, publish_batches
 
 
@@ -113,3 +117,39 @@ def test_check_constraints_are_refused_and_allowed_again_once_dropped(
         publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30))
     run_on(spark, root, "ALTER TABLE {table} DROP CONSTRAINT small")
     assert publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30)).published
+
+
+def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batch(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The same guard at a derived output's MERGE: batch 2 voted, then an operator adds a
+    CHECK constraint to the aggregate's table. Recovery refuses in one line naming it and
+    commits nothing (the raw table is published after every derived output), the batch
+    waits voted; once the constraint is dropped the next start finishes it, once."""
+    (per_app,) = [o for o in derived_outputs(tmp_path / "derived") if o["name"] == "views_per_app"]
+    config = pipeline_factory(2, transform=TRANSFORM, derived=[per_app])
+    topic = config.kafka.topic
+    kafka_client.produce_records(topic, user_events(0, 200, 2, malformed_every=20))
+    live_restart(config, spark)  # batch 1: every table exists
+    kafka_client.produce_records(topic, user_events(200, 100, 2, malformed_every=20))
+    crash_run(config, "after_prepare")
+    aggregate = Path(per_app["table_uri"])
+    version = DeltaTable(str(aggregate)).version()
+    run_on(spark, aggregate, "ALTER TABLE {table} ADD CONSTRAINT counted CHECK (views > 0)")
+
+    with pytest.raises(InconsistencyError, match=r"CHECK constraints \(delta.constraints.counted"):
+        live_restart(config, spark)
+    store = LedgerStore(config.ledger.url)
+    try:
+        held = store.get(config.app_id, 2)
+    finally:
+        store.dispose()
+    assert held is not None and held.state is BatchState.PREPARED
+    assert DeltaTable(str(aggregate)).version() == version + 1  # the ALTER, nothing else
+    assert DeltaTarget(config.delta.table_uri).transaction_version(config.app_id) == 1
+
+    run_on(spark, aggregate, "ALTER TABLE {table} DROP CONSTRAINT counted")
+    live_restart(config, spark)
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 300
+    assert_derived_match(config)
