@@ -24,7 +24,7 @@ import yaml
 from jobs.examples.sample_data import pageviews
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.tags import REJECTED_TAG
-from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
 
 pytestmark = pytest.mark.integration
 
@@ -32,15 +32,19 @@ pytestmark = pytest.mark.integration
 TMPFS_SIZE = "16m"
 
 
-def cli(*args: str, state_dir: Path) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, state_dir: Path, shared: bool = False) -> subprocess.CompletedProcess[str]:
     """`exactly` as a subprocess, with its state folder (where unforeseen failures leave
-    their tracebacks) inside the test's own folder."""
+    their tracebacks) inside the test's own folder. `shared`: a run that only sets the
+    scene or checks what is left (the batch before the failure, the run once the cause is
+    gone) stages on the worker's shared Spark server instead of a JVM of its own; the run
+    that fails always runs in the default mode, local Spark in its own JVM."""
+    env = {**os.environ, "EXACTLY_STATE_DIR": str(state_dir)}
     return subprocess.run(
         [sys.executable, "-m", "exactly_cli", *args],
         capture_output=True,
         text=True,
         timeout=600,
-        env={**os.environ, "EXACTLY_STATE_DIR": str(state_dir)},
+        env={**env, **shared_spark_env()} if shared else env,
     )
 
 
@@ -101,7 +105,7 @@ def assert_one_clean_line(result: subprocess.CompletedProcess[str]) -> str:
 
 def first_batch(config: Any, kafka_client: Any, state: Path) -> None:
     kafka_client.produce(config.kafka.topic, pageviews(40), partition=0)
-    first = cli("run", "-c", str(config_path(config)), state_dir=state)
+    first = cli("run", "-c", str(config_path(config)), state_dir=state, shared=True)
     assert first.returncode == 0, first.stdout + first.stderr
     kafka_client.produce(config.kafka.topic, pageviews(60, start=40), partition=0)
 
@@ -119,7 +123,9 @@ def test_a_full_disk_is_one_line_naming_it_and_nothing_is_lost_once_space_return
     assert str(tmpfs) in line, line
 
     filler.unlink()
-    again = cli("run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state)
+    again = cli(
+        "run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state, shared=True
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert sum(assert_exactly_once(config, kafka_client)) == 100
 
@@ -138,7 +144,9 @@ def test_a_read_only_table_folder_is_one_line_naming_it_and_nothing_is_lost_once
     assert str(tmpfs) in line, line
 
     assert _mount("-o", "remount,rw", str(tmpfs)).returncode == 0
-    again = cli("run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state)
+    again = cli(
+        "run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state, shared=True
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     assert sum(assert_exactly_once(config, kafka_client)) == 100
 
@@ -212,7 +220,7 @@ def test_a_table_folder_that_is_not_a_delta_table_is_one_line_naming_it(
     assert "not a Delta table" in line and str(table) in line, line
 
     table.rename(tmp_path / "aside")
-    again = cli("run", "-c", str(config_path(config)), state_dir=state)
+    again = cli("run", "-c", str(config_path(config)), state_dir=state, shared=True)
     assert again.returncode == 0, again.stdout + again.stderr
     assert_exactly_once(config, kafka_client)
 

@@ -7,6 +7,7 @@ and only an operator's recorded `exactly skip` lets it continue, exactly once fr
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -27,6 +28,7 @@ from tests.fixtures.pipeline import (
     coordinates,
     crash_run,
     produced_coordinates,
+    shared_spark_env,
 )
 from tests.fixtures.topic_admin import delete_records_before, recreate_topic, topic_id_of
 
@@ -35,7 +37,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def exactly(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*EXACTLY, *args], capture_output=True, text=True, timeout=600, cwd=REPO)
+    """`exactly` as an operator runs it; a run that stages does so on this worker's shared
+    Spark server (these tests are about topics and decisions, not the local session)."""
+    env = {**os.environ, **shared_spark_env()}
+    return subprocess.run(
+        [*EXACTLY, *args], capture_output=True, text=True, timeout=600, cwd=REPO, env=env
+    )
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
