@@ -6,6 +6,7 @@ table reads. Its schedule ships stopped."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from jobs.wiring.pipeline import build
 from ledger.core.protocol import BatchState, OffsetRange
 from orchestration.pipeline_definitions import pipeline_definitions
 from resources.object_storage import storage
-from tests.fixtures.pipeline import assert_exactly_once, config_path
+from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
 from tests.test_backfill import apps_by_coordinate, backfill, live_until_caught_up
 
 
@@ -57,6 +58,9 @@ def live_child(config: Any) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # another process committing beside the compaction, staged on this worker's shared
+        # Spark server (as a Dagster run's would be): the race is the commits', not the JVM's
+        env={**os.environ, **shared_spark_env()},
     )
 
 
