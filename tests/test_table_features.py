@@ -20,13 +20,17 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+from jobs.examples.sample_data import pageviews
+from ledger.core.backfill import BackfillError
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
 from resources.delta.table import DeltaTarget
 from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
-from tests.fixtures.pipeline import assert_exactly_once, crash_run
+from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_env, crash_run
+from tests.test_backfill import V2, apps_by_coordinate, backfill, cli, live_until_caught_up
 from tests.test_crash import live_restart
+from tests.test_crash_backfill import plain_run
 from tests.test_delta_commit import SCHEMA, TOPIC, publish, publish_batches
 
 
@@ -153,3 +157,52 @@ def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batc
     table, quarantined = assert_exactly_once(config, kafka_client)
     assert table + quarantined == 300
     assert_derived_match(config)
+
+
+def change_feed(spark: Any, root: Path, on: bool) -> None:
+    flag = "true" if on else "false"
+    run_on(
+        spark,
+        root,
+        f"ALTER TABLE {{table}} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = '{flag}')",
+    )
+
+
+def test_a_replace_into_a_table_with_change_data_feed_is_refused_before_and_after_its_vote(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """A replace rewrites each file holding a replaced row without it, and delta-rs writes no
+    change data for that commit: a change-feed reader (delta-spark's readChangeFeed) derives
+    the commit's changes from its files, so every other row of a rewritten file reads as
+    deleted and inserted again, a second copy for anyone who applies the inserts. Appends
+    (live batches, fills) stay right under it. So a replace is refused in one line naming
+    it: when it is planned, and, for one that voted before the feed was turned on, at its
+    commit (it waits, voted, until the feed is off)."""
+    config = pipeline_factory(1, max_records=100)
+    topic, path = config.kafka.topic, str(config_path(config))
+    kafka_client.produce(topic, pageviews(100), partition=0)
+    live_until_caught_up(config, spark)  # batch 1: one file holding offsets [0, 100)
+    root = Path(config.delta.table_uri)
+    change_feed(spark, root, on=True)
+    version = DeltaTable(str(root)).version()
+
+    with pytest.raises(BackfillError, match=r"change data feed on \(delta.enableChangeDataFeed"):
+        backfill(config, spark, "replace", OffsetRange(topic, 0, 10, 20))
+    assert DeltaTable(str(root)).version() == version
+
+    change_feed(spark, root, on=False)
+    args = ["--partition", "0", "--from", "10", "--to", "20", "--mode", "replace"]
+    crashed = cli("backfill", "-c", path, *args, "--transform", V2, env=crash_env("after_prepare"))
+    assert crashed.returncode == 137, crashed.stdout + crashed.stderr
+    change_feed(spark, root, on=True)
+    version = DeltaTable(str(root)).version()
+    with pytest.raises(InconsistencyError, match="change data feed") as refused:
+        plain_run(config, spark)
+    assert "\n" not in str(refused.value)
+    assert DeltaTable(str(root)).version() == version
+
+    change_feed(spark, root, on=False)
+    plain_run(config, spark)
+    replaced = {o for (_p, o), app in apps_by_coordinate(config).items() if app != app.lower()}
+    assert replaced == set(range(10, 20))
+    assert sum(assert_exactly_once(config, kafka_client)) == 100

@@ -232,6 +232,13 @@ class DeltaPublisher:
             if target in schemas:
                 pg.check_schema(decode_schema(schemas[target]))
 
+    def replace_refusals(self) -> list[str]:
+        """Why the raw table or the quarantine as they are now cannot take a replace (one
+        sentence each): change data feed on, resources/delta/features.py. Derived outputs
+        follow a replace by a MERGE, which writes its own change data."""
+        reasons = (self.quarantine.replace_refusal(), self.table.replace_refusal())
+        return [r for r in reasons if r is not None]
+
     def check_not_behind(self, app_ids: Collection[str]) -> None:
         """Refuse to merge into a derived output that holds no batch of an application id
         whose batches the raw table holds: a new output on a pipeline with history, or an

@@ -58,6 +58,9 @@ def plan_backfill(
         params["again"] = len(earlier) + 1
     ordered = normalize(ranges)
 
+    if mode is BackfillMode.REPLACE:  # the outputs as they are now may refuse it too
+        replace_refusals = [*replace_refusals, *tpc.publisher.replace_refusals()]
+
     def check(batches: Sequence[Batch]) -> None:
         check_request(mode, ordered, batches, live_app_id, topic_id, replace_refusals)
 

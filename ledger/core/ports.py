@@ -102,6 +102,10 @@ class Publisher(Protocol):
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
         """Raise RefusedBatchError if a table cannot take its staged schema (invariant 14)."""
 
+    def replace_refusals(self) -> list[str]:
+        """Why the outputs as they are now cannot take a replace, one sentence each (a table
+        whose change data feed a rewrite would misreport); empty when they can."""
+
     def rows_reach(self, topic: str) -> dict[int, int]:
         """Per partition, one past the highest offset of `topic` in the published rows: what
         the coordinator checks a rebuilt ledger's positions against."""

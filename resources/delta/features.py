@@ -18,6 +18,14 @@ is refused, in one line naming what to turn off, when it has:
 - a reader or writer feature outside `WRITABLE`: the ones exactly's own tables carry, the
   ones those two leave in the protocol once turned off (features are never removed), and
   change data feed (appends need nothing more of a writer).
+
+A replace is the one commit change data feed does not take (`replace_refusal`): it
+rewrites each file holding a replaced row without it, delta-rs writes no change data for
+that commit, and a change-feed reader then derives the commit's changes from its files:
+every other row of a rewritten file reads as deleted and inserted again (a 10-row replace
+of a 100-row file: 100 deletes and 100 inserts), a second copy for anyone who applies the
+inserts. So a replace is refused when it is planned (BackfillError) and, for one that voted
+before the feed was turned on, at its commit (InconsistencyError: it waits, voted).
 """
 
 from __future__ import annotations
@@ -70,6 +78,33 @@ def unwritable_sentence(uri: str, reason: str) -> str:
         f"Delta table {uri} uses {reason}; nothing was committed: turn it off (delta-spark "
         "ALTER TABLE ... UNSET/SET TBLPROPERTIES), or point the pipeline at another table"
     )
+
+
+def replace_refusal(table: DeltaTable, uri: str) -> str | None:
+    """Why a replace cannot commit into `table` (at `uri`) as it is, in one sentence, or
+    None: change data feed on (see the module docstring)."""
+    flag = table.metadata().configuration.get("delta.enableChangeDataFeed", "false")
+    if flag.strip().lower() != "true":
+        return None
+    return (
+        f"Delta table {uri} has change data feed on (delta.enableChangeDataFeed): a replace "
+        "rewrites the files holding the rows it replaces and delta-rs writes no change data "
+        "for them, so a change-feed reader would see every other row of those files deleted "
+        "and inserted again; turn it off for the replace (delta-spark ALTER TABLE ... SET "
+        "TBLPROPERTIES ('delta.enableChangeDataFeed' = 'false'); readers then cannot read "
+        "changes across it, rather than read wrong ones)"
+    )
+
+
+def refuse_replace(table: DeltaTable, uri: str) -> None:
+    """At a voted replace's commit: InconsistencyError (the batch waits, voted) if
+    `replace_refusal` refuses `table`."""
+    reason = replace_refusal(table, uri)
+    if reason is not None:
+        raise InconsistencyError(
+            f"{reason}; nothing was committed: the replace voted before the feed was turned "
+            "on, so it waits, voted: recover it once the feed is off"
+        )
 
 
 def refuse_unwritable(table: DeltaTable, uri: str, *, voted: bool) -> None:

@@ -32,7 +32,7 @@ from resources.config.partitioning import PartitionColumn, check_layout, names, 
 from resources.delta import log
 from resources.delta.commit import CommitOutcome, Try, add_actions, appending, commit_batch
 from resources.delta.compaction import Compaction, compact
-from resources.delta.features import refuse_unwritable
+from resources.delta.features import refuse_replace, refuse_unwritable, replace_refusal
 from resources.delta.figures import TableLayout, TableStats
 from resources.delta.options import storage_options_for, store_failure
 from resources.delta.rewrite import remove_rows
@@ -310,6 +310,12 @@ class DeltaTarget:
         self._partition_columns(table)
         return table_widened(table, schema, self.uri)
 
+    def replace_refusal(self) -> str | None:
+        """Why a replace cannot commit into this table as it is now, or None (also for a
+        table not created yet): resources/delta/features.py `replace_refusal`."""
+        table = self.load()
+        return None if table is None else replace_refusal(table, self.uri)
+
     def _partition_columns(self, table: DeltaTable) -> list[str]:
         """The table's partition columns, once checked against the config's: a staged file
         is added under the table's own layout or not at all (resources/config/partitioning.py)."""
@@ -401,6 +407,7 @@ class DeltaTarget:
         files = list(files)
 
         def plan(table: DeltaTable, attempt: int) -> Try:
+            refuse_replace(table, self.uri)  # change data feed turned on after the vote
             partitions = self._partition_columns(table)
             removes = remove_rows(table, self.uri, ranges, rewrite_dir, attempt, partitions)
             actions = [*add_actions(files, partitions), *removes]
