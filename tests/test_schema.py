@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,7 @@ from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
 from resources.delta.schema import encode_schema
 from resources.delta.table import DeltaTarget
-from tests.fixtures.pipeline import assert_exactly_once
+from tests.fixtures.pipeline import assert_exactly_once, save_config, shared_spark_env
 
 NORMAL = "jobs.examples.pageviews:transform"
 ADDS_A_COLUMN = "tests.transforms:pageviews_with_referrer"
@@ -96,11 +99,24 @@ def test_a_changed_column_type_fails_before_the_vote_and_commits_nothing(
     rows_before = DeltaTable(uri).to_pyarrow_table().num_rows
 
     kafka_client.produce(topic, pageviews(20, start=20), partition=0)
-    with pytest.raises(InconsistencyError) as info:
-        _run(config, CHANGES_A_TYPE, spark)
-    message = str(info.value)
+    # as an operator sees it: `exactly run` (staging on the worker's shared Spark server)
+    changed = config.model_copy(update={"transform": CHANGES_A_TYPE})
+    path = save_config(changed, Path(uri).parent / "changes-a-type.yaml")
+    result = subprocess.run(
+        [sys.executable, "-m", "exactly_cli", "run", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **shared_spark_env()},
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    (message,) = result.stderr.strip().splitlines()
+    assert message.startswith("exactly: error: "), message
     assert "column ts" in message and "timestamp" in message and "string" in message, message
     assert "invariant 14" in message, message
+    # said once: not also as the log's line about the abandoned batch on stdout
+    said = message.removeprefix("exactly: error: ")
+    assert (result.stdout + result.stderr).count(said) == 1, result.stdout
 
     # nothing committed, nothing voted: the batch is abandoned with the error
     assert (DeltaTable(uri).version(), DeltaTable(config.delta.quarantine_uri).version()) == (

@@ -349,10 +349,11 @@ class TwoPhaseCommit:
 
         Recorded as ABORTED with the reason, so the ledger and the alerts say why, and the
         coordinator does not stage the same refused output again and again. The next batch
-        plans the same range; it commits once the transform is fixed.
+        plans the same range; it commits once the transform is fixed. Not logged: the error
+        carries the reason to whoever shows it (the CLI's one line, the Dagster op's
+        failure), and logging it too said it twice.
         """
         reason = f"batch {batch.label} refused before the vote: {exc}"
-        self.log(reason)
         if batch.voted_once:
             # It voted once (invariant 5): it waits, its range held, for a transform that
             # stages it as it was first staged; never abandoned.
