@@ -49,7 +49,8 @@ S = BatchState
 #: A replace stages as a fill does (the same backfill plan and stage, checked at each of these
 #: points by the fill); it differs in its commit, which removes the rows it replaces. So
 #: `make test` crashes a replace at the points from its vote on, and `make soak` at these
-#: too, as every crash point of a fill and of a live batch runs in `make test`.
+#: too, as every crash point of a live batch runs in `make test` and a fill's in `make test`
+#: or `make test-wide` (below).
 #: A fill commits as a live batch does (tests/test_crash.py crashes that at every point) and
 #: as a replace does from its vote on, but for the removal: so `make test` crashes a fill
 #: before its commit and at its first derived output, and `make test-wide` at the commit's
