@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,8 @@ from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
 from resources.delta.schema import encode_schema
 from resources.delta.table import DeltaTarget
-from tests.fixtures.pipeline import assert_exactly_once, save_config, shared_spark_env
+from tests.fixtures.pipeline import assert_exactly_once, save_config
+from tests.test_backfill import cli
 
 NORMAL = "jobs.examples.pageviews:transform"
 ADDS_A_COLUMN = "tests.transforms:pageviews_with_referrer"
@@ -102,13 +100,7 @@ def test_a_changed_column_type_fails_before_the_vote_and_commits_nothing(
     # as an operator sees it: `exactly run` (staging on the worker's shared Spark server)
     changed = config.model_copy(update={"transform": CHANGES_A_TYPE})
     path = save_config(changed, Path(uri).parent / "changes-a-type.yaml")
-    result = subprocess.run(
-        [sys.executable, "-m", "exactly_cli", "run", "-c", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **shared_spark_env()},
-    )
+    result = cli("run", "-c", str(path))
     assert result.returncode == 2, result.stdout + result.stderr
     (message,) = result.stderr.strip().splitlines()
     assert message.startswith("exactly: error: "), message

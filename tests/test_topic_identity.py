@@ -7,9 +7,7 @@ and only an operator's recorded `exactly skip` lets it continue, exactly once fr
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -28,21 +26,15 @@ from tests.fixtures.pipeline import (
     coordinates,
     crash_run,
     produced_coordinates,
-    shared_spark_env,
 )
 from tests.fixtures.topic_admin import delete_records_before, recreate_topic, topic_id_of
-
-EXACTLY = [sys.executable, "-m", "exactly_cli"]
-REPO = Path(__file__).resolve().parent.parent
+from tests.test_backfill import cli
 
 
 def exactly(*args: str) -> subprocess.CompletedProcess[str]:
     """`exactly` as an operator runs it; a run that stages does so on this worker's shared
     Spark server (these tests are about topics and decisions, not the local session)."""
-    env = {**os.environ, **shared_spark_env()}
-    return subprocess.run(
-        [*EXACTLY, *args], capture_output=True, text=True, timeout=600, cwd=REPO, env=env
-    )
+    return cli(*args)
 
 
 def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
