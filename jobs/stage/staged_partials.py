@@ -28,13 +28,6 @@ from resources.delta.schema import encode_schema
 from resources.object_storage import storage
 
 
-def _spark_file(uri: str) -> str:
-    """A staged file as Spark reads it back. Not `storage.spark_uri` for a local file: its
-    `file:` URI percent-encodes the `=` of the routed folder (`exactly_output%3Dtable`),
-    which Hadoop then takes literally and finds no such file."""
-    return storage.spark_uri(uri) if storage.is_remote(uri) else uri
-
-
 def _spark_partial(rows: DataFrame, spec: AnyOutput) -> DataFrame:
     if isinstance(spec, UpsertOutput):
         return latest_per_key(rows, spec)
@@ -108,7 +101,9 @@ def stage_partials(
         if partial is None:
             if read_back_rows is None:
                 read_back_rows = (
-                    read_back(spark.read, [_spark_file(u) for u, _ in staged], schema, partition_by)
+                    read_back(
+                        spark.read, [storage.spark_uri(u) for u, _ in staged], schema, partition_by
+                    )
                     if staged
                     else spark.createDataFrame([], schema)
                 )

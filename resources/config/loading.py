@@ -9,6 +9,7 @@ whose locations overlap are refused, since the vacuum of one would delete the ot
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,12 @@ def _describe(error: ValidationError, source: str) -> str:
         else:
             problems.append(f"{where}: {item['msg']}")
     return f"invalid pipeline config {source}: " + "; ".join(problems)
+
+
+#: A `%` and two hex digits in a location: a percent-encoded character to delta-rs, which
+#: decodes a table's path once more than it was encoded, and three characters to Spark's
+#: Hadoop paths (resources/object_storage/storage.py `spark_uri`).
+_PERCENT_ENCODED = re.compile(r"%[0-9A-Fa-f]{2}")
 
 
 def parse_config(
@@ -77,6 +84,15 @@ def parse_config(
             if not isinstance(d, PostgresOutput)
         },
     }
+    for name, location in locations.items():
+        if (encoded := _PERCENT_ENCODED.search(location)) is not None:
+            raise ConfigError(
+                f"invalid pipeline config {source}: {name} {location!r} holds "
+                f"{encoded.group()!r}, which delta-rs reads as the character it encodes and "
+                "Spark as those three characters, so the two would use different folders; "
+                "rename it without a '%' before two hex digits (spaces, other '%' and "
+                "letters of any alphabet are fine)"
+            )
     names = list(locations)
     for i, first in enumerate(names):
         for second in names[i + 1 :]:

@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import pyarrow.parquet as pq
 
@@ -53,15 +53,17 @@ def resolve(uri: str, base: Path) -> str:
     """A config value to a canonical location: remote URIs unchanged, paths absolute."""
     if is_remote(uri):
         return uri.rstrip("/")
-    if uri.startswith("file://"):
-        uri = urlparse(uri).path
+    if uri.startswith("file:"):
+        uri = _local_path(uri)
     return str((base / os.path.expanduser(uri)).resolve())
 
 
 def _local_path(uri: str) -> str:
     """A local file's path, from a plain path or a `file:` URI in either spelling
-    (`file:///x`, or `file:/x` as delta-rs and log.entry_uri write it)."""
-    return urlparse(uri).path if urlparse(uri).scheme == "file" else uri
+    (`file:///x`, or `file:/x` as delta-rs and log.entry_uri write it). A URI's path is
+    percent-encoded (`data%20lake`): decoded here, or a folder with a space, a `%` or an
+    accent in its name would be taken for another one."""
+    return unquote(urlparse(uri).path) if urlparse(uri).scheme == "file" else uri
 
 
 def overlaps(a: str, b: str) -> bool:
@@ -87,12 +89,19 @@ def relative(uri: str, root: str) -> str:
 
 
 def spark_uri(uri: str) -> str:
-    """What Spark's Hadoop file systems accept for the same location."""
+    """What Spark's Hadoop file systems accept for the same location.
+
+    A local one is `file:` and the path as it is, not a URI: Hadoop parses a location
+    string as a path, so the `%C3%A9` of a percent-encoded URI would be three characters
+    of a folder name, not `é`, and the stage would write beside the table, in a folder of
+    that literal name (`data%20lake`), where neither the vote nor the cleaner looks. The
+    scheme stays, so a cluster whose default file system is another one still writes here.
+    """
     if uri.startswith("s3://"):
         return "s3a://" + uri[len("s3://") :]
     if is_remote(uri):
         return uri
-    return Path(uri).as_uri()
+    return "file:" + Path(_local_path(uri)).absolute().as_posix()
 
 
 # -- object storage ----------------------------------------------------------------------------
