@@ -55,18 +55,24 @@ print("READ_BACK " + json.dumps(found))
 
 
 def write_config(
-    folder: Path, bucket: str, bootstrap: str, topic: str, max_records: int = 150
+    folder: Path,
+    bucket: str,
+    bootstrap: str,
+    topic: str,
+    max_records: int = 150,
+    prefix: str = "",
 ) -> PipelineConfig:
-    """A pipeline with both tables in `bucket`, its ledger and Spark event log in `folder`:
-    nothing about the store but the s3:// URIs (the AWS variables say where and who)."""
+    """A pipeline with both tables in `bucket` (below `prefix`), its ledger and Spark event
+    log in `folder`: nothing about the store but the s3:// URIs (the AWS variables say where
+    and who)."""
     events = folder / "spark-events"
     events.mkdir(parents=True, exist_ok=True)
     doc = {
         "pipeline": NAME,
         "kafka": {"bootstrap_servers": bootstrap, "topic": topic},
         "delta": {
-            "table_uri": f"s3://{bucket}/{NAME}",
-            "quarantine_uri": f"s3://{bucket}/{NAME}_quarantine",
+            "table_uri": f"s3://{bucket}/{prefix}{NAME}",
+            "quarantine_uri": f"s3://{bucket}/{prefix}{NAME}_quarantine",
         },
         "ledger": {"url": f"sqlite:///{folder / 'ledger.db'}"},
         "spark": {
@@ -116,7 +122,11 @@ def test_a_whole_pipeline_on_s3_commits_every_record_once_and_leaks_no_secret(
 ) -> None:
     secret = s3_env["AWS_SECRET_ACCESS_KEY"]
     assert secret == s3_server.secret_access_key and len(secret) >= 32
-    config = write_config(tmp_path, s3_bucket, kafka_broker, topic_factory(3))
+    # keys as people name folders: a space, a '%', an accent (tests/test_table_paths.py
+    # has the same on local disk), one spelling for s3a, delta-rs and boto3 alike
+    config = write_config(
+        tmp_path, s3_bucket, kafka_broker, topic_factory(3), prefix="data lake 100% é/"
+    )
     kafka_client.produce(config.kafka.topic, pageviews(900, malformed_every=50))
 
     run = exactly("run", "-c", str(tmp_path / "s3pv.yaml"), "--until-caught-up")
