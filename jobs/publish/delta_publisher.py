@@ -40,6 +40,7 @@ from resources.config.derived_spec import AggregateOutput, PostgresOutput, Upser
 from resources.config.pipeline_config import PipelineConfig
 from resources.delta.features import refuse_unwritable
 from resources.delta.figures import TableLayout, TableStats
+from resources.delta.log import other_writers
 from resources.delta.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
 from resources.delta.schema import decode_schema
 from resources.delta.table import Compaction, DeltaTarget
@@ -134,6 +135,19 @@ class DeltaPublisher:
         versions = [d.transaction_version(self._app_id(t, app_id)) for t, d in self._outputs()]
         versions += [pg.held_batch(pg.spec.app_id(app_id)) for pg in self.postgres.values()]
         return max((v for v in versions if v is not None), default=None)
+
+    def other_writers(self) -> dict[str, dict[str, Any]]:
+        """Other pipelines' batches in the data table or the quarantine, by application id
+        (resources/delta/log.py `other_writers`): the topics each read, its newest batch."""
+        found: dict[str, dict[str, Any]] = {}
+        for delta in (self.quarantine, self.table):
+            table = delta.load()
+            writers = {} if table is None else other_writers(table, self.app_ids)
+            for app_id, seen in writers.items():
+                both = found.setdefault(app_id, {**seen, "topics": set(), "table": self.table.uri})
+                both["batch_id"] = max(both["batch_id"], seen["batch_id"])
+                both["topics"] |= seen["topics"]
+        return found
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """Every batch of `app_id` in any output's log, oldest first, one entry each.

@@ -21,6 +21,7 @@ from ledger.core.batch import RESTAGE, Batch, BatchKind
 from ledger.core.decision_rules import resume_command
 from ledger.core.decisions import Decision, DecisionKind
 from ledger.core.errors import BusyError, ExactlyError, FencedError, InconsistencyError
+from ledger.core.other_writers import shared_topics_refusal
 from ledger.core.protocol import ABANDONABLE, MUST_FINISH, BatchState, OffsetRange
 
 if TYPE_CHECKING:
@@ -230,6 +231,8 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
     """
     version = tpc.publisher.committed_version(tpc.app_id)
     if version is None:
+        if tpc.kind is BatchKind.LIVE:
+            _refuse_other_writers(tpc)
         return 0
     known = tpc.store.get(tpc.app_id, version)
     if known is not None:
@@ -279,6 +282,20 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
         )
     tpc.log(f"rebuilt {rebuilt} committed batches of {tpc.app_id} from the Delta log")
     return rebuilt
+
+
+def _refuse_other_writers(tpc: TwoPhaseCommit) -> None:
+    """Before a pipeline's first commit: refuse tables another application id writes from a
+    topic this one reads (a renamed or copied pipeline, ledger/core/other_writers.py)."""
+    others = tpc.publisher.other_writers()
+    if not others:
+        return
+    source: Any = tpc.source
+    reads = source.topics() if topics_coordinator.reads_several_topics(source) else (source.topic,)
+    where = next(iter(others.values())).get("table", "its tables")
+    refusal = shared_topics_refusal(tpc.pipeline, where, reads, others)
+    if refusal is not None:
+        raise refusal
 
 
 def _resume_hint(tpc: TwoPhaseCommit, topics: Sequence[str | None]) -> str:

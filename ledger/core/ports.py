@@ -82,6 +82,10 @@ class Publisher(Protocol):
         """Publish exactly `files` with the app transaction (app id, batch id); idempotent
         per output: an output that already holds the batch gets nothing (invariant 12)."""
 
+    def other_writers(self) -> dict[str, dict[str, Any]]:
+        """Application ids other than the pipeline's with batches in its tables, each with
+        `pipeline`, `batch_id` (its newest) and `topics` (every topic its batches read)."""
+
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """Commit metadata of every batch of `app_id` still in any output's log, one entry
         per batch. An entry whose `complete` is False is held by some outputs and not by the

@@ -10,7 +10,7 @@ Each takes a table as DeltaTarget.load returned it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -48,15 +48,42 @@ def committed_batches(table: DeltaTable, app_id: str) -> list[dict[str, Any]]:
 
     Enough to rebuild the ledger's committed history (invariant 7).
     """
-    found = []
+    found = [
+        {**meta, "table_version": version}
+        for version, meta in _exactly_commits(table)
+        if meta.get("app_id") == app_id
+    ]
+    found.sort(key=lambda m: m["batch_id"])
+    return found
+
+
+def other_writers(table: DeltaTable, own: Collection[str]) -> dict[str, dict[str, Any]]:
+    """Every application id outside `own` whose exactly batches the log holds: its
+    pipeline, its newest batch id and every topic its batches read, by application id.
+
+    Another pipeline's batches are not this pipeline's history: read under its own name,
+    the same offsets would be committed a second time (ledger/core/other_writers.py)."""
+    found: dict[str, dict[str, Any]] = {}
+    for _version, meta in _exactly_commits(table):
+        app_id = meta.get("app_id")
+        if not isinstance(app_id, str) or app_id in own:
+            continue
+        seen = found.setdefault(
+            app_id, {"pipeline": meta.get("pipeline"), "batch_id": 0, "topics": set()}
+        )
+        seen["batch_id"] = max(seen["batch_id"], int(meta.get("batch_id") or 0))
+        seen["topics"] |= {str(r["topic"]) for r in meta.get("ranges") or () if "topic" in r}
+    return found
+
+
+def _exactly_commits(table: DeltaTable) -> Iterator[tuple[int | None, dict[str, Any]]]:
+    """(version, exactly's commit metadata) of every commit in the log that has it."""
     for entry in table.history():
         meta = entry.get(METADATA_KEY)
         if isinstance(meta, str):
             meta = json.loads(meta)
-        if isinstance(meta, dict) and meta.get("app_id") == app_id:
-            found.append({**meta, "table_version": entry.get("version")})
-    found.sort(key=lambda m: m["batch_id"])
-    return found
+        if isinstance(meta, dict):
+            yield entry.get("version"), meta
 
 
 def named_files(table: DeltaTable, uri: str) -> set[str]:

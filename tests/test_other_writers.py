@@ -1,0 +1,71 @@
+"""A renamed pipeline, or a copy of a config that keeps the first one's table: a new
+application id with no history in a table another one fills from the same topic. Started
+anew it read the topic from `starting_offsets` again and committed every record a second
+time (5,880 rows for 2,940 records, by hand, before the fix). Now refused before its first
+batch, in one line naming the other pipeline (ledger/core/other_writers.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobs.examples.sample_data import pageviews
+from ledger.core.other_writers import shared_topics_refusal
+from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
+
+EXACTLY = [sys.executable, "-m", "exactly_cli"]
+OTHERS = {"pageviews": {"pipeline": "pageviews", "batch_id": 7, "topics": {"pv", "clicks"}}}
+
+
+def test_another_pipeline_on_a_topic_this_one_reads_is_named_with_the_ways_out() -> None:
+    refusal = shared_topics_refusal("pageviews_v2", "/lake/pv", ["pv"], OTHERS)
+    assert refusal is not None
+    line = str(refusal)
+    assert "pipeline pageviews (application id pageviews)" in line, line
+    assert "up to 7" in line and "topic(s) pv," in line and "/lake/pv" in line, line
+    assert "`pipeline: pageviews`" in line and "tables of its own" in line, line
+
+
+def test_another_pipeline_on_other_topics_may_share_the_table() -> None:
+    assert shared_topics_refusal("orders", "/lake/pv", ["orders"], OTHERS) is None
+    assert shared_topics_refusal("orders", "/lake/pv", ["orders"], {}) is None
+
+
+def _exactly(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **shared_spark_env()}
+    return subprocess.run([*EXACTLY, *args], capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_a_renamed_pipeline_is_refused_before_it_commits_the_topic_again(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200, malformed_every=40))
+    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    # the same config under a new name, its ledger kept (a rename) or new (a copy)
+    doc = yaml.safe_load(config_path(config).read_text())
+    for ledger in (doc["ledger"]["url"], f"sqlite:///{tmp_path / 'copy.db'}"):
+        renamed = tmp_path / "renamed.yaml"
+        renamed.write_text(
+            yaml.safe_dump({**doc, "pipeline": "pageviews_v2", "ledger": {"url": ledger}})
+        )
+        again = _exactly("run", "-c", str(renamed), "--until-caught-up")
+        lines = again.stderr.strip().splitlines()
+        assert again.returncode == 2 and len(lines) == 1, again.stdout + again.stderr
+        assert "pipeline pageviews (application id pageviews)" in lines[0], lines[0]
+        assert "Traceback" not in again.stdout + again.stderr
+        # nothing was committed twice
+        assert assert_exactly_once(config, kafka_client) == (195, 5)
+
+    # under its own name it carries on
+    kafka_client.produce(config.kafka.topic, pageviews(40, start=200))
+    carry_on = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert carry_on.returncode == 0, carry_on.stdout + carry_on.stderr
+    assert assert_exactly_once(config, kafka_client) == (235, 5)
