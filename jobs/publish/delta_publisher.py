@@ -136,6 +136,9 @@ class DeltaPublisher:
         versions += [pg.held_batch(pg.spec.app_id(app_id)) for pg in self.postgres.values()]
         return max((v for v in versions if v is not None), default=None)
 
+    def table_location(self) -> str:
+        return self.table.uri
+
     def other_writers(self) -> dict[str, dict[str, Any]]:
         """Other pipelines' batches in the data table or the quarantine, by application id
         (resources/delta/log.py `other_writers`): the topics each read, its newest batch."""

@@ -21,6 +21,7 @@ from ledger.core.batch import RESTAGE, Batch, BatchKind
 from ledger.core.decision_rules import resume_command
 from ledger.core.decisions import Decision, DecisionKind
 from ledger.core.errors import BusyError, ExactlyError, FencedError, InconsistencyError
+from ledger.core.layout import TABLE
 from ledger.core.other_writers import shared_topics_refusal
 from ledger.core.protocol import ABANDONABLE, MUST_FINISH, BatchState, OffsetRange
 
@@ -229,6 +230,7 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
     only what the logs still have (an unfinished backfill is recent, its commit info
     there), while the next backfill's range checks need it all and refuse then.
     """
+    _refuse_a_table_without_its_batches(tpc)
     version = tpc.publisher.committed_version(tpc.app_id)
     if version is None:
         if tpc.kind is BatchKind.LIVE:
@@ -282,6 +284,29 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
         )
     tpc.log(f"rebuilt {rebuilt} committed batches of {tpc.app_id} from the Delta log")
     return rebuilt
+
+
+def _refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
+    """Refuse a data table that lacks the newest batch the ledger has committed.
+
+    The data table is published last, and the ledger says COMMITTED only after it: a table
+    without that batch is not the one the batches went to. Deleted (the next commit would
+    create it empty), moved, restored to an older version, or a `delta.table_uri` that names
+    another location (a relative path from another folder): going on would fill a table
+    that lacks every earlier batch's records, and nothing would say so."""
+    newest = tpc.store.batches(
+        app_id=tpc.app_id, states=(BatchState.COMMITTED, BatchState.ACKED), limit=1
+    )
+    if not newest or TABLE in tpc.publisher.outputs_holding(newest[0]):
+        return
+    batch = newest[0]
+    raise InconsistencyError(
+        f"the ledger has batch {batch.label} committed, but the data table at "
+        f"{tpc.publisher.table_location()} does not hold it: the table was deleted, moved or "
+        "restored to an older version, or delta.table_uri names another location; point "
+        "delta.table_uri at the table that holds the pipeline's batches (to start a new "
+        "table from the topics' first records, give the pipeline a new ledger.url too)"
+    )
 
 
 def _refuse_other_writers(tpc: TwoPhaseCommit) -> None:

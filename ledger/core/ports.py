@@ -82,6 +82,9 @@ class Publisher(Protocol):
         """Publish exactly `files` with the app transaction (app id, batch id); idempotent
         per output: an output that already holds the batch gets nothing (invariant 12)."""
 
+    def table_location(self) -> str:
+        """Where the data table is, for messages."""
+
     def other_writers(self) -> dict[str, dict[str, Any]]:
         """Application ids other than the pipeline's with batches in its tables, each with
         `pipeline`, `batch_id` (its newest) and `topics` (every topic its batches read)."""

@@ -1,0 +1,64 @@
+"""A data table that does not hold the batches the ledger committed into it: deleted,
+moved aside, or a `delta.table_uri` that names another folder (a relative path run from
+elsewhere). The old code went on: the next batch created an empty table there and filled it
+from where the ledger stopped, a table lacking every earlier record, and nothing said so.
+Now refused in one line before anything is planned; once the config names the table
+again, the pipeline carries on, every record once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from jobs.examples.sample_data import pageviews
+from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
+
+EXACTLY = [sys.executable, "-m", "exactly_cli"]
+
+
+def _run(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EXACTLY, "run", "-c", str(config), "--until-caught-up"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **shared_spark_env()},
+    )
+
+
+def test_a_table_moved_away_or_named_elsewhere_is_refused_and_found_again(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    config = pipeline_factory(2)
+    path = config_path(config)
+    kafka_client.produce(config.kafka.topic, pageviews(150, malformed_every=30))
+    first = _run(path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    kafka_client.produce(config.kafka.topic, pageviews(50, start=150))
+
+    table = Path(config.delta.table_uri)
+    aside = tmp_path / "moved-aside"
+    elsewhere = tmp_path / "elsewhere.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["delta"]["table_uri"] = str(tmp_path / "another" / "table")
+    elsewhere.write_text(yaml.safe_dump(doc))
+
+    shutil.move(table, aside)
+    for refused in (_run(path), _run(elsewhere)):
+        lines = refused.stderr.strip().splitlines()
+        assert refused.returncode == 2 and len(lines) == 1, refused.stdout + refused.stderr
+        assert "committed, but the data table at" in lines[0], lines[0]
+        assert "Traceback" not in refused.stdout + refused.stderr
+    # neither refused run created a table where it looked
+    assert not table.exists() and not (tmp_path / "another").exists()
+
+    shutil.move(aside, table)
+    again = _run(path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert assert_exactly_once(config, kafka_client) == (195, 5)
