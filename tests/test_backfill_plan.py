@@ -46,11 +46,17 @@ def store(ledger_url: str) -> Iterator[LedgerStore]:
 
 
 def live(
-    store: LedgerStore, source: FakeSource, pipeline: str = PIPELINE, **kw: Any
+    store: LedgerStore,
+    source: FakeSource,
+    pipeline: str = PIPELINE,
+    same_as: TwoPhaseCommit | None = None,
+    **kw: Any,
 ) -> TwoPhaseCommit:
-    """The live pipeline's coordinator: application id = the pipeline's name."""
+    """The live pipeline's coordinator: application id = the pipeline's name; staging to
+    and publishing into the storage and tables of `same_as` (another process of the same
+    pipeline), or new ones."""
     kw.setdefault("max_records_per_partition", 10)
-    stager, publisher = wired()
+    stager, publisher = wired() if same_as is None else (same_as.stager, same_as.publisher)
     return TwoPhaseCommit(
         store,
         pipeline=pipeline,
@@ -431,12 +437,13 @@ def fill_beside_live(
 
     def scenario(pipeline: str) -> tuple[Callable[[], object], Callable[[], object]]:
         source = FakeSource({0: Available(0, 100)})
-        pinned_live(store, source, pipeline)
+        first = pinned_live(store, source, pipeline)
         source.offsets.update(grown)
         live_again = live(
             second_store,
             source,
             pipeline,
+            same_as=first,
             starting_offsets="latest",
             max_records_per_partition=1000,
         )

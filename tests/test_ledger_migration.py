@@ -167,6 +167,7 @@ def test_a_version_1_ledger_is_migrated_in_place_and_keeps_its_batches(ledger_ur
         # records the adoption as a decision that the batch's commit carries
         source = FakeSource({0: Available(0, 30), 1: Available(0, 30)}, current_id="T-current")
         stager, publisher = wired()
+        publisher.hold(APP, "table", 2)  # the table the version 1 ledger's batches went to
         tpc = TwoPhaseCommit(
             store,
             pipeline="pv",

@@ -14,9 +14,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from jobs.examples.sample_data import pageviews
+from jobs.wiring.pipeline import build
+from ledger.core.errors import InconsistencyError
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
 from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
@@ -62,3 +67,33 @@ def test_a_table_moved_away_or_named_elsewhere_is_refused_and_found_again(
     again = _run(path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert assert_exactly_once(config, kafka_client) == (195, 5)
+
+
+def test_a_table_deleted_under_a_running_process_is_not_created_again_without_its_batches(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """As `run --continuous` and a Dagster code location do: one process, its tables kept
+    open, batch after batch. The old code's next commit created the deleted table anew
+    and published its batch there alone (by hand: 196 rows left of 3,234)."""
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(100, malformed_every=25))
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    assert tpc.run_batch() is not None
+
+    table = Path(config.delta.table_uri)
+    aside = tmp_path / "moved-aside"
+    shutil.move(table, aside)
+    kafka_client.produce(config.kafka.topic, pageviews(60, start=100))
+    with pytest.raises(InconsistencyError, match="committed, but the data table at"):
+        tpc.run_batch()
+    assert not (table / "_delta_log").exists()  # not created again; the batch waits, voted
+    (waiting,) = LedgerStore(config.ledger.url).batches(
+        app_id=config.app_id, states=[BatchState.PREPARED]
+    )
+
+    # the table back where it was (beside the staged files of the batch that waits)
+    shutil.copytree(aside, table, dirs_exist_ok=True)
+    finished = tpc.recover_and_commit()
+    assert [(b.batch_id, b.state) for b in finished] == [(waiting.batch_id, BatchState.ACKED)]
+    assert assert_exactly_once(config, kafka_client) == (156, 4)

@@ -139,18 +139,15 @@ class DeltaPublisher:
     def table_location(self) -> str:
         return self.table.uri
 
+    def table_holds(self, batch: Batch) -> bool:
+        held = self.table.transaction_version(batch.app_id)
+        return held is not None and held >= batch.batch_id
+
     def other_writers(self) -> dict[str, dict[str, Any]]:
-        """Other pipelines' batches in the data table or the quarantine, by application id
+        """Other pipelines' batches in the quarantine or the data table, by application id
         (resources/delta/log.py `other_writers`): the topics each read, its newest batch."""
-        found: dict[str, dict[str, Any]] = {}
-        for delta in (self.quarantine, self.table):
-            table = delta.load()
-            writers = {} if table is None else other_writers(table, self.app_ids)
-            for app_id, seen in writers.items():
-                both = found.setdefault(app_id, {**seen, "topics": set(), "table": self.table.uri})
-                both["batch_id"] = max(both["batch_id"], seen["batch_id"])
-                both["topics"] |= seen["topics"]
-        return found
+        tables = [d.load() for d in (self.quarantine, self.table)]
+        return other_writers([t for t in tables if t is not None], self.app_ids, self.table.uri)
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """Every batch of `app_id` in any output's log, oldest first, one entry each.

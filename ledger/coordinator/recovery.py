@@ -15,14 +15,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ledger.coordinator import table_history
 from ledger.coordinator import topics as topics_coordinator
 from ledger.coordinator.reports import ranges_text, unfinished
 from ledger.core.batch import RESTAGE, Batch, BatchKind
 from ledger.core.decision_rules import resume_command
 from ledger.core.decisions import Decision, DecisionKind
 from ledger.core.errors import BusyError, ExactlyError, FencedError, InconsistencyError
-from ledger.core.layout import TABLE
-from ledger.core.other_writers import shared_topics_refusal
 from ledger.core.protocol import ABANDONABLE, MUST_FINISH, BatchState, OffsetRange
 
 if TYPE_CHECKING:
@@ -230,11 +229,11 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
     only what the logs still have (an unfinished backfill is recent, its commit info
     there), while the next backfill's range checks need it all and refuse then.
     """
-    _refuse_a_table_without_its_batches(tpc)
+    table_history.refuse_a_table_without_its_batches(tpc)
     version = tpc.publisher.committed_version(tpc.app_id)
     if version is None:
         if tpc.kind is BatchKind.LIVE:
-            _refuse_other_writers(tpc)
+            table_history.refuse_other_writers(tpc)
         return 0
     known = tpc.store.get(tpc.app_id, version)
     if known is not None:
@@ -284,43 +283,6 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
         )
     tpc.log(f"rebuilt {rebuilt} committed batches of {tpc.app_id} from the Delta log")
     return rebuilt
-
-
-def _refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
-    """Refuse a data table that lacks the newest batch the ledger has committed.
-
-    The data table is published last, and the ledger says COMMITTED only after it: a table
-    without that batch is not the one the batches went to. Deleted (the next commit would
-    create it empty), moved, restored to an older version, or a `delta.table_uri` that names
-    another location (a relative path from another folder): going on would fill a table
-    that lacks every earlier batch's records, and nothing would say so."""
-    newest = tpc.store.batches(
-        app_id=tpc.app_id, states=(BatchState.COMMITTED, BatchState.ACKED), limit=1
-    )
-    if not newest or TABLE in tpc.publisher.outputs_holding(newest[0]):
-        return
-    batch = newest[0]
-    raise InconsistencyError(
-        f"the ledger has batch {batch.label} committed, but the data table at "
-        f"{tpc.publisher.table_location()} does not hold it: the table was deleted, moved or "
-        "restored to an older version, or delta.table_uri names another location; point "
-        "delta.table_uri at the table that holds the pipeline's batches (to start a new "
-        "table from the topics' first records, give the pipeline a new ledger.url too)"
-    )
-
-
-def _refuse_other_writers(tpc: TwoPhaseCommit) -> None:
-    """Before a pipeline's first commit: refuse tables another application id writes from a
-    topic this one reads (a renamed or copied pipeline, ledger/core/other_writers.py)."""
-    others = tpc.publisher.other_writers()
-    if not others:
-        return
-    source: Any = tpc.source
-    reads = source.topics() if topics_coordinator.reads_several_topics(source) else (source.topic,)
-    where = next(iter(others.values())).get("table", "its tables")
-    refusal = shared_topics_refusal(tpc.pipeline, where, reads, others)
-    if refusal is not None:
-        raise refusal
 
 
 def _resume_hint(tpc: TwoPhaseCommit, topics: Sequence[str | None]) -> str:

@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ledger.coordinator import acks, liveness, recovery, restage
+from ledger.coordinator import acks, liveness, recovery, restage, table_history
 from ledger.coordinator import topics as topics_coordinator
 from ledger.coordinator.crash import crashpoint
 from ledger.coordinator.reports import BatchReport, publish_refused, stage_metrics
@@ -314,6 +314,9 @@ class TwoPhaseCommit:
             raise InconsistencyError(
                 f"batch {batch.label}: commit needs PREPARED, not {batch.state}"
             )
+        # a data table deleted under this process would be created again by the publish,
+        # without the batches before this one: refused, the batch waits voted
+        table_history.refuse_a_table_without_its_batches(self)
         batch, files, check = restage.checked_vote(self, batch)
         if batch.voted_once and check.already_committed:
             restage.check_same_split(self, batch, files, check)

@@ -85,6 +85,10 @@ class Publisher(Protocol):
     def table_location(self) -> str:
         """Where the data table is, for messages."""
 
+    def table_holds(self, batch: Batch) -> bool:
+        """Whether the data table's app transaction of the batch's application id is at or
+        past its id (the data table alone: it is published last)."""
+
     def other_writers(self) -> dict[str, dict[str, Any]]:
         """Application ids other than the pipeline's with batches in its tables, each with
         `pipeline`, `batch_id` (its newest) and `topics` (every topic its batches read)."""

@@ -10,7 +10,7 @@ Each takes a table as DeltaTarget.load returned it.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -57,22 +57,27 @@ def committed_batches(table: DeltaTable, app_id: str) -> list[dict[str, Any]]:
     return found
 
 
-def other_writers(table: DeltaTable, own: Collection[str]) -> dict[str, dict[str, Any]]:
-    """Every application id outside `own` whose exactly batches the log holds: its
-    pipeline, its newest batch id and every topic its batches read, by application id.
+def other_writers(
+    tables: Iterable[DeltaTable], own: Collection[str], where: str
+) -> dict[str, dict[str, Any]]:
+    """Every application id outside `own` whose exactly batches the logs of `tables` hold:
+    its pipeline, its newest batch id, every topic its batches read, and `where` (the
+    location to name), by application id.
 
     Another pipeline's batches are not this pipeline's history: read under its own name,
     the same offsets would be committed a second time (ledger/core/other_writers.py)."""
     found: dict[str, dict[str, Any]] = {}
-    for _version, meta in _exactly_commits(table):
-        app_id = meta.get("app_id")
-        if not isinstance(app_id, str) or app_id in own:
-            continue
-        seen = found.setdefault(
-            app_id, {"pipeline": meta.get("pipeline"), "batch_id": 0, "topics": set()}
-        )
-        seen["batch_id"] = max(seen["batch_id"], int(meta.get("batch_id") or 0))
-        seen["topics"] |= {str(r["topic"]) for r in meta.get("ranges") or () if "topic" in r}
+    for table in tables:
+        for _version, meta in _exactly_commits(table):
+            app_id = meta.get("app_id")
+            if not isinstance(app_id, str) or app_id in own:
+                continue
+            seen = found.setdefault(
+                app_id,
+                {"pipeline": meta.get("pipeline"), "batch_id": 0, "topics": set(), "table": where},
+            )
+            seen["batch_id"] = max(seen["batch_id"], int(meta.get("batch_id") or 0))
+            seen["topics"] |= {str(r["topic"]) for r in meta.get("ranges") or () if "topic" in r}
     return found
 
 

@@ -1,0 +1,57 @@
+"""Whether a pipeline's data table is the one its batches went to: checked at every start
+(recovery) and before every commit, so that no batch is published into a table that lacks
+the batches before it (a table deleted under a running process is created again by the next
+commit), nor into one another pipeline fills from the same topics.
+
+Both read the tables only through the publisher and the ledger only through the store; the
+rule of the second is pure (ledger/core/other_writers.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ledger.coordinator import topics as topics_coordinator
+from ledger.core.errors import InconsistencyError
+from ledger.core.other_writers import shared_topics_refusal
+from ledger.core.protocol import BatchState
+
+if TYPE_CHECKING:
+    from ledger.coordinator.two_phase import TwoPhaseCommit
+
+
+def refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
+    """Refuse a data table that lacks the newest batch the ledger has committed.
+
+    The data table is published last, and the ledger says COMMITTED only after it: a table
+    without that batch is not the one the batches went to. Deleted (the next commit would
+    create it empty), moved, restored to an older version, or a `delta.table_uri` that names
+    another location (a relative path from another folder): going on would fill a table
+    that lacks every earlier batch's records, and nothing would say so."""
+    newest = tpc.store.batches(
+        app_id=tpc.app_id, states=(BatchState.COMMITTED, BatchState.ACKED), limit=1
+    )
+    if not newest or tpc.publisher.table_holds(newest[0]):
+        return
+    batch = newest[0]
+    raise InconsistencyError(
+        f"the ledger has batch {batch.label} committed, but the data table at "
+        f"{tpc.publisher.table_location()} does not hold it: the table was deleted, moved or "
+        "restored to an older version, or delta.table_uri names another location; point "
+        "delta.table_uri at the table that holds the pipeline's batches (to start a new "
+        "table from the topics' first records, give the pipeline a new ledger.url too)"
+    )
+
+
+def refuse_other_writers(tpc: TwoPhaseCommit) -> None:
+    """Before a pipeline's first commit: refuse tables another application id writes from a
+    topic this one reads (a renamed or copied pipeline, ledger/core/other_writers.py)."""
+    others = tpc.publisher.other_writers()
+    if not others:
+        return
+    source: Any = tpc.source
+    reads = source.topics() if topics_coordinator.reads_several_topics(source) else (source.topic,)
+    where = next(iter(others.values())).get("table", "its tables")
+    refusal = shared_topics_refusal(tpc.pipeline, where, reads, others)
+    if refusal is not None:
+        raise refusal
