@@ -25,9 +25,11 @@ def refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
 
     The data table is published last, and the ledger says COMMITTED only after it: a table
     without that batch is not the one the batches went to. Deleted (the next commit would
-    create it empty), moved, restored to an older version, or a `delta.table_uri` that names
-    another location (a relative path from another folder): going on would fill a table
-    that lacks every earlier batch's records, and nothing would say so."""
+    create it empty), moved, re-created from a backup older than the ledger, or a
+    `delta.table_uri` that names another location (a relative path from another folder):
+    going on would fill a table that lacks every earlier batch's records, and nothing would
+    say so. (delta-spark's RESTORE keeps the app transactions of the versions it takes back,
+    so a restored table still holds them here: README, "When the pipeline refuses".)"""
     newest = tpc.store.batches(
         app_id=tpc.app_id, states=(BatchState.COMMITTED, BatchState.ACKED), limit=1
     )
@@ -37,7 +39,7 @@ def refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
     raise InconsistencyError(
         f"the ledger has batch {batch.label} committed, but the data table at "
         f"{tpc.publisher.table_location()} does not hold it: the table was deleted, moved or "
-        "restored to an older version, or delta.table_uri names another location; point "
+        "re-created, or delta.table_uri names another location; point "
         "delta.table_uri at the table that holds the pipeline's batches (to start a new "
         "table from the topics' first records, give the pipeline a new ledger.url too)"
     )
