@@ -1,9 +1,10 @@
-"""A data table that does not hold the batches the ledger committed into it: deleted,
-moved aside, or a `delta.table_uri` that names another folder (a relative path run from
-elsewhere). The old code went on: the next batch created an empty table there and filled it
-from where the ledger stopped, a table lacking every earlier record, and nothing said so.
-Now refused in one line before anything is planned; once the config names the table
-again, the pipeline carries on, every record once."""
+"""A data table or a quarantine that does not hold the batches the ledger committed into
+it: deleted, moved aside, or a location in the config that names another folder (a relative
+path run from elsewhere). The old code went on: the next batch created an empty table there
+and filled it from where the ledger stopped, a table lacking every earlier record, and
+nothing said so. Now refused in one line before anything is planned, and under a running
+process before the table is created again; once the config names the table again, the
+pipeline carries on, every record once."""
 
 from __future__ import annotations
 
@@ -37,8 +38,16 @@ def _run(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+#: (the config's field, what its refusal says)
+MOVED = [
+    ("table_uri", "committed, but the data table at"),
+    ("quarantine_uri", "quarantined records into"),
+]
+
+
+@pytest.mark.parametrize(("field", "refusal"), MOVED)
 def test_a_table_moved_away_or_named_elsewhere_is_refused_and_found_again(
-    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path, field: str, refusal: str
 ) -> None:
     config = pipeline_factory(2)
     path = config_path(config)
@@ -47,18 +56,18 @@ def test_a_table_moved_away_or_named_elsewhere_is_refused_and_found_again(
     assert first.returncode == 0, first.stdout + first.stderr
     kafka_client.produce(config.kafka.topic, pageviews(50, start=150))
 
-    table = Path(config.delta.table_uri)
+    table = Path(getattr(config.delta, field))
     aside = tmp_path / "moved-aside"
     elsewhere = tmp_path / "elsewhere.yaml"
     doc = yaml.safe_load(path.read_text())
-    doc["delta"]["table_uri"] = str(tmp_path / "another" / "table")
+    doc["delta"][field] = str(tmp_path / "another" / "table")
     elsewhere.write_text(yaml.safe_dump(doc))
 
     shutil.move(table, aside)
     for refused in (_run(path), _run(elsewhere)):
         lines = refused.stderr.strip().splitlines()
         assert refused.returncode == 2 and len(lines) == 1, refused.stdout + refused.stderr
-        assert "committed, but the data table at" in lines[0], lines[0]
+        assert refusal in lines[0], lines[0]
         assert "Traceback" not in refused.stdout + refused.stderr
     # neither refused run created a table where it looked
     assert not table.exists() and not (tmp_path / "another").exists()
@@ -69,8 +78,12 @@ def test_a_table_moved_away_or_named_elsewhere_is_refused_and_found_again(
     assert assert_exactly_once(config, kafka_client) == (195, 5)
 
 
+@pytest.mark.parametrize(
+    ("field", "refusal"),
+    [MOVED[0], ("quarantine_uri", "was deleted while this process used it")],
+)
 def test_a_table_deleted_under_a_running_process_is_not_created_again_without_its_batches(
-    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path, field: str, refusal: str
 ) -> None:
     """As `run --continuous` and a Dagster code location do: one process, its tables kept
     open, batch after batch. The old code's next commit created the deleted table anew
@@ -81,11 +94,11 @@ def test_a_table_deleted_under_a_running_process_is_not_created_again_without_it
     tpc.recover_and_commit()
     assert tpc.run_batch() is not None
 
-    table = Path(config.delta.table_uri)
+    table = Path(getattr(config.delta, field))
     aside = tmp_path / "moved-aside"
     shutil.move(table, aside)
-    kafka_client.produce(config.kafka.topic, pageviews(60, start=100))
-    with pytest.raises(InconsistencyError, match="committed, but the data table at"):
+    kafka_client.produce(config.kafka.topic, pageviews(60, start=100, malformed_every=25))
+    with pytest.raises(InconsistencyError, match=refusal):
         tpc.run_batch()
     assert not (table / "_delta_log").exists()  # not created again; the batch waits, voted
     (waiting,) = LedgerStore(config.ledger.url).batches(
@@ -96,4 +109,4 @@ def test_a_table_deleted_under_a_running_process_is_not_created_again_without_it
     shutil.copytree(aside, table, dirs_exist_ok=True)
     finished = tpc.recover_and_commit()
     assert [(b.batch_id, b.state) for b in finished] == [(waiting.batch_id, BatchState.ACKED)]
-    assert assert_exactly_once(config, kafka_client) == (156, 4)
+    assert assert_exactly_once(config, kafka_client) == (154, 6)

@@ -139,6 +139,9 @@ class DeltaPublisher:
     def table_location(self) -> str:
         return self.table.uri
 
+    def missing_quarantine(self) -> str | None:
+        return self.quarantine.uri if self.quarantine.load() is None else None
+
     def table_holds(self, batch: Batch) -> bool:
         held = self.table.transaction_version(batch.app_id)
         return held is not None and held >= batch.batch_id

@@ -230,6 +230,7 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
     there), while the next backfill's range checks need it all and refuse then.
     """
     table_history.refuse_a_table_without_its_batches(tpc)
+    table_history.refuse_a_quarantine_without_its_rows(tpc)
     version = tpc.publisher.committed_version(tpc.app_id)
     if version is None:
         if tpc.kind is BatchKind.LIVE:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ledger.coordinator import topics as topics_coordinator
 from ledger.core.errors import InconsistencyError
+from ledger.core.layout import QUARANTINE
 from ledger.core.other_writers import shared_topics_refusal
 from ledger.core.protocol import BatchState
 
@@ -42,6 +43,25 @@ def refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
         "re-created, or delta.table_uri names another location; point "
         "delta.table_uri at the table that holds the pipeline's batches (to start a new "
         "table from the topics' first records, give the pipeline a new ledger.url too)"
+    )
+
+
+def refuse_a_quarantine_without_its_rows(tpc: TwoPhaseCommit) -> None:
+    """At a start: refuse a quarantine table that is missing although committed batches
+    quarantined records into it. It is committed only for batches with quarantined rows, so
+    its app transaction says little; its absence says it was deleted or moved, and the next
+    batch with a malformed record would create it anew without every earlier one. (Under a
+    running process, the DeltaTarget that saw it refuses to create it again:
+    resources/delta/table.py `ensure_table`.)"""
+    missing = tpc.publisher.missing_quarantine()
+    if missing is None or not tpc.store.committed_rows_in(tpc.app_id, QUARANTINE):
+        return
+    raise InconsistencyError(
+        f"committed batches of {tpc.app_id} quarantined records into {missing}, but there is "
+        "no Delta table there: the quarantine was deleted or moved, or delta.quarantine_uri "
+        "names another location; point delta.quarantine_uri at it (every record read is in "
+        "the table or the quarantine, invariant 1; to drop quarantined records, delete "
+        "their rows, not the table)"
     )
 
 

@@ -85,6 +85,9 @@ class Publisher(Protocol):
     def table_location(self) -> str:
         """Where the data table is, for messages."""
 
+    def missing_quarantine(self) -> str | None:
+        """The quarantine's location while no table is there; None once it exists."""
+
     def table_holds(self, batch: Batch) -> bool:
         """Whether the data table's app transaction of the batch's application id is at or
         past its id (the data table alone: it is published last)."""
@@ -190,6 +193,9 @@ class Ledger(Protocol):
         self, *, app_id: str | None = None, pipeline: str | None = None
     ) -> list[Decision]:
         """Operator decisions, in the order they were taken."""
+
+    def committed_rows_in(self, app_id: str, target: str) -> bool:
+        """Whether a committed batch of `app_id` voted a file with records for `target`."""
 
     def last_batch_id(self, app_id: str) -> int | None:
         """The highest batch id in use for `app_id`."""

@@ -85,6 +85,29 @@ class LedgerStore(Planning, Fencing, DecisionRecording, ActionJournal, Rebuildin
             for r in rows
         ]
 
+    def committed_rows_in(self, app_id: str, target: str) -> bool:
+        """Whether a COMMITTED or ACKED batch of `app_id` voted a file with records for
+        output `target`: that output's table must then exist. Read at a start, and only
+        when the output is missing (a scan of the application id's votes)."""
+        done = [str(BatchState.COMMITTED), str(BatchState.ACKED)]
+        query = (
+            sa.select(files_table.c.batch_id)
+            .join(
+                batches_table,
+                (batches_table.c.app_id == files_table.c.app_id)
+                & (batches_table.c.batch_id == files_table.c.batch_id),
+            )
+            .where(
+                files_table.c.app_id == app_id,
+                files_table.c.target == target,
+                files_table.c.records > 0,
+                batches_table.c.state.in_(done),
+            )
+            .limit(1)
+        )
+        with self._read() as conn:
+            return conn.execute(query).first() is not None
+
     def voted_paths(
         self, app_ids: Iterable[str], among: Iterable[str] | None = None
     ) -> set[tuple[str, str]]:

@@ -17,7 +17,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -26,7 +25,7 @@ from deltalake import Schema as DeltaSchema
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 from ledger.core.batch import StagedFile
-from ledger.core.errors import ConfigError
+from ledger.core.errors import ConfigError, InconsistencyError
 from ledger.core.protocol import OffsetRange
 from resources.config.partitioning import PartitionColumn, check_layout, names, with_generation
 from resources.delta import log
@@ -34,6 +33,7 @@ from resources.delta.commit import CommitOutcome, Try, add_actions, appending, c
 from resources.delta.compaction import Compaction, compact
 from resources.delta.features import refuse_replace, refuse_unwritable, replace_refusal
 from resources.delta.figures import TableLayout, TableStats
+from resources.delta.kept import Kept
 from resources.delta.options import storage_options_for, store_failure
 from resources.delta.rewrite import remove_rows
 from resources.delta.schema import table_widened, with_legacy_features
@@ -53,21 +53,6 @@ _METADATA_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 #: Tries of a publish or a replace before its lost races are an error (commit_batch).
 _MAX_TRIES = 50
-
-
-@dataclass
-class _Kept:
-    """One thread's table kept open between loads, and what vouches for it (DeltaTarget.load)."""
-
-    table: DeltaTable
-    #: the version whose log entry was fingerprinted: the table's version when a load last
-    #: returned it, or older (a commit through the table moves the table on, not this)
-    version: int
-    #: storage.fingerprint of that version's log entry, taken after the table read it
-    fingerprint: tuple[Any, ...]
-    #: the version the table was loaded afresh at: its snapshot replays the log from the
-    #: last checkpoint before it, however many commits it was updated by since
-    loaded_at: int
 
 
 class DeltaTarget:
@@ -93,7 +78,7 @@ class DeltaTarget:
         #: them; an existing one must have them), or None: take the table's as they are
         self.partition_by = None if partition_by is None else tuple(partition_by)
         self.storage_options = storage_options_for(uri, storage_options or {})
-        #: `kept`: this thread's _Kept, or absent/None. Per thread because a delta-rs
+        #: `kept`: this thread's Kept, or absent/None. Per thread because a delta-rs
         #: table is not safe to use from two threads at once, and one thread's update or
         #: failed commit must never change the table another thread is deciding on.
         self._local = threading.local()
@@ -101,6 +86,8 @@ class DeltaTarget:
         #: commits (resources/delta/checkpoints.py): a kept table loaded before it is
         #: loaded afresh, from that checkpoint, or its log replay grows with every commit
         self._checkpointed = -1
+        #: whether this object ever read the table: then it never creates it again
+        self._existed = False
 
     def load(self) -> DeltaTable | None:
         """The table's latest snapshot, None if there is no table.
@@ -147,7 +134,7 @@ class DeltaTarget:
         delta-rs retries the store itself (resources/object_storage/s3.py sizes its budget); a
         failure that outlasts it is an UnreachableError naming the table, one line.
         """
-        kept: _Kept | None = getattr(self._local, "kept", None)
+        kept: Kept | None = getattr(self._local, "kept", None)
         if kept is not None and kept.loaded_at < self._checkpointed:
             kept = None  # a checkpoint came since: load from it
         if kept is not None:
@@ -156,7 +143,7 @@ class DeltaTarget:
                 return table
         return self._load_fresh()
 
-    def _brought_up_to_date(self, kept: _Kept) -> DeltaTable | None:
+    def _brought_up_to_date(self, kept: Kept) -> DeltaTable | None:
         """The kept table updated, or None (then dropped) when it cannot be vouched for."""
         self._forget()  # kept again below only once vouched for, whatever is raised
         try:
@@ -176,7 +163,7 @@ class DeltaTarget:
             return None  # a log entry we cannot read is no proof: a fresh load decides
         if not unchanged or latest is None:
             return None
-        self._local.kept = _Kept(kept.table, version, latest, kept.loaded_at)
+        self._local.kept = Kept(kept.table, version, latest, kept.loaded_at)
         return kept.table
 
     def _load_fresh(self) -> DeltaTable | None:
@@ -212,7 +199,7 @@ class DeltaTarget:
             # unkept, as any fresh load did before tables were kept
             return table
         if again.metadata().id == table.metadata().id:
-            self._local.kept = _Kept(table, version, fingerprint, version)
+            self._local.kept = Kept(table, version, fingerprint, version)
         return table
 
     def checkpointed(self, version: int) -> None:
@@ -227,7 +214,9 @@ class DeltaTarget:
     def _open(self, version: int | None = None) -> DeltaTable | None:
         """A new table object, at `version` or the latest; None if there is no table."""
         try:
-            return self._read_log(version)
+            table = self._read_log(version)
+            self._existed = True
+            return table
         except TableNotFoundError:
             return None
         except OSError as exc:
@@ -333,7 +322,14 @@ class DeltaTarget:
     def ensure_table(self, schema: pa.Schema) -> None:
         """Create the table with `schema` unless it exists; a concurrent creator wins
         harmlessly. The commit loop (resources/delta/commit.py) calls it before a batch's
-        first commit, whichever writer's."""
+        first commit, whichever writer's. Never a table this object has read before: one
+        deleted under a running process is created again by no commit of it, which would
+        hold that batch without every batch before it."""
+        if self._existed and self.load() is None:
+            raise InconsistencyError(
+                f"the Delta table at {self.uri} was deleted while this process used it; "
+                "restore it (a new one would lack every batch committed before)"
+            )
         try:
             DeltaTable.create(
                 self.uri,
