@@ -224,6 +224,25 @@ def test_a_batch_is_applied_once_and_re_drives_change_nothing(
     assert differences(engine, spec, 1, 2, 3) == []
 
 
+def test_an_output_table_dropped_behind_the_pipeline_is_refused_not_created_empty(
+    output: tuple[Engine, PostgresOutput],
+) -> None:
+    """DROP TABLE of the output alone leaves its state row holding batch 1: the old code
+    created the table anew and applied batch 2's partial to it, the counts of batch 1 gone
+    for good and the compare-and-set satisfied."""
+    engine, spec = output
+    assert apply_partial(engine, spec, APP, 1, None, partial(spec, 1)).applied
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"DROP TABLE {pg_tables._table(spec)}"))
+    with pytest.raises(InconsistencyError, match="was dropped") as refused:
+        apply_partial(engine, spec, APP, 2, 1, partial(spec, 2))
+    assert "holds batch 1" in str(refused.value) and "\n" not in str(refused.value)
+    with engine.connect() as conn:  # not created again; the state did not move
+        found = conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": pg_tables._table(spec)})
+        assert found.scalar() is None
+    assert held_batch(engine, spec, APP) == 1
+
+
 def test_without_the_check_a_re_drive_doubles_the_counts(
     output: tuple[Engine, PostgresOutput], monkeypatch: pytest.MonkeyPatch
 ) -> None:

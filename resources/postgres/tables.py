@@ -145,6 +145,7 @@ def _ensure_output_table(
     definitions = ", ".join(
         f"{_quote(c)} {t}{' NOT NULL' if c in counts else ''}" for c, t in columns.items()
     )
+    _refuse_a_dropped_table(conn, spec, where)
     conn.execute(sa.text(f"CREATE TABLE IF NOT EXISTS {_table(spec)} ({definitions})"))
     have = _columns_of(conn, spec)
     for column, kind in columns.items():
@@ -166,6 +167,29 @@ def _ensure_output_table(
             "NULLS NOT DISTINCT"
         )
     )
+
+
+def _refuse_a_dropped_table(conn: Connection, spec: PostgresOutput, where: str) -> None:
+    """Refuse to create an output table whose state row holds a batch: the table was
+    dropped (or never restored with its state) behind the pipeline, and created anew it
+    would take the next batch's partial alone, every group's earlier counts gone while the
+    compare-and-set, which reads the state, is satisfied."""
+    if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": _table(spec)}).scalar():
+        return
+    held = conn.execute(
+        sa.text(
+            f"SELECT app_id, batch_id FROM {_state(spec)} "
+            "WHERE output = :o AND batch_id IS NOT NULL ORDER BY app_id LIMIT 1"
+        ),
+        {"o": spec.table},
+    ).first()
+    if held is not None:
+        raise InconsistencyError(
+            f"{where}: the output table was dropped, but its state holds batch "
+            f"{held.batch_id} of {held.app_id}: restore the table with its rows (a "
+            "PostgreSQL output cannot be rebuilt from the raw table yet), or take the output "
+            "out of the config"
+        )
 
 
 def _columns_of(conn: Connection, spec: PostgresOutput) -> dict[str, str]:
