@@ -150,7 +150,7 @@ class DeltaPublisher:
         """Other pipelines' batches in the quarantine or the data table, by application id
         (resources/delta/log.py `other_writers`): the topics each read, its newest batch."""
         tables = [d.load() for d in (self.quarantine, self.table)]
-        return other_writers([t for t in tables if t is not None], self.app_ids, self.table.uri)
+        return other_writers([t for t in tables if t is not None], self.app_ids)
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """Every batch of `app_id` in any output's log, oldest first, one entry each.

@@ -9,7 +9,7 @@ rule of the second is pure (ledger/core/other_writers.py).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ledger.coordinator import topics as topics_coordinator
 from ledger.core.errors import InconsistencyError
@@ -71,9 +71,7 @@ def refuse_other_writers(tpc: TwoPhaseCommit) -> None:
     others = tpc.publisher.other_writers()
     if not others:
         return
-    source: Any = tpc.source
-    reads = source.topics() if topics_coordinator.reads_several_topics(source) else (source.topic,)
-    where = next(iter(others.values())).get("table", "its tables")
-    refusal = shared_topics_refusal(tpc.pipeline, where, reads, others)
+    reads = topics_coordinator.topics_read(tpc.source)
+    refusal = shared_topics_refusal(tpc.pipeline, tpc.publisher.table_location(), reads, others)
     if refusal is not None:
         raise refusal

@@ -41,6 +41,13 @@ def reads_several_topics(source: object) -> bool:
     return isinstance(source, TopicsSource)
 
 
+def topics_read(source: object) -> tuple[str, ...]:
+    """The topics `source` reads now: a pattern's resolved, or the one topic."""
+    if reads_several_topics(source):
+        return source.topics()  # type: ignore[attr-defined]
+    return (source.topic,)  # type: ignore[attr-defined]
+
+
 def read_topics(source: TopicsSource, topics: Iterable[str]) -> dict[str, TopicRead]:
     """Each topic's id and offsets; the id is read before and after the offsets, and a
     change in between refuses (protocol.check_topic_steady, invariant 10)."""

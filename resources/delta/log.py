@@ -57,12 +57,9 @@ def committed_batches(table: DeltaTable, app_id: str) -> list[dict[str, Any]]:
     return found
 
 
-def other_writers(
-    tables: Iterable[DeltaTable], own: Collection[str], where: str
-) -> dict[str, dict[str, Any]]:
+def other_writers(tables: Iterable[DeltaTable], own: Collection[str]) -> dict[str, dict[str, Any]]:
     """Every application id outside `own` whose exactly batches the logs of `tables` hold:
-    its pipeline, its newest batch id, every topic its batches read, and `where` (the
-    location to name), by application id.
+    its pipeline, its newest batch id and every topic its batches read, by application id.
 
     Another pipeline's batches are not this pipeline's history: read under its own name,
     the same offsets would be committed a second time (ledger/core/other_writers.py)."""
@@ -73,8 +70,7 @@ def other_writers(
             if not isinstance(app_id, str) or app_id in own:
                 continue
             seen = found.setdefault(
-                app_id,
-                {"pipeline": meta.get("pipeline"), "batch_id": 0, "topics": set(), "table": where},
+                app_id, {"pipeline": meta.get("pipeline"), "batch_id": 0, "topics": set()}
             )
             seen["batch_id"] = max(seen["batch_id"], int(meta.get("batch_id") or 0))
             seen["topics"] |= {str(r["topic"]) for r in meta.get("ranges") or () if "topic" in r}
