@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +40,7 @@ from typing import Any
 import dagster as dg
 import pytest
 import yaml
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Response, expect, sync_playwright
 from playwright.sync_api import Error as PlaywrightError
 
 from jobs.examples.sample_data import pageviews
@@ -208,7 +209,12 @@ def page(request: pytest.FixtureRequest, browser: Browser, artifacts: Path) -> I
             tab.get_by_role("dialog").filter(has_text="Join the Dagster community"),
             lambda: tab.get_by_role("button", name="Skip").click(),
         )
+        errors: list[str] = []
+        tab.on("response", lambda answer: errors.extend(graphql_errors(answer)))
         yield tab
+        # The UI shows a GraphQL error as a toast over whatever the test looks at; no page
+        # of the product's may answer one.
+        assert not errors, "GraphQL errors on the page:\n" + "\n".join(errors)
         if request.session.testsfailed > failed_before:
             name = request.node.name
             for i, open_tab in enumerate(context.pages):
@@ -216,6 +222,22 @@ def page(request: pytest.FixtureRequest, browser: Browser, artifacts: Path) -> I
                     open_tab.screenshot(path=artifacts / f"failure-{name}-{i}.png", full_page=True)
     finally:
         context.close()
+
+
+def graphql_errors(answer: Response) -> list[str]:
+    """The errors of a GraphQL answer (the operation's name and each message), if any."""
+    url = urllib.parse.urlsplit(answer.url)
+    if url.path != "/graphql":
+        return []
+    operation = urllib.parse.parse_qs(url.query).get("op", ["?"])[0]
+    try:
+        body = answer.json()
+    except (PlaywrightError, ValueError):
+        body = None
+    found = body.get("errors") if isinstance(body, dict) else None
+    if found:
+        return [f"{operation}: {str(error.get('message', error))[:2000]}" for error in found]
+    return [f"{operation}: HTTP {answer.status}"] if answer.status >= 300 else []
 
 
 def run_report(dev: DagsterDev, run_id: str, what: str) -> str:
