@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from jobs.publish.delta_publisher import DeltaPublisher, commit_metadata
+from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.stage import parquet_files
 from jobs.stage.staging import attempt_folder
 from ledger.core.batch import Batch, StagedFile
@@ -84,7 +84,7 @@ def test_a_batch_in_the_quarantine_only_is_reported_unfinished(tmp_path: Path) -
         batch_id=2,
         files=quarantined,
         schema=schema,
-        metadata=commit_metadata(second),
+        metadata=second.commit_metadata(),
     )
     assert publisher.committed_version(APP) == 2  # the newest either table holds
     assert publisher.outputs_holding(second) == {QUARANTINE}

@@ -52,25 +52,6 @@ from resources.postgres.target import PostgresTarget
 DERIVED_METRICS = "derived"
 
 
-def commit_metadata(batch: Batch) -> dict[str, Any]:
-    """What every commit carries so the Delta log alone can rebuild the ledger: with the
-    ranges, the topic incarnation they were read from (invariant 10) and the operator
-    decisions taken since the previous batch (invariant 15)."""
-    return {
-        "app_id": batch.app_id,
-        "pipeline": batch.pipeline,
-        "kind": batch.kind,
-        "batch_id": batch.batch_id,
-        "attempt": batch.attempt,
-        "ranges": [r.as_dict() for r in batch.ranges],
-        "params": batch.params,
-        "topic_id": batch.topic_id,
-        # every topic's id, by name (a batch on several topics; invariant 10)
-        "topic_ids": batch.topic_ids,
-        "decisions": [d.as_dict() for d in batch.decisions],
-    }
-
-
 class DeltaPublisher:
     """The data table, its quarantine table and its derived outputs, published batch by
     batch."""
@@ -311,7 +292,7 @@ class DeltaPublisher:
         the same commit that adds the new ones, and applies to each derived output the
         correction that keeps it equal to its recomputation (jobs/publish/derived_outputs.py).
         """
-        meta = commit_metadata(batch)
+        meta = batch.commit_metadata()
         replace = batch.params.get("mode") == "replace"
         if replace and self.postgres:
             raise InconsistencyError(

@@ -133,3 +133,22 @@ class Batch:
             "topic_ids": self.topic_ids,
             "decisions": [d.as_dict() for d in self.decisions],
         }
+
+    def commit_metadata(self) -> dict[str, Any]:
+        """What every commit of the batch carries so the Delta log alone can rebuild the
+        ledger (invariant 7): with the ranges, the topic incarnation they were read from
+        (invariant 10) and the operator decisions taken since the previous batch
+        (invariant 15)."""
+        return {
+            "app_id": self.app_id,
+            "pipeline": self.pipeline,
+            "kind": self.kind,
+            "batch_id": self.batch_id,
+            "attempt": self.attempt,
+            "ranges": [r.as_dict() for r in self.ranges],
+            "params": self.params,
+            "topic_id": self.topic_id,
+            # every topic's id, by name (a batch on several topics; invariant 10)
+            "topic_ids": self.topic_ids,
+            "decisions": [d.as_dict() for d in self.decisions],
+        }

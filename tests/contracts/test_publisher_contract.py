@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
-from jobs.publish.delta_publisher import DeltaPublisher, commit_metadata
+from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.stage.staging import QUARANTINE, TABLE, attempt_folder, parquet_files
 from ledger.core.batch import Batch, BatchKind, StagedFile
 from ledger.core.errors import RefusedBatchError
@@ -157,7 +157,7 @@ class DeltaEdge:
             batch_id=b.batch_id,
             files=files,
             schema=SCHEMA,
-            metadata=commit_metadata(b),
+            metadata=b.commit_metadata(),
         )
 
     def expire_log(self) -> None:
