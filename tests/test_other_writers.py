@@ -12,10 +12,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import yaml
+from deltalake import DeltaTable, write_deltalake
 
 from jobs.examples.sample_data import pageviews
-from ledger.core.other_writers import shared_topics_refusal
+from ledger.core.layout import TOPIC
+from ledger.core.other_writers import shared_topics_refusal, unattributed_rows_refusal
+from resources.delta.log import topics_in_rows
 from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
@@ -69,3 +73,76 @@ def test_a_renamed_pipeline_is_refused_before_it_commits_the_topic_again(
     carry_on = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
     assert carry_on.returncode == 0, carry_on.stdout + carry_on.stderr
     assert assert_exactly_once(config, kafka_client) == (235, 5)
+
+
+def _expire_the_log(uri: str) -> None:
+    """What log retention does to a table after `delta.logRetentionDuration` (30 days by
+    default): a checkpoint, then every commit JSON before it deleted, its commit info (the
+    batch's pipeline and topics) with it. The app transactions stay, in the checkpoint."""
+    DeltaTable(uri).alter.set_table_properties({"delta.logRetentionDuration": "interval 0 seconds"})
+    table = DeltaTable(uri)
+    table.create_checkpoint()
+    table.cleanup_metadata()
+    assert all(entry.get("exactly") is None for entry in DeltaTable(uri).history()), (
+        "the batches' commit info is still in the log"
+    )
+
+
+def test_a_renamed_pipeline_is_refused_after_log_retention_dropped_the_others_commits(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """A pipeline stopped for longer than the log's retention, then renamed: no commit in
+    either log says which pipeline or topic wrote the rows any more, and the new name read
+    the topic again from its start (every record twice, before the fix). The rows say it:
+    they carry their topic."""
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(120, malformed_every=30))
+    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert first.returncode == 0, first.stdout + first.stderr
+    for uri in (config.delta.table_uri, config.delta.quarantine_uri):
+        _expire_the_log(uri)
+
+    doc = yaml.safe_load(config_path(config).read_text())
+    renamed = tmp_path / "renamed.yaml"
+    renamed.write_text(
+        yaml.safe_dump(
+            {**doc, "pipeline": "pageviews_v2", "ledger": {"url": f"sqlite:///{tmp_path}/n.db"}}
+        )
+    )
+    again = _exactly("run", "-c", str(renamed), "--until-caught-up")
+    lines = again.stderr.strip().splitlines()
+    assert again.returncode == 2 and len(lines) == 1, again.stdout + again.stderr
+    assert "rows of topic(s) it reads" in lines[0] and config.kafka.topic in lines[0], lines[0]
+    assert "Traceback" not in again.stdout + again.stderr
+    assert assert_exactly_once(config, kafka_client) == (116, 4)
+
+
+def test_the_rows_name_their_topics_whatever_the_statistics_say(tmp_path: Path) -> None:
+    """`topics_in_rows` on real delta-rs tables: a file whose statistics name one other
+    topic whole is skipped, a file of several topics and a topic name too long for the
+    statistics are read, and a table partitioned by topic is answered from its log."""
+    long_topic = "t" * 40  # past the 32 characters string statistics may keep
+    plain = str(tmp_path / "plain")
+    for topics in (["other"], ["a", "other"], [long_topic]):
+        write_deltalake(
+            plain, pa.table({TOPIC: topics, "x": list(range(len(topics)))}), mode="append"
+        )
+    table = DeltaTable(plain)
+    assert topics_in_rows(table, plain, ["a", "b"]) == {"a"}
+    assert topics_in_rows(table, plain, [long_topic, "other"]) == {long_topic, "other"}
+    assert topics_in_rows(table, plain, ["b"]) == set()
+
+    by_topic = str(tmp_path / "by_topic")
+    write_deltalake(
+        by_topic, pa.table({TOPIC: ["a", "c"], "x": [1, 2]}), partition_by=[TOPIC], mode="append"
+    )
+    assert topics_in_rows(DeltaTable(by_topic), by_topic, ["c", "d"]) == {"c"}
+
+
+def test_rows_of_a_topic_read_that_no_commit_names_are_refused_with_the_tables() -> None:
+    assert unattributed_rows_refusal("pv2", {}) is None
+    refusal = unattributed_rows_refusal("pv2", {"/lake/q": {"pv"}, "/lake/t": {"pv", "x"}})
+    assert refusal is not None
+    line = str(refusal)
+    assert "pipeline pv2 holds no batch" in line and "/lake/q: pv; /lake/t: pv, x" in line, line
+    assert "a second time" in line and "tables of its own" in line, line

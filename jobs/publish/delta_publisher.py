@@ -40,7 +40,7 @@ from resources.config.derived_spec import AggregateOutput, PostgresOutput, Upser
 from resources.config.pipeline_config import PipelineConfig
 from resources.delta.features import refuse_unwritable
 from resources.delta.figures import TableLayout, TableStats
-from resources.delta.log import other_writers
+from resources.delta.log import other_writers, topics_in_rows
 from resources.delta.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
 from resources.delta.schema import decode_schema
 from resources.delta.table import Compaction, DeltaTarget
@@ -132,6 +132,13 @@ class DeltaPublisher:
         (resources/delta/log.py `other_writers`): the topics each read, its newest batch."""
         tables = [d.load() for d in (self.quarantine, self.table)]
         return other_writers([t for t in tables if t is not None], self.app_ids)
+
+    def topics_in_rows(self, topics: Collection[str]) -> dict[str, set[str]]:
+        """Which of `topics` the rows of the quarantine and the data table hold, by location,
+        whoever wrote them (resources/delta/log.py `topics_in_rows`)."""
+        loaded = [(d.uri, d.load()) for d in (self.quarantine, self.table)]
+        held = {uri: topics_in_rows(t, uri, topics) for uri, t in loaded if t is not None}
+        return {uri: found for uri, found in held.items() if found}
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """Every batch of `app_id` in any output's log, oldest first, one entry each.

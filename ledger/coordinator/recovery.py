@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ledger.coordinator import table_history
 from ledger.coordinator import topics as topics_coordinator
 from ledger.coordinator.reports import ranges_text, unfinished
+from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import RESTAGE, Batch, BatchKind
 from ledger.core.decision_rules import resume_command
 from ledger.core.decisions import Decision, DecisionKind
@@ -234,7 +235,8 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
     version = tpc.publisher.committed_version(tpc.app_id)
     if version is None:
         if tpc.kind is BatchKind.LIVE:
-            table_history.refuse_other_writers(tpc)
+            own = (tpc.app_id, backfill_app_id(tpc.pipeline))
+            table_history.refuse_other_writers(tpc, own)
         return 0
     known = tpc.store.get(tpc.app_id, version)
     if known is not None:

@@ -9,12 +9,13 @@ rule of the second is pure (ledger/core/other_writers.py).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ledger.coordinator import topics as topics_coordinator
 from ledger.core.errors import InconsistencyError
 from ledger.core.layout import QUARANTINE
-from ledger.core.other_writers import shared_topics_refusal
+from ledger.core.other_writers import shared_topics_refusal, unattributed_rows_refusal
 from ledger.core.protocol import BatchState
 
 if TYPE_CHECKING:
@@ -65,13 +66,21 @@ def refuse_a_quarantine_without_its_rows(tpc: TwoPhaseCommit) -> None:
     )
 
 
-def refuse_other_writers(tpc: TwoPhaseCommit) -> None:
+def refuse_other_writers(tpc: TwoPhaseCommit, own_app_ids: Iterable[str]) -> None:
     """Before a pipeline's first commit: refuse tables another application id writes from a
-    topic this one reads (a renamed or copied pipeline, ledger/core/other_writers.py)."""
-    others = tpc.publisher.other_writers()
-    if not others:
-        return
+    topic this one reads (a renamed or copied pipeline, ledger/core/other_writers.py), by
+    the commits in their logs; and, while none of the pipeline's application ids
+    (`own_app_ids`: the live one and the backfills') holds a batch in any output, by their
+    rows, for what the logs no longer name."""
     reads = topics_coordinator.topics_read(tpc.source)
-    refusal = shared_topics_refusal(tpc.pipeline, tpc.publisher.table_location(), reads, others)
+    others = tpc.publisher.other_writers()
+    if others:
+        location = tpc.publisher.table_location()
+        refusal = shared_topics_refusal(tpc.pipeline, location, reads, others)
+        if refusal is not None:
+            raise refusal
+    if any(tpc.publisher.committed_version(app_id) is not None for app_id in own_app_ids):
+        return
+    refusal = unattributed_rows_refusal(tpc.pipeline, tpc.publisher.topics_in_rows(reads))
     if refusal is not None:
         raise refusal

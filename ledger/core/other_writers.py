@@ -12,7 +12,7 @@ a table; the same topic twice, never.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from ledger.core.errors import ConfigError
@@ -39,3 +39,24 @@ def shared_topics_refusal(
             "tables of its own"
         )
     return None
+
+
+def unattributed_rows_refusal(
+    pipeline: str, held: Mapping[str, Collection[str]]
+) -> ConfigError | None:
+    """The refusal for pipeline `pipeline`, which holds no batch in any of its tables, when
+    their rows hold records of topics it reads (`held`: the topics found, by table) although
+    no commit left in their logs says who wrote them: log retention drops a commit's info
+    (its pipeline and topics) after 30 days, the app transactions and rows stay. Stopped for
+    longer than that, then renamed, a pipeline would read those topics again from
+    `starting_offsets`. None when no table holds such rows."""
+    if not held:
+        return None
+    where = "; ".join(f"{table}: {', '.join(sorted(t))}" for table, t in sorted(held.items()))
+    return ConfigError(
+        f"pipeline {pipeline} holds no batch in its tables, but they hold rows of topic(s) "
+        f"it reads ({where}) that another pipeline or writer committed (its commits are past "
+        f"the log's retention): starting anew, {pipeline} would commit those records a "
+        "second time. A renamed pipeline keeps its name (`pipeline:` as before; its ledger "
+        "is rebuilt from the tables); a second pipeline needs tables of its own"
+    )

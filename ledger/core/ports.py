@@ -8,7 +8,7 @@ publisher by contract tests. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeAlias, runtime_checkable
@@ -95,6 +95,10 @@ class Publisher(Protocol):
     def other_writers(self) -> dict[str, dict[str, Any]]:
         """Application ids other than the pipeline's with batches in its tables, each with
         `pipeline`, `batch_id` (its newest) and `topics` (every topic its batches read)."""
+
+    def topics_in_rows(self, topics: Collection[str]) -> dict[str, set[str]]:
+        """Which of `topics` the rows of the tables of records (the data table, the
+        quarantine) hold, by location, whoever wrote them; tables holding none are left out."""
 
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """Commit metadata of every batch of `app_id` still in any output's log, one entry

@@ -1,6 +1,7 @@
 """Reading a Delta table's log for what exactly wrote there: the commit info every batch's
 commit carries (written by resources/delta/commit.py), the batches an application committed,
-the files the log still names, and how far a topic's offsets reach in the table's rows.
+the files the log still names, how far a topic's offsets reach in the table's rows and
+which topics they hold.
 
 Their own module because these are the reads that rebuild or check the ledger from the
 table (invariant 7, the cleaner, an operator's recovery), never part of a commit's decision.
@@ -150,3 +151,32 @@ def offset_reach(table: DeltaTable, uri: str, topic: str) -> dict[int, int]:
             if p is not None and o is not None:
                 reach[p] = max(reach.get(p, 0), o + 1)
     return reach
+
+
+#: Delta writers may cut string statistics to this many characters (delta-spark's
+#: `dataSkippingStringPrefixLength`): a shorter min or max is the value itself.
+_WHOLE_STRING_STATS = 32
+
+
+def topics_in_rows(table: DeltaTable, uri: str, topics: Collection[str]) -> set[str]:
+    """Which of `topics` the table's rows hold in `_kafka_topic`, whoever wrote them.
+
+    What the log cannot say once retention has dropped the commits that wrote them (their
+    commit info named the pipeline and its topics). A file whose statistics say one other
+    topic, whole, is skipped; any other file is read, its topic column only, until every
+    topic asked for is found.
+    """
+    wanted, found = set(topics), set()
+    for row in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        if f"partition.{TOPIC}" in row:  # a table partitioned by topic: the log says it
+            found |= wanted & {row[f"partition.{TOPIC}"]}
+            continue
+        low, high = row.get("min._kafka_topic"), row.get("max._kafka_topic")
+        whole = isinstance(low, str) and len(low) < _WHOLE_STRING_STATS
+        if whole and low == high and low not in wanted:
+            continue
+        column = storage.read_parquet(storage.join(uri, row["path"]), columns=[TOPIC])[TOPIC]
+        found |= wanted & set(pc.unique(column).to_pylist())
+        if found == wanted:
+            break
+    return found

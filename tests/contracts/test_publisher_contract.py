@@ -194,6 +194,7 @@ def test_a_new_publisher_holds_nothing(edge: Edge) -> None:
     assert p.outputs_holding(b1) == set()
     assert p.rows_held(b1, TABLE) == 0
     assert p.rows_reach(TOPIC) == {}
+    assert p.topics_in_rows([TOPIC]) == {}
 
 
 def test_a_published_batch_is_held_with_its_commit_info(edge: Edge) -> None:
@@ -335,6 +336,9 @@ def test_log_retention_keeps_the_version_and_loses_the_commit_info(edge: Edge) -
     assert p.committed_batches(APP) == []
     assert p.outputs_holding(b1) == {TABLE, QUARANTINE}
     assert p.rows_reach(TOPIC) == {0: 14, 1: 5}
+    # the rows still say which topic they came from, where the log no longer does
+    held = p.topics_in_rows([TOPIC, "another-topic"])
+    assert held and all(found == {TOPIC} for found in held.values()), held
 
 
 def test_check_schemas_refuses_what_the_tables_cannot_take(edge: Edge) -> None:
