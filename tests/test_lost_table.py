@@ -1,10 +1,10 @@
 """A data table or a quarantine that does not hold the batches the ledger committed into
-it: deleted, moved aside, or a location in the config that names another folder (a relative
-path run from elsewhere). The old code went on: the next batch created an empty table there
-and filled it from where the ledger stopped, a table lacking every earlier record, and
-nothing said so. Now refused in one line before anything is planned, and under a running
-process before the table is created again; once the config names the table again, the
-pipeline carries on, every record once."""
+it: deleted, moved aside, re-created empty, or a location in the config that names another
+folder (a relative path run from elsewhere). The old code went on: the next batch created an
+empty table there and filled it from where the ledger stopped, a table lacking every earlier
+record, and nothing said so. Now refused in one line before anything is planned, and under
+a running process before the table is created again; once the config names the table
+again, the pipeline carries on, every record once."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 import yaml
+from deltalake import DeltaTable, write_deltalake
 
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
@@ -110,3 +112,33 @@ def test_a_table_deleted_under_a_running_process_is_not_created_again_without_it
     finished = tpc.recover_and_commit()
     assert [(b.batch_id, b.state) for b in finished] == [(waiting.batch_id, BatchState.ACKED)]
     assert assert_exactly_once(config, kafka_client) == (154, 6)
+
+
+def test_a_quarantine_re_created_empty_between_runs_is_refused(
+    kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """Someone drops the quarantine and creates it again, empty, with its schema (a
+    `CREATE TABLE` after a `DROP`, or a clean-up script): a table is there, so the check for
+    a missing one passed, and the next batches carried on while the records quarantined
+    before were gone. The quarantine must hold the newest batch that quarantined records."""
+    config = pipeline_factory(2)
+    path = config_path(config)
+    kafka_client.produce(config.kafka.topic, pageviews(150, malformed_every=30))
+    first = _run(path)
+    assert first.returncode == 0, first.stdout + first.stderr
+
+    uri = config.delta.quarantine_uri
+    schema = DeltaTable(uri).schema().to_arrow()
+    shutil.rmtree(uri)
+    write_deltalake(uri, pa.Table.from_batches([], schema=pa.schema(schema)), mode="overwrite")
+    kafka_client.produce(config.kafka.topic, pageviews(50, start=150, malformed_every=25))
+
+    table_version = DeltaTable(config.delta.table_uri).version()
+    refused = _run(path)
+    lines = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(lines) == 1, refused.stdout + refused.stderr
+    assert "does not hold batch" in lines[0] and uri in lines[0], lines[0]
+    assert "Traceback" not in refused.stdout + refused.stderr
+    # nothing more was committed: not the next batch, not its quarantined records
+    assert DeltaTable(config.delta.table_uri).version() == table_version
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 0

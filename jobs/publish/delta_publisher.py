@@ -120,6 +120,9 @@ class DeltaPublisher:
     def table_location(self) -> str:
         return self.table.uri
 
+    def quarantine_location(self) -> str:
+        return self.quarantine.uri
+
     def missing_quarantine(self) -> str | None:
         return self.quarantine.uri if self.quarantine.load() is None else None
 

@@ -48,22 +48,42 @@ def refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
 
 
 def refuse_a_quarantine_without_its_rows(tpc: TwoPhaseCommit) -> None:
-    """At a start: refuse a quarantine table that is missing although committed batches
-    quarantined records into it. It is committed only for batches with quarantined rows, so
-    its app transaction says little; its absence says it was deleted or moved, and the next
-    batch with a malformed record would create it anew without every earlier one. (Under a
+    """At a start: refuse a quarantine table that does not hold the newest committed batch
+    that quarantined records into it. It is committed only for batches with quarantined
+    rows, so its app transaction says little about the others; the newest one with rows
+    says whether it is the table those records went to. Missing, it was deleted or moved,
+    and the next batch with a malformed record would create it anew; there but without
+    that batch, it was dropped and created again (empty, or from an older backup), and
+    the next batches would carry on without every record quarantined before. (Under a
     running process, the DeltaTarget that saw it refuses to create it again:
     resources/delta/table.py `ensure_table`.)"""
-    missing = tpc.publisher.missing_quarantine()
-    if missing is None or not tpc.store.committed_rows_in(tpc.app_id, QUARANTINE):
+    newest = tpc.store.newest_with_rows_in(tpc.app_id, QUARANTINE)
+    if newest is None:
         return
-    raise InconsistencyError(
-        f"committed batches of {tpc.app_id} quarantined records into {missing}, but there is "
-        "no Delta table there: the quarantine was deleted or moved, or delta.quarantine_uri "
-        "names another location; point delta.quarantine_uri at it (every record read is in "
-        "the table or the quarantine, invariant 1; to drop quarantined records, delete "
-        "their rows, not the table)"
-    )
+    missing = tpc.publisher.missing_quarantine()
+    if missing is not None:
+        raise InconsistencyError(
+            f"committed batches of {tpc.app_id} quarantined records into {missing}, but "
+            "there is no Delta table there: the quarantine was deleted or moved, or "
+            "delta.quarantine_uri names another location; point delta.quarantine_uri at it "
+            f"({_EVERY_RECORD})"
+        )
+    batch = tpc.store.get(tpc.app_id, newest)
+    if batch is not None and QUARANTINE not in tpc.publisher.outputs_holding(batch):
+        raise InconsistencyError(
+            f"batch {batch.label} quarantined records, but the quarantine table at "
+            f"{tpc.publisher.quarantine_location()} does not hold batch {batch.batch_id}: it "
+            "was dropped and created again, or restored from an "
+            "older copy; put back the quarantine that holds the pipeline's batches, or point "
+            f"delta.quarantine_uri at it ({_EVERY_RECORD})"
+        )
+
+
+#: Why a quarantine without its rows is refused, and how to drop such rows instead.
+_EVERY_RECORD = (
+    "every record read is in the table or the quarantine, invariant 1; to drop quarantined "
+    "records, delete their rows, not the table"
+)
 
 
 def refuse_other_writers(tpc: TwoPhaseCommit, own_app_ids: Iterable[str]) -> None:

@@ -85,6 +85,9 @@ class Publisher(Protocol):
     def table_location(self) -> str:
         """Where the data table is, for messages."""
 
+    def quarantine_location(self) -> str:
+        """Where the quarantine table is, for messages."""
+
     def missing_quarantine(self) -> str | None:
         """The quarantine's location while no table is there; None once it exists."""
 

@@ -85,10 +85,10 @@ class LedgerStore(Planning, Fencing, DecisionRecording, ActionJournal, Rebuildin
             for r in rows
         ]
 
-    def committed_rows_in(self, app_id: str, target: str) -> bool:
-        """Whether a COMMITTED or ACKED batch of `app_id` voted a file with records for
-        output `target`: that output's table must then exist. Read at a start, and only
-        when the output is missing (a scan of the application id's votes)."""
+    def newest_with_rows_in(self, app_id: str, target: str) -> int | None:
+        """The newest COMMITTED or ACKED batch of `app_id` that voted a file with records
+        for output `target`, or None: that output's table must exist and hold it. Read at a
+        start (one scan of the application id's votes)."""
         done = [str(BatchState.COMMITTED), str(BatchState.ACKED)]
         query = (
             sa.select(files_table.c.batch_id)
@@ -103,10 +103,14 @@ class LedgerStore(Planning, Fencing, DecisionRecording, ActionJournal, Rebuildin
                 files_table.c.records > 0,
                 batches_table.c.state.in_(done),
             )
+            # newest first, from the primary key's end: a quarantine that takes records
+            # every few batches is found after a few rows, not a scan of every vote
+            .order_by(files_table.c.batch_id.desc())
             .limit(1)
         )
         with self._read() as conn:
-            return conn.execute(query).first() is not None
+            newest = conn.execute(query).scalar()
+        return None if newest is None else int(newest)
 
     def voted_paths(
         self, app_ids: Iterable[str], among: Iterable[str] | None = None
