@@ -142,3 +142,40 @@ def test_a_quarantine_re_created_empty_between_runs_is_refused(
     # nothing more was committed: not the next batch, not its quarantined records
     assert DeltaTable(config.delta.table_uri).version() == table_version
     assert DeltaTable(uri).to_pyarrow_table().num_rows == 0
+
+
+def test_a_quarantine_re_created_under_a_running_process_is_not_committed_into(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The same drop-and-create while one process keeps the tables open, batch after batch:
+    its kept table noticed a new log and read the new table, which held no batch of the
+    pipeline, and the next batch's quarantined records were committed into it alone. An
+    application's transaction version never goes down in a table (checkpoints, compaction,
+    vacuum and log clean-up keep it); a table where it did is not the one the batches went
+    to."""
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(100, malformed_every=25))
+    tpc = build(config, spark_factory=lambda: spark)
+    tpc.recover_and_commit()
+    assert tpc.run_batch() is not None
+
+    uri = config.delta.quarantine_uri
+    schema = pa.schema(DeltaTable(uri).schema().to_arrow())
+    aside = tmp_path / "moved-aside"
+    shutil.move(uri, aside)
+    write_deltalake(uri, pa.Table.from_batches([], schema=schema), mode="overwrite")
+    kafka_client.produce(config.kafka.topic, pageviews(60, start=100, malformed_every=25))
+    with pytest.raises(InconsistencyError, match="went back"):
+        tpc.run_batch()
+    assert DeltaTable(uri).to_pyarrow_table().num_rows == 0  # nothing committed into it
+    (waiting,) = LedgerStore(config.ledger.url).batches(
+        app_id=config.app_id, states=[BatchState.PREPARED]
+    )
+
+    # the quarantine that holds the batches back where it was (beside the waiting batch's
+    # staged files)
+    shutil.rmtree(Path(uri) / "_delta_log")
+    shutil.copytree(aside, uri, dirs_exist_ok=True)
+    finished = tpc.recover_and_commit()
+    assert [(b.batch_id, b.state) for b in finished] == [(waiting.batch_id, BatchState.ACKED)]
+    assert assert_exactly_once(config, kafka_client) == (154, 6)

@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.schema import ArrayType, MapType, StructType
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -54,6 +54,7 @@ from ledger.core.errors import InconsistencyError, RefusedBatchError
 from resources.config.partitioning import partition_values
 from resources.delta.checkpoints import NO_CHECKPOINT, after_commit
 from resources.delta.features import refuse_unwritable
+from resources.delta.held import HeldVersions
 from resources.delta.log import METADATA_KEY, entry_uri, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
@@ -86,6 +87,8 @@ class Committable(Protocol):
 
     uri: str
     storage_options: Mapping[str, str]
+    #: the app transaction versions seen in the table, which never go down (held.py)
+    held: HeldVersions
 
     def load(self) -> DeltaTable | None: ...
 
@@ -157,6 +160,7 @@ def commit_batch(
         if first_read is None:
             first_read = table.version()
         version = table.transaction_version(app_id)
+        target.held.check(app_id, version, lambda: _fresh_version(target, app_id))
         if version is not None and version >= batch_id:
             published = _ours(target.uri, table, ours, token, first_read)
             seconds = time.perf_counter() - started
@@ -184,10 +188,20 @@ def commit_batch(
             continue
         if done is None:
             continue
+        target.held.saw(app_id, batch_id)
         return CommitOutcome(True, table.version(), tries, time.perf_counter() - started), done
     raise InconsistencyError(
         f"{target.uri}: {subject} lost {max_tries} commit races in a row; last error: {last_error}"
     )
+
+
+def _fresh_version(target: Committable, app_id: str) -> int | None:
+    """`app_id`'s version in the table read afresh from storage, not through a kept table."""
+    try:
+        table = DeltaTable(target.uri, storage_options=dict(target.storage_options) or None)
+    except TableNotFoundError:
+        return None
+    return table.transaction_version(app_id)
 
 
 def _store_failed(uri: str) -> Callable[[Exception, int], Exception]:

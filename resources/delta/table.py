@@ -33,6 +33,7 @@ from resources.delta.commit import CommitOutcome, Try, add_actions, appending, c
 from resources.delta.compaction import Compaction, compact
 from resources.delta.features import refuse_replace, refuse_unwritable, replace_refusal
 from resources.delta.figures import TableLayout, TableStats
+from resources.delta.held import HeldVersions
 from resources.delta.kept import Kept
 from resources.delta.options import storage_options_for, store_failure
 from resources.delta.rewrite import remove_rows
@@ -88,6 +89,7 @@ class DeltaTarget:
         self._checkpointed = -1
         #: whether this object ever read the table: then it never creates it again
         self._existed = False
+        self.held = HeldVersions(uri)  # what commits check the table has not gone back on
 
     def load(self) -> DeltaTable | None:
         """The table's latest snapshot, None if there is no table.
