@@ -235,8 +235,8 @@ def rebuild_from_log(tpc: TwoPhaseCommit, *, history_required: bool = True) -> i
     version = tpc.publisher.committed_version(tpc.app_id)
     if version is None:
         if tpc.kind is BatchKind.LIVE:
-            own = (tpc.app_id, backfill_app_id(tpc.pipeline))
-            table_history.refuse_other_writers(tpc, own)
+            # the live id holds no batch (just read); the backfills' may
+            table_history.refuse_other_writers(tpc, [backfill_app_id(tpc.pipeline)])
         return 0
     known = tpc.store.get(tpc.app_id, version)
     if known is not None:

@@ -73,9 +73,9 @@ def refuse_a_quarantine_without_its_rows(tpc: TwoPhaseCommit) -> None:
         raise InconsistencyError(
             f"batch {batch.label} quarantined records, but the quarantine table at "
             f"{tpc.publisher.quarantine_location()} does not hold batch {batch.batch_id}: it "
-            "was dropped and created again, or restored from an "
-            "older copy; put back the quarantine that holds the pipeline's batches, or point "
-            f"delta.quarantine_uri at it ({_EVERY_RECORD})"
+            "was dropped and created again, or restored from an older copy; put back the "
+            "quarantine that holds the pipeline's batches, or point delta.quarantine_uri at "
+            f"it ({_EVERY_RECORD})"
         )
 
 
@@ -87,11 +87,11 @@ _EVERY_RECORD = (
 
 
 def refuse_other_writers(tpc: TwoPhaseCommit, own_app_ids: Iterable[str]) -> None:
-    """Before a pipeline's first commit: refuse tables another application id writes from a
-    topic this one reads (a renamed or copied pipeline, ledger/core/other_writers.py), by
-    the commits in their logs; and, while none of the pipeline's application ids
-    (`own_app_ids`: the live one and the backfills') holds a batch in any output, by their
-    rows, for what the logs no longer name."""
+    """Before a pipeline's first commit (its live application id holds no batch in any
+    output): refuse tables another application id writes from a topic this one reads (a
+    renamed or copied pipeline, ledger/core/other_writers.py), by the commits in their
+    logs; and, while none of the pipeline's other application ids (`own_app_ids`: the
+    backfills') holds one either, by their rows, for what the logs no longer name."""
     reads = topics_coordinator.topics_read(tpc.source)
     others = tpc.publisher.other_writers()
     if others:

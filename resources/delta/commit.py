@@ -45,7 +45,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.schema import ArrayType, MapType, StructType
 from deltalake.transaction import AddAction, RemoveAction
 
@@ -91,6 +91,8 @@ class Committable(Protocol):
     held: HeldVersions
 
     def load(self) -> DeltaTable | None: ...
+
+    def open_afresh(self) -> DeltaTable | None: ...
 
     def ensure_table(self, schema: pa.Schema) -> None: ...
 
@@ -196,12 +198,10 @@ def commit_batch(
 
 
 def _fresh_version(target: Committable, app_id: str) -> int | None:
-    """`app_id`'s version in the table read afresh from storage, not through a kept table."""
-    try:
-        table = DeltaTable(target.uri, storage_options=dict(target.storage_options) or None)
-    except TableNotFoundError:
-        return None
-    return table.transaction_version(app_id)
+    """`app_id`'s version in the table read afresh from storage, not through a kept table
+    (a store's failure said in the target's one line, as every read of it is)."""
+    table = target.open_afresh()
+    return None if table is None else table.transaction_version(app_id)
 
 
 def _store_failed(uri: str) -> Callable[[Exception, int], Exception]:

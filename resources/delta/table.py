@@ -183,7 +183,7 @@ class DeltaTarget:
         reads, as before tables were kept), and the next load is fresh again.
         """
         self._forget()
-        table = self._open()
+        table = self.open_afresh()
         if table is None:
             return None
         version = table.version()
@@ -213,7 +213,7 @@ class DeltaTarget:
         """Drop this thread's kept table: the next load is fresh."""
         self._local.kept = None
 
-    def _open(self, version: int | None = None) -> DeltaTable | None:
+    def open_afresh(self, version: int | None = None) -> DeltaTable | None:
         """A new table object, at `version` or the latest; None if there is no table."""
         try:
             table = self._read_log(version)
@@ -263,7 +263,7 @@ class DeltaTarget:
         table it committed, not the table as it is now; None while the table does not exist.
         """
         # time travel on a table of its own: the kept one stays at the latest version
-        table = self.load() if version is None else self._open(version)
+        table = self.load() if version is None else self.open_afresh(version)
         if table is None:
             return None
         actions = table.get_add_actions(flatten=True)
