@@ -18,8 +18,13 @@ from deltalake import DeltaTable, write_deltalake
 
 from jobs.examples.sample_data import pageviews
 from ledger.core.layout import TOPIC
-from ledger.core.other_writers import shared_topics_refusal, unattributed_rows_refusal
+from ledger.core.other_writers import (
+    first_commit_refusal,
+    shared_topics_refusal,
+    unattributed_rows_refusal,
+)
 from resources.delta.log import topics_in_rows
+from tests.fixtures.paused import let_go, paused_at
 from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
@@ -38,6 +43,18 @@ def test_another_pipeline_on_a_topic_this_one_reads_is_named_with_the_ways_out()
 def test_another_pipeline_on_other_topics_may_share_the_table() -> None:
     assert shared_topics_refusal("orders", "/lake/pv", ["orders"], OTHERS) is None
     assert shared_topics_refusal("orders", "/lake/pv", ["orders"], {}) is None
+
+
+def test_a_first_commit_is_refused_by_the_topics_its_batch_read() -> None:
+    meta = {"app_id": "pv2", "pipeline": "pv2", "batch_id": 3, "ranges": [{"topic": "pv"}]}
+    refusal = first_commit_refusal(meta, "/lake/pv", OTHERS)
+    assert refusal is not None
+    line = str(refusal)
+    assert line.startswith("pipeline pv2 holds no batch in /lake/pv"), line
+    assert "pipeline pageviews (application id pageviews)" in line, line
+    assert "batch pv2/3" in line and "not committed there" in line, line
+    elsewhere = {**meta, "ranges": [{"topic": "orders"}]}
+    assert first_commit_refusal(elsewhere, "/lake/pv", OTHERS) is None
 
 
 def _exactly(*args: str) -> subprocess.CompletedProcess[str]:
@@ -69,6 +86,47 @@ def test_a_renamed_pipeline_is_refused_before_it_commits_the_topic_again(
         assert assert_exactly_once(config, kafka_client) == (195, 5)
 
     # under its own name it carries on
+    kafka_client.produce(config.kafka.topic, pageviews(40, start=200))
+    carry_on = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert carry_on.returncode == 0, carry_on.stdout + carry_on.stderr
+    assert assert_exactly_once(config, kafka_client) == (235, 5)
+
+
+def test_a_copy_started_before_the_first_commit_is_refused_at_its_own_commit(
+    kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The start check reads the tables as they are when a pipeline starts: a copy of a
+    config started while the first pipeline's first batch is still staging finds them
+    empty, stages the same records, and committed them a second time (400 rows for 200
+    records before the fix). The commit is where it is refused: in the very snapshot the
+    commit goes onto (resources/delta/commit.py), so whichever of the two commits second
+    reads the first one's batch."""
+    config = pipeline_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(200, malformed_every=40))
+    doc = yaml.safe_load(config_path(config).read_text())
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(
+        yaml.safe_dump(
+            {**doc, "pipeline": "pageviews_copy", "ledger": {"url": f"sqlite:///{tmp_path}/c.db"}}
+        )
+    )
+    pauses = tmp_path / "pauses"
+    argv = [*EXACTLY, "run", "-c", str(copy), "--until-caught-up"]
+    held = paused_at(argv, pauses, "after_prepare")  # voted, its outputs still empty
+
+    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert first.returncode == 0, first.stdout + first.stderr
+    code, printed = let_go(held, pauses, "after_prepare")
+    lines = [line for line in printed.splitlines() if "pause point" not in line]
+    assert code == 2 and "Traceback" not in printed, printed
+    refusal = [line for line in lines if "pipeline pageviews (application id pageviews)" in line]
+    assert len(refusal) == 1 and "pageviews_copy" in refusal[0], printed
+    assert assert_exactly_once(config, kafka_client) == (195, 5)
+
+    # started again, the copy is refused before it stages anything; the first carries on
+    again = _exactly("run", "-c", str(copy), "--until-caught-up")
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "pipeline pageviews (application id pageviews)" in again.stderr, again.stderr
     kafka_client.produce(config.kafka.topic, pageviews(40, start=200))
     carry_on = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
     assert carry_on.returncode == 0, carry_on.stdout + carry_on.stderr

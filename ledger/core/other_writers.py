@@ -60,3 +60,27 @@ def unattributed_rows_refusal(
         "second time. A renamed pipeline keeps its name (`pipeline:` as before; its ledger "
         "is rebuilt from the tables); a second pipeline needs tables of its own"
     )
+
+
+def first_commit_refusal(
+    metadata: Mapping[str, Any], table: str, others: Mapping[str, Mapping[str, Any]]
+) -> ConfigError | None:
+    """The refusal of a batch's commit (`metadata`: its commit info, ledger/core/batch.py
+    `commit_metadata`) into `table`, which holds no batch of its application id yet, when
+    the snapshot the commit would go onto holds another pipeline's batches (`others`) of a
+    topic the batch read. The start's check (`shared_topics_refusal`) sees the tables as
+    they were when the process started: a copy of a config started while the first
+    pipeline's first batch was still staging found them empty and passed. Asked again of
+    the very snapshot each commit goes onto, with no retry over a newer one
+    (resources/delta/commit.py), it leaves no window: of two such first commits, the one
+    that lands second has read the other's."""
+    pipeline = str(metadata.get("pipeline") or metadata.get("app_id"))
+    reads = [str(r["topic"]) for r in metadata.get("ranges") or () if "topic" in r]
+    refusal = shared_topics_refusal(pipeline, table, reads, others)
+    if refusal is None:
+        return None
+    return ConfigError(
+        f"{refusal} (found at the commit of batch {metadata.get('app_id')}/"
+        f"{metadata.get('batch_id')}, voted before the other pipeline's first commit "
+        "landed; it is not committed there)"
+    )

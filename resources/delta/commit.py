@@ -58,6 +58,7 @@ from resources.delta.held import HeldVersions
 from resources.delta.log import METADATA_KEY, entry_uri, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
+from resources.delta.writers import WritersSeen, refuse_other_writers
 from resources.object_storage import storage
 
 #: Commits in a row whose outcome is unknown (module docstring) before the error is raised:
@@ -89,6 +90,8 @@ class Committable(Protocol):
     storage_options: Mapping[str, str]
     #: the app transaction versions seen in the table, which never go down (held.py)
     held: HeldVersions
+    #: the other writers read in the table's log so far (writers.py)
+    writers: WritersSeen
 
     def load(self) -> DeltaTable | None: ...
 
@@ -133,14 +136,16 @@ def commit_batch(
     metrics of the try that committed (empty when none did).
 
     Each try loads the table (creating it with `schema` when there is none); if its version
-    for `app_id` is at or past `batch_id` the batch is already there, else `plan(table, try)`
-    plans the commit on that table (outside the commit scope: what it raises propagates and
-    keeps the table) and its `commit` runs inside it with the app transaction and `metadata`
-    as the commit info. A lost race (CommitFailedError) and an unknown outcome (any other
-    DeltaError, an OSError) are decided by the next try's read; MAX_UNKNOWN_OUTCOMES of the
-    latter in a row raise `give_up(error, count)`: by default the store's failure (a
-    publish's DeltaError is the store failing); a MERGE passes its own, as a MERGE that
-    cannot be planned fails the same way every time, and that is no store failure.
+    for `app_id` is at or past `batch_id` the batch is already there; with none at all,
+    another pipeline's batches there of a topic this one read refuse it
+    (resources/delta/writers.py); else `plan(table, try)` plans the commit on that table
+    (outside the commit scope: what it raises propagates and keeps the table) and its
+    `commit` runs inside it with the app transaction and `metadata` as the commit info.
+    A lost race (CommitFailedError) and an unknown outcome (any other DeltaError, an
+    OSError) are decided by the next try's read; MAX_UNKNOWN_OUTCOMES of the latter in a
+    row raise `give_up(error, count)`: by default the store's failure (a publish's
+    DeltaError is the store failing); a MERGE passes its own, as a MERGE that cannot be
+    planned fails the same way every time, and that is no store failure.
     `subject` names the batch in the error after `max_tries` lost races.
     """
     started = time.perf_counter()
@@ -148,25 +153,23 @@ def commit_batch(
     unknown = 0
     ours: frozenset[str] = frozenset()
     token = uuid.uuid4().hex
-    custom = {
-        METADATA_KEY: dict(metadata),
-        "userMetadata": user_metadata(metadata),
-        TOKEN_KEY: token,
-    }
+    custom = {METADATA_KEY: dict(metadata), "userMetadata": user_metadata(metadata)}
+    custom[TOKEN_KEY] = token
     first_read: int | None = None
     for tries in range(1, max_tries + 1):
         table = target.load()
         if table is None:
             target.ensure_table(schema)
             continue
-        if first_read is None:
-            first_read = table.version()
+        first_read = table.version() if first_read is None else first_read
         version = table.transaction_version(app_id)
         target.held.check(app_id, version, lambda: _fresh_version(target, app_id))
         if version is not None and version >= batch_id:
             published = _ours(target.uri, table, ours, token, first_read)
             seconds = time.perf_counter() - started
             return CommitOutcome(published, table.version(), tries, seconds), {}
+        if version is None:
+            refuse_other_writers(target.writers, table, target.uri, app_id, metadata)
         planned = plan(table, tries)
         ours = planned.adds
         properties = CommitProperties(

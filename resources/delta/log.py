@@ -60,22 +60,32 @@ def committed_batches(table: DeltaTable, app_id: str) -> list[dict[str, Any]]:
 
 def other_writers(tables: Iterable[DeltaTable], own: Collection[str]) -> dict[str, dict[str, Any]]:
     """Every application id outside `own` whose exactly batches the logs of `tables` hold:
-    its pipeline, its newest batch id and every topic its batches read, by application id.
+    its pipeline, its newest batch id, every topic its batches read and the newest log
+    version that names it, by application id.
 
     Another pipeline's batches are not this pipeline's history: read under its own name,
     the same offsets would be committed a second time (ledger/core/other_writers.py)."""
     found: dict[str, dict[str, Any]] = {}
     for table in tables:
-        for _version, meta in _exactly_commits(table):
-            app_id = meta.get("app_id")
-            if not isinstance(app_id, str) or app_id in own:
-                continue
-            seen = found.setdefault(
-                app_id, {"pipeline": meta.get("pipeline"), "batch_id": 0, "topics": set()}
-            )
-            seen["batch_id"] = max(seen["batch_id"], int(meta.get("batch_id") or 0))
-            seen["topics"] |= {str(r["topic"]) for r in meta.get("ranges") or () if "topic" in r}
+        for version, meta in _exactly_commits(table):
+            if meta.get("app_id") not in own:
+                seen_writer(found, meta, version)
     return found
+
+
+def seen_writer(found: dict[str, dict[str, Any]], meta: Any, version: int | None = None) -> None:
+    """Add one commit's exactly metadata (`meta`, of log `version`) to `found`, as
+    `other_writers` gives it; anything else (a commit not exactly's) is left out."""
+    app_id = meta.get("app_id") if isinstance(meta, dict) else None
+    if not isinstance(app_id, str):
+        return
+    seen = found.setdefault(
+        app_id, {"pipeline": meta.get("pipeline"), "batch_id": 0, "topics": set(), "version": -1}
+    )
+    seen["batch_id"] = max(seen["batch_id"], int(meta.get("batch_id") or 0))
+    seen["topics"] |= {str(r["topic"]) for r in meta.get("ranges") or () if "topic" in r}
+    if version is not None:
+        seen["version"] = max(seen["version"], int(version))
 
 
 def _exactly_commits(table: DeltaTable) -> Iterator[tuple[int | None, dict[str, Any]]]:

@@ -38,6 +38,7 @@ from resources.delta.kept import Kept
 from resources.delta.options import storage_options_for, store_failure
 from resources.delta.rewrite import remove_rows
 from resources.delta.schema import table_widened, with_legacy_features
+from resources.delta.writers import WritersSeen
 from resources.object_storage import storage
 
 #: What delta-rs says of a `_delta_log` it cannot read as a table's.
@@ -90,6 +91,7 @@ class DeltaTarget:
         #: whether this object ever read the table: then it never creates it again
         self._existed = False
         self.held = HeldVersions(uri)  # what commits check the table has not gone back on
+        self.writers = WritersSeen()  # who else commits there, as read so far (writers.py)
 
     def load(self) -> DeltaTable | None:
         """The table's latest snapshot, None if there is no table.

@@ -257,7 +257,7 @@ def test_another_application_id_has_its_own_version(edge: Edge) -> None:
     p = edge.publisher
     b2 = batch(2, R2)
     assert p.publish(b2, edge.stage(b2, TABLE, {0: range(10, 14)})).published
-    fill = batch(1, R1, app_id=f"{APP}.backfill", kind=BatchKind.BACKFILL)
+    fill = batch(1, R1, app_id=f"{APP}.backfill", kind=BatchKind.BACKFILL, pipeline=APP)
     assert p.outputs_holding(fill) == set()
     assert p.publish(fill, edge.stage(fill, TABLE, {0: range(10), 1: range(5)})).published
     assert (p.committed_version(APP), p.committed_version(fill.app_id)) == (2, 1)
