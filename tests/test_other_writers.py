@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -17,9 +18,10 @@ import yaml
 from deltalake import DeltaTable, write_deltalake
 
 from jobs.examples.sample_data import pageviews
-from ledger.core.layout import TOPIC
+from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from ledger.core.other_writers import (
     first_commit_refusal,
+    new_topics_refusal,
     shared_topics_refusal,
     unattributed_rows_refusal,
 )
@@ -55,6 +57,16 @@ def test_a_first_commit_is_refused_by_the_topics_its_batch_read() -> None:
     assert "batch pv2/3" in line and "not committed there" in line, line
     elsewhere = {**meta, "ranges": [{"topic": "orders"}]}
     assert first_commit_refusal(elsewhere, "/lake/pv", OTHERS) is None
+
+
+def test_a_topic_new_to_a_pipeline_that_another_fills_the_table_from_is_refused() -> None:
+    refusal = new_topics_refusal("orders", "/lake/pv", ["pv", "returns"], OTHERS)
+    assert refusal is not None
+    line = str(refusal)
+    assert line.startswith("pipeline orders now reads topic(s) pv, which it never read"), line
+    assert "pipeline pageviews (application id pageviews) committed batches up to 7" in line
+    assert "Leave them to pageviews" in line and "tables of its own" in line, line
+    assert new_topics_refusal("orders", "/lake/pv", ["returns"], OTHERS) is None
 
 
 def _exactly(*args: str) -> subprocess.CompletedProcess[str]:
@@ -131,6 +143,48 @@ def test_a_copy_started_before_the_first_commit_is_refused_at_its_own_commit(
     carry_on = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
     assert carry_on.returncode == 0, carry_on.stdout + carry_on.stderr
     assert assert_exactly_once(config, kafka_client) == (235, 5)
+
+
+def _rows_by_coordinate(*uris: str) -> Counter[tuple[str, int, int]]:
+    """(topic, partition, offset) of every row of the tables at `uris`, counted."""
+    found: Counter[tuple[str, int, int]] = Counter()
+    for uri in uris:
+        t = DeltaTable(uri).to_pyarrow_table(columns=[TOPIC, PARTITION, OFFSET]).to_pylist()
+        found.update((r[TOPIC], r[PARTITION], r[OFFSET]) for r in t)
+    return found
+
+
+def test_a_topic_added_to_a_pipeline_that_shares_the_table_is_refused_if_another_fills_it(
+    kafka_client: Any, pipeline_factory: Any, topic_factory: Any, tmp_path: Path
+) -> None:
+    """Pipelines of different topics may share a table. The start's check asked only while
+    a pipeline held nothing, so a topic added later to one of them that the other already
+    fills the table from was read from its first records and committed a second time
+    (every one of its 100 records twice, before the fix)."""
+    config = pipeline_factory(2)
+    orders = topic_factory(2)
+    kafka_client.produce(config.kafka.topic, pageviews(100, malformed_every=25))
+    kafka_client.produce(orders, pageviews(60, malformed_every=30))
+    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert first.returncode == 0, first.stdout + first.stderr
+    doc = yaml.safe_load(config_path(config).read_text())
+    kafka = {k: v for k, v in doc["kafka"].items() if k != "topic"}
+    sharing = {**doc, "pipeline": "orders", "ledger": {"url": f"sqlite:///{tmp_path}/o.db"}}
+    other = tmp_path / "orders.yaml"
+    other.write_text(yaml.safe_dump({**sharing, "kafka": {**kafka, "topics": [orders]}}))
+    shared = _exactly("run", "-c", str(other), "--until-caught-up")
+    assert shared.returncode == 0, shared.stdout + shared.stderr
+
+    other.write_text(
+        yaml.safe_dump({**sharing, "kafka": {**kafka, "topics": [orders, config.kafka.topic]}})
+    )
+    added = _exactly("run", "-c", str(other), "--until-caught-up")
+    lines = added.stderr.strip().splitlines()
+    assert added.returncode == 2 and len(lines) == 1, added.stdout + added.stderr
+    assert f"pipeline orders now reads topic(s) {config.kafka.topic}," in lines[0], lines[0]
+    assert "pipeline pageviews (application id pageviews)" in lines[0], lines[0]
+    rows = _rows_by_coordinate(config.delta.table_uri, config.delta.quarantine_uri)
+    assert len(rows) == 160 and set(rows.values()) == {1}, rows.most_common(3)
 
 
 def _expire_the_log(uri: str) -> None:

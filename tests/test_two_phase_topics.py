@@ -547,3 +547,29 @@ def test_lost_commit_info_on_several_topics_is_resumed_topic_by_topic(
         assert publisher.published_ids() == [1, 2, 3]
     finally:
         store.dispose()
+
+
+def test_a_topic_new_to_the_pipeline_is_refused_if_another_pipeline_fills_its_table_from_it(
+    tpc: TwoPhaseCommit,
+    source: FakeTopicsSource,
+    publisher: FakePublisher,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ledger/coordinator/topics.py `refuse_other_writers_of_new_topics`: the logs are read
+    once per process for a new topic (an idle run plans every second, and an empty topic
+    stays new until a batch reads it), and a topic another pipeline fills the table from
+    is refused before any batch reads it."""
+    tpc.run_batch()
+    asked: list[int] = []
+    others: dict[str, dict] = {}
+    monkeypatch.setattr(publisher, "other_writers", lambda: asked.append(1) or others)
+    assert tpc.run_batch() is None and asked == []  # no topic new: the logs are not read
+    source.create("orders-apac", {0: Available(0, 0)})
+    assert tpc.run_batch() is None and tpc.run_batch() is None
+    assert asked == [1]
+
+    others["refunds"] = {"pipeline": "refunds", "batch_id": 3, "topics": {"orders-eu-2"}}
+    source.create("orders-eu-2", {0: Available(0, 6)})
+    with pytest.raises(ConfigError, match=r"pipeline orders now reads topic\(s\) orders-eu-2,"):
+        tpc.run_batch()
+    assert len(publisher.commits) == 1  # nothing of orders-eu-2 was read

@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ledger.core.batch import Batch
+from ledger.core.batch import Batch, BatchKind
 from ledger.core.errors import TopicChangedError
+from ledger.core.other_writers import new_topics_refusal
 from ledger.core.ports import NextBatch, TopicsSource
 from ledger.core.protocol import (
     OffsetRange,
@@ -77,6 +78,8 @@ def begin(tpc: TwoPhaseCommit, *, allow_empty: bool, batch_id: int | None) -> Ba
     """TwoPhaseCommit.begin on several topics: every topic's range in one new batch."""
     source = _source(tpc)
     reads = read_topics(source, source.topics())
+    if tpc.kind is BatchKind.LIVE:
+        refuse_other_writers_of_new_topics(tpc, reads)
 
     def ranges_for(positions: Mapping[str, Positions]) -> list[OffsetRange] | None:
         plan = _plan(tpc, positions, reads)
@@ -90,6 +93,27 @@ def begin(tpc: TwoPhaseCommit, *, allow_empty: bool, batch_id: int | None) -> Ba
         batch_id=batch_id,
         topic_ids={topic: read.topic_id for topic, read in reads.items()},
     )
+
+
+def refuse_other_writers_of_new_topics(tpc: TwoPhaseCommit, topics: Iterable[str]) -> None:
+    """Before a live batch of a pipeline that holds batches is planned: refuse the topics
+    it reads now and never read (no position in the ledger: added to `kafka.topics`, or
+    newly matched by its pattern, found at a restart or between two batches of a
+    continuous run) when another pipeline's batches in its tables read them
+    (ledger/core/other_writers.py `new_topics_refusal`). A pipeline that holds nothing was
+    asked at its start (ledger/coordinator/table_history.py `refuse_other_writers`) and is
+    asked again at its first commit (resources/delta/writers.py). The logs are read only
+    when there is such a topic, and once per process for each (an empty topic stays new
+    until a batch reads its partitions, and an idle continuous run plans every second)."""
+    held = tpc.store.positions_by_topic(tpc.app_id)
+    new = [t for t in topics if t not in held and t not in tpc.new_topics_cleared]
+    if not held or not new:
+        return
+    others = tpc.publisher.other_writers()
+    refusal = new_topics_refusal(tpc.pipeline, tpc.publisher.table_location(), new, others)
+    if refusal is not None:
+        raise refusal
+    tpc.new_topics_cleared.update(new)
 
 
 def next_batch(tpc: TwoPhaseCommit) -> NextBatch:

@@ -109,6 +109,9 @@ class TwoPhaseCommit:
         self.alert = alert or self._log_alert
         #: re-stages one commit call may do before it fails loudly (invariant 11)
         self.max_restages = max_restages
+        #: topics new to the pipeline already found in no other pipeline's batches
+        #: (ledger/coordinator/topics.py `refuse_other_writers_of_new_topics`)
+        self.new_topics_cleared: set[str] = set()
 
     def _log_alert(self, incident: Incident) -> None:
         self.log(f"ALERT [{incident.kind}] {incident.title}: {incident.text}")

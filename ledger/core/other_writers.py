@@ -18,17 +18,28 @@ from typing import Any
 from ledger.core.errors import ConfigError
 
 
+def _shared(
+    reads: Iterable[str], others: Mapping[str, Mapping[str, Any]]
+) -> tuple[str, Mapping[str, Any], list[str]] | None:
+    """The first other application id (by name) whose batches read one of `reads`: its id,
+    what `others` says of it, and the topics shared; None when none does."""
+    wanted = set(reads)
+    for app_id, seen in sorted(others.items()):
+        shared = sorted(wanted & set(seen.get("topics") or ()))
+        if shared:
+            return app_id, seen, shared
+    return None
+
+
 def shared_topics_refusal(
     pipeline: str, table: str, reads: Iterable[str], others: Mapping[str, Mapping[str, Any]]
 ) -> ConfigError | None:
     """The refusal for pipeline `pipeline`, which reads topics `reads` and holds no batch in
     `table`, when another application id's batches there (`others`, as the publisher's
     `other_writers` gives them) read one of those topics; None when none does."""
-    wanted = set(reads)
-    for app_id, seen in sorted(others.items()):
-        shared = sorted(wanted & set(seen.get("topics") or ()))
-        if not shared:
-            continue
+    found = _shared(reads, others)
+    if found is not None:
+        app_id, seen, shared = found
         other = seen.get("pipeline") or app_id
         return ConfigError(
             f"pipeline {pipeline} holds no batch in {table}, but pipeline {other} "
@@ -39,6 +50,29 @@ def shared_topics_refusal(
             "tables of its own"
         )
     return None
+
+
+def new_topics_refusal(
+    pipeline: str, table: str, new: Iterable[str], others: Mapping[str, Mapping[str, Any]]
+) -> ConfigError | None:
+    """The refusal for pipeline `pipeline`, which holds batches in `table` and now reads
+    topics `new` it never read (added to `kafka.topics`, or newly matched by its pattern),
+    when another pipeline's batches there read one of them. Pipelines of different topics
+    may share a table; a topic added to one that the other fills it from would be read
+    from its first records (ledger/core/topic_plan.py: a started pipeline reads a topic
+    new to it from `earliest`) and committed a second time. None when no other reads them."""
+    found = _shared(new, others)
+    if found is None:
+        return None
+    app_id, seen, shared = found
+    other = seen.get("pipeline") or app_id
+    return ConfigError(
+        f"pipeline {pipeline} now reads topic(s) {', '.join(shared)}, which it never read "
+        f"into {table}, but pipeline {other} (application id {app_id}) committed batches "
+        f"up to {seen.get('batch_id')} there from them: reading them from their first "
+        f"records, {pipeline} would commit those records a second time. Leave them to "
+        f"{other}, or give {pipeline} tables of its own"
+    )
 
 
 def unattributed_rows_refusal(
