@@ -358,6 +358,7 @@ def test_a_derived_table_deleted_after_the_vote_is_not_re_created_by_another_app
             1,
             BatchState.PREPARED,
             app_id=app_id,
+            pipeline=APP,
             token="t0ken",
             owner=this_owner(),
             ranges=(OffsetRange(TOPIC, 0, offsets[0], offsets[-1] + 1),),

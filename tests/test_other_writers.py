@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,37 @@ def test_a_copy_started_before_the_first_commit_is_refused_at_its_own_commit(
     carry_on = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
     assert carry_on.returncode == 0, carry_on.stdout + carry_on.stderr
     assert assert_exactly_once(config, kafka_client) == (235, 5)
+
+
+def test_a_copy_sharing_a_postgres_output_is_refused_before_any_output_takes_its_batch(
+    kafka_client: Any, pipeline_factory: Any, postgres_url: str, tmp_path: Path
+) -> None:
+    """The copy's refusal came at the first Delta output whose log holds the first
+    pipeline's batches; a PostgreSQL output published before the data table has no log to
+    ask, and took the copy's partial first (every view counted twice, before the fix). The
+    data table is asked before any output is published (jobs/publish/delta_publisher.py)."""
+    from resources.config.derived_spec import PostgresOutput
+    from tests.fixtures.derived import postgres_output, postgres_rows
+
+    dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
+    config = pipeline_factory(2, derived=[dashboard])
+    kafka_client.produce(config.kafka.topic, pageviews(200))  # no quarantine to commit first
+    doc = yaml.safe_load(config_path(config).read_text())
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(
+        yaml.safe_dump(
+            {**doc, "pipeline": "pageviews_copy", "ledger": {"url": f"sqlite:///{tmp_path}/c.db"}}
+        )
+    )
+    pauses = tmp_path / "pauses"
+    held = paused_at([*EXACTLY, "run", "-c", str(copy)], pauses, "after_prepare")
+    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert first.returncode == 0, first.stdout + first.stderr
+    code, printed = let_go(held, pauses, "after_prepare")
+    assert code == 2 and "pipeline pageviews (application id pageviews)" in printed, printed
+    spec = next(d for d in config.derived if isinstance(d, PostgresOutput))
+    assert sum(postgres_rows(spec).column("views").to_pylist()) == 200
+    assert assert_exactly_once(config, kafka_client) == (200, 0)
 
 
 def _rows_by_coordinate(*uris: str) -> Counter[tuple[str, int, int]]:

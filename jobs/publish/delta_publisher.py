@@ -44,6 +44,7 @@ from resources.delta.log import other_writers, topics_in_rows
 from resources.delta.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
 from resources.delta.schema import decode_schema
 from resources.delta.table import Compaction, DeltaTarget
+from resources.delta.writers import refuse_before_publish
 from resources.object_storage import storage
 from resources.postgres.apply import PostgresOutcome
 from resources.postgres.target import PostgresTarget
@@ -291,7 +292,9 @@ class DeltaPublisher:
         return self.quarantine.stats(app_id)
 
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
-        """Quarantine first, then the derived outputs in config order, the data table last.
+        """Quarantine first, then the derived outputs in config order, the data table last;
+        refused before any of them when the data table holds another pipeline's batches of
+        its topics and none of this one's (resources/delta/writers.py).
 
         The data table's log is what says a batch is complete (invariant 7); publishing the
         other outputs first means a batch found there has its quarantined records and its
@@ -325,6 +328,7 @@ class DeltaPublisher:
                 f"batch {batch.label} voted before output(s) {', '.join(lacking)} were "
                 "configured, so it has no partial for them: remove them until it is published"
             )
+        refuse_before_publish(self.table, batch.app_id, meta)
         outcome = None
         merged: dict[str, Any] = {}
         for target, delta in self._publish_order():

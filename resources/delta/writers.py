@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
@@ -87,6 +87,25 @@ def refuse_other_writers(
     refusal = first_commit_refusal({**metadata, "app_id": app_id}, uri, others)
     if refusal is not None:
         raise refusal
+
+
+class _Target(Protocol):
+    """A DeltaTarget, as `refuse_before_publish` needs it."""
+
+    uri: str
+    writers: WritersSeen
+
+    def load(self) -> DeltaTable | None: ...
+
+
+def refuse_before_publish(target: _Target, app_id: str, metadata: Mapping[str, Any]) -> None:
+    """`refuse_other_writers` on the data table (`target`) before any output of the batch
+    is published: the others go first (jobs/publish/delta_publisher.py), and a PostgreSQL
+    output has no log to ask, so without this it took a copy's partial before the data
+    table refused the copy. The data table's own commit asks again, without the window."""
+    table = target.load()
+    if table is not None and table.transaction_version(app_id) is None:
+        refuse_other_writers(target.writers, table, target.uri, app_id, metadata)
 
 
 def _siblings(app_id: str, pipeline: str) -> set[str]:
