@@ -105,6 +105,25 @@ def test_a_renamed_pipeline_is_refused_before_it_commits_the_topic_again(
     assert assert_exactly_once(config, kafka_client) == (235, 5)
 
 
+def _copy_voted_before_the_first_commits(config: Any, tmp_path: Path) -> tuple[Path, Any]:
+    """A copy of `config` under another name and ledger, run until it has voted its first
+    batch, its outputs still empty; then `config`'s pipeline run to the end; then the copy
+    let go: the copy's config, and its exit code and everything it printed."""
+    doc = yaml.safe_load(config_path(config).read_text())
+    copy = tmp_path / "copy.yaml"
+    copy.write_text(
+        yaml.safe_dump(
+            {**doc, "pipeline": "pageviews_copy", "ledger": {"url": f"sqlite:///{tmp_path}/c.db"}}
+        )
+    )
+    pauses = tmp_path / "pauses"
+    argv = [*EXACTLY, "run", "-c", str(copy), "--until-caught-up"]
+    held = paused_at(argv, pauses, "after_prepare")
+    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
+    assert first.returncode == 0, first.stdout + first.stderr
+    return copy, let_go(held, pauses, "after_prepare")
+
+
 def test_a_copy_started_before_the_first_commit_is_refused_at_its_own_commit(
     kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:
@@ -116,20 +135,7 @@ def test_a_copy_started_before_the_first_commit_is_refused_at_its_own_commit(
     reads the first one's batch."""
     config = pipeline_factory(2)
     kafka_client.produce(config.kafka.topic, pageviews(200, malformed_every=40))
-    doc = yaml.safe_load(config_path(config).read_text())
-    copy = tmp_path / "copy.yaml"
-    copy.write_text(
-        yaml.safe_dump(
-            {**doc, "pipeline": "pageviews_copy", "ledger": {"url": f"sqlite:///{tmp_path}/c.db"}}
-        )
-    )
-    pauses = tmp_path / "pauses"
-    argv = [*EXACTLY, "run", "-c", str(copy), "--until-caught-up"]
-    held = paused_at(argv, pauses, "after_prepare")  # voted, its outputs still empty
-
-    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
-    assert first.returncode == 0, first.stdout + first.stderr
-    code, printed = let_go(held, pauses, "after_prepare")
+    copy, (code, printed) = _copy_voted_before_the_first_commits(config, tmp_path)
     lines = [line for line in printed.splitlines() if "pause point" not in line]
     assert code == 2 and "Traceback" not in printed, printed
     refusal = [line for line in lines if "pipeline pageviews (application id pageviews)" in line]
@@ -159,18 +165,7 @@ def test_a_copy_sharing_a_postgres_output_is_refused_before_any_output_takes_its
     dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
     config = pipeline_factory(2, derived=[dashboard])
     kafka_client.produce(config.kafka.topic, pageviews(200))  # no quarantine to commit first
-    doc = yaml.safe_load(config_path(config).read_text())
-    copy = tmp_path / "copy.yaml"
-    copy.write_text(
-        yaml.safe_dump(
-            {**doc, "pipeline": "pageviews_copy", "ledger": {"url": f"sqlite:///{tmp_path}/c.db"}}
-        )
-    )
-    pauses = tmp_path / "pauses"
-    held = paused_at([*EXACTLY, "run", "-c", str(copy)], pauses, "after_prepare")
-    first = _exactly("run", "-c", str(config_path(config)), "--until-caught-up")
-    assert first.returncode == 0, first.stdout + first.stderr
-    code, printed = let_go(held, pauses, "after_prepare")
+    _copy, (code, printed) = _copy_voted_before_the_first_commits(config, tmp_path)
     assert code == 2 and "pipeline pageviews (application id pageviews)" in printed, printed
     spec = next(d for d in config.derived if isinstance(d, PostgresOutput))
     assert sum(postgres_rows(spec).column("views").to_pylist()) == 200
