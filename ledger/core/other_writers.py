@@ -20,14 +20,14 @@ from ledger.core.errors import ConfigError
 
 def _shared(
     reads: Iterable[str], others: Mapping[str, Mapping[str, Any]]
-) -> tuple[str, Mapping[str, Any], list[str]] | None:
+) -> tuple[str, str, Any, list[str]] | None:
     """The first other application id (by name) whose batches read one of `reads`: its id,
-    what `others` says of it, and the topics shared; None when none does."""
+    its pipeline, its newest batch id and the topics shared; None when none does."""
     wanted = set(reads)
     for app_id, seen in sorted(others.items()):
         shared = sorted(wanted & set(seen.get("topics") or ()))
         if shared:
-            return app_id, seen, shared
+            return app_id, seen.get("pipeline") or app_id, seen.get("batch_id"), shared
     return None
 
 
@@ -39,11 +39,10 @@ def shared_topics_refusal(
     `other_writers` gives them) read one of those topics; None when none does."""
     found = _shared(reads, others)
     if found is not None:
-        app_id, seen, shared = found
-        other = seen.get("pipeline") or app_id
+        app_id, other, upto, shared = found
         return ConfigError(
             f"pipeline {pipeline} holds no batch in {table}, but pipeline {other} "
-            f"(application id {app_id}) committed batches up to {seen.get('batch_id')} there "
+            f"(application id {app_id}) committed batches up to {upto} there "
             f"from topic(s) {', '.join(shared)}, which {pipeline} reads too: starting anew it "
             f"would commit those records a second time. A renamed pipeline keeps its name "
             f"(`pipeline: {other}`, its ledger and table carry on); a second pipeline needs "
@@ -64,12 +63,11 @@ def new_topics_refusal(
     found = _shared(new, others)
     if found is None:
         return None
-    app_id, seen, shared = found
-    other = seen.get("pipeline") or app_id
+    app_id, other, upto, shared = found
     return ConfigError(
         f"pipeline {pipeline} now reads topic(s) {', '.join(shared)}, which it never read "
         f"into {table}, but pipeline {other} (application id {app_id}) committed batches "
-        f"up to {seen.get('batch_id')} there from them: reading them from their first "
+        f"up to {upto} there from them: reading them from their first "
         f"records, {pipeline} would commit those records a second time. Leave them to "
         f"{other}, or give {pipeline} tables of its own"
     )

@@ -36,7 +36,6 @@ itself, and a conflict means the table moved on anyway.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,7 +54,7 @@ from resources.config.partitioning import partition_values
 from resources.delta.checkpoints import NO_CHECKPOINT, after_commit
 from resources.delta.features import refuse_unwritable
 from resources.delta.held import HeldVersions
-from resources.delta.log import METADATA_KEY, entry_uri, user_metadata
+from resources.delta.log import METADATA_KEY, commit_info, entry_uri, user_metadata
 from resources.delta.options import store_failure
 from resources.delta.schema import table_widened
 from resources.delta.writers import WritersSeen, refuse_other_writers
@@ -219,13 +218,10 @@ def _ours(uri: str, table: DeltaTable, adds: frozenset[str], token: str, first_r
     failed, and through the store's own client (storage.read_bytes says why)."""
     if adds:
         return adds <= _paths(table)
-    for version in range(table.version(), first_read, -1):
-        entry = storage.read_bytes(entry_uri(uri, version))
-        for line in (entry or b"").splitlines():
-            info = json.loads(line).get("commitInfo")
-            if isinstance(info, dict) and info.get(TOKEN_KEY) == token:
-                return True
-    return False
+    return any(
+        commit_info(storage.read_bytes(entry_uri(uri, version))).get(TOKEN_KEY) == token
+        for version in range(table.version(), first_read, -1)
+    )
 
 
 def _paths(table: DeltaTable) -> set[str]:

@@ -88,13 +88,30 @@ def seen_writer(found: dict[str, dict[str, Any]], meta: Any, version: int | None
         seen["version"] = max(seen["version"], int(version))
 
 
+def commit_info(entry: bytes | None) -> dict[str, Any]:
+    """The commitInfo action of a raw log entry (as storage.read_bytes returns it), or {}
+    when it has none (or there is no entry)."""
+    for line in (entry or b"").splitlines():
+        info = json.loads(line).get("commitInfo")
+        if isinstance(info, dict):
+            return info
+    return {}
+
+
+def exactly_metadata(info: Mapping[str, Any]) -> dict[str, Any] | None:
+    """exactly's batch metadata in a commit's info (written as JSON text or an object), or
+    None for a commit that is not exactly's."""
+    meta = info.get(METADATA_KEY)
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    return meta if isinstance(meta, dict) else None
+
+
 def _exactly_commits(table: DeltaTable) -> Iterator[tuple[int | None, dict[str, Any]]]:
     """(version, exactly's commit metadata) of every commit in the log that has it."""
     for entry in table.history():
-        meta = entry.get(METADATA_KEY)
-        if isinstance(meta, str):
-            meta = json.loads(meta)
-        if isinstance(meta, dict):
+        meta = exactly_metadata(entry)
+        if meta is not None:
             yield entry.get("version"), meta
 
 

@@ -22,7 +22,6 @@ table id) or gone back below what was read is read whole again.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -32,7 +31,7 @@ from deltalake.exceptions import DeltaError
 
 from ledger.core.batch import BACKFILL_SUFFIX
 from ledger.core.other_writers import first_commit_refusal
-from resources.delta.log import METADATA_KEY, entry_uri, seen_writer
+from resources.delta.log import commit_info, entry_uri, exactly_metadata, seen_writer
 from resources.delta.options import store_failure
 from resources.object_storage import storage
 
@@ -56,10 +55,7 @@ class WritersSeen:
             entry = storage.read_bytes(entry_uri(uri, at))
             if entry is None:
                 break  # removed by log retention, and every entry before it too
-            for line in entry.splitlines():
-                info = json.loads(line).get("commitInfo")
-                meta = info.get(METADATA_KEY) if isinstance(info, dict) else None
-                seen_writer(self.found, json.loads(meta) if isinstance(meta, str) else meta, at)
+            seen_writer(self.found, exactly_metadata(commit_info(entry)), at)
         self.upto = version
         return self.found
 
