@@ -42,6 +42,7 @@ from resources.delta.features import refuse_unwritable
 from resources.delta.options import store_failure
 from resources.delta.schema import widen_schema
 from resources.delta.table import DeltaTarget
+from resources.delta.upsert_pruning import pruned_partial
 from resources.delta.window_dates import held_partitions, with_window_dates
 from resources.delta.writer_stats import sound_writer_properties
 
@@ -199,11 +200,16 @@ def merge_upsert(
     newer = _newer(TOPIC in schema.names)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
-        merger = _merger(table, partial, spec.key_columns, properties)
         if not replace:
+            # the rows this snapshot's own keep out, dropped (resources/delta/upsert_pruning.py)
+            source = pruned_partial(
+                table, target.uri, partial, spec.key_columns, TOPIC in schema.names
+            )
+            merger = _merger(table, source, spec.key_columns, properties)
             return merger.when_matched_update(
                 updates=columns, predicate=newer
             ).when_not_matched_insert(updates=columns)
+        merger = _merger(table, partial, spec.key_columns, properties)
         return (
             merger.when_matched_delete(predicate=f"{absent} AND {held}")
             .when_matched_update(updates=columns, predicate=f"NOT {absent} AND ({held} OR {newer})")
