@@ -88,6 +88,16 @@ def checkpoint_in_commit() -> Iterator[None]:
         commit.NO_CHECKPOINT, commit.due_version = before
 
 
+#: The file count past which `exactly bench`'s compacted history compacts between commits.
+COMPACT_OVER = 100
+
+
+def compact_limit(commits: int) -> int:
+    """COMPACT_OVER, or a tenth of a shorter history (at least 2), so a short run (the
+    smoke's) compacts too."""
+    return min(COMPACT_OVER, max(2, commits // 10))
+
+
 def run(
     root: Path,
     commits: int,
@@ -152,6 +162,7 @@ def _run(root: Path, commits: int, profile: bool, compact_over: int | None) -> d
         "other_median_ms": 1000
         * statistics.median(t for i, t in enumerate(times, 1) if i not in at_checkpoint),
         "seconds": times,
+        "compact_over": compact_over,
         "compactions": len(compactions),
         "compaction_median_ms": 1000 * statistics.median(compactions) if compactions else None,
     }

@@ -23,7 +23,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import commits, derived_cost, freshness, limits, peer, product, scale, spark_profile
+from bench import (
+    commit_history,
+    commits,
+    derived_cost,
+    freshness,
+    limits,
+    peer,
+    product,
+    scale,
+    spark_profile,
+)
 from bench.data import produce, split
 from bench.freshness import FreshnessSettings
 from bench.memory import PeakMemory, driver_meter, spark_jvm_pid
@@ -372,6 +382,13 @@ def run(settings: Settings, log: Callable[[str], None] = print) -> dict[str, Any
                     )  # fmt: skip
                 log(f"bench: delta-rs history of {settings.history} commits")
                 result["history"] = commits.commit_vs_history(root / "history", settings.history)
+                # the same history as a continuous run with `compact.when_files_over` keeps it
+                result["history_compacted"] = commit_history.run(
+                    root / "history-compacted",
+                    settings.history,
+                    profile=False,
+                    compact_over=commit_history.compact_limit(settings.history),
+                )
                 result["freshness"] = _freshness(spark.session, root, bootstrap, settings, log)
                 result["spark_restarts"] = spark.restarts
                 result["warm_up_s"] = spark.warm_up_seconds

@@ -315,7 +315,13 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         "empty_batch": empty,
         "limits": limits,
         "ratios": ratios,
-        "delta_commit": {"files": files, "history": history},
+        "delta_commit": {
+            "files": files,
+            "history": history,
+            "history_compacted": {
+                k: v for k, v in (result.get("history_compacted") or {}).items() if k != "seconds"
+            },
+        },
         "startup": {
             "broker_start_s": result["broker_start_s"],
             "spark_session_start_s": result["spark_session_start_s"],
@@ -564,6 +570,7 @@ def render(result: dict[str, Any]) -> str:
         f"checkpoints at versions {h['checkpoint_versions'] or 'none'}: those commits "
         f"{_ms(h['median_checkpoint_commit_s'])} (median), "
         f"the others {_ms(h['median_other_commit_s'])}",
+        *_compacted_history(result.get("history_compacted")),
         *freshness.render(result.get("freshness")),
     ]
     if s.get("scale"):
@@ -578,3 +585,18 @@ def render(result: dict[str, Any]) -> str:
         out += ["", f"FAILED ({len(s['failures'])}), left out of the medians above:"]
         out += [f"  {line}" for line in s["failures"]]
     return "\n".join(out)
+
+
+def _compacted_history(found: dict[str, Any] | None) -> list[str]:
+    """The history's lines with compaction past a limit between commits, if it ran."""
+    if not found:
+        return []
+    tenths = " ".join(f"{v:.0f}" for v in found["tenth_medians_ms"])
+    checkpoint = found["checkpoint_median_ms"]
+    return [
+        f"the same history compacted between commits past {found['compact_over']} files "
+        f"(continuous mode's compact.when_files_over): median commit per tenth, ms: {tenths}",
+        f"  checkpointing commits {checkpoint or 0:.0f} ms (median), the others "
+        f"{found['other_median_ms']:.0f} ms; {found['compactions']} compactions, "
+        f"{found['compaction_median_ms'] or 0:.0f} ms each (median, not in any commit)",
+    ]

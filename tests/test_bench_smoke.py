@@ -154,6 +154,10 @@ def test_smoke_run_measures_every_section(tmp_path: Path) -> None:
     assert set(summary["delta_commit"]["files"]) == {str(n) for n in SIZES.files}
     history = summary["delta_commit"]["history"]
     assert history["commits"] == SIZES.history and len(history["windows"]) == 4
+    compacted = summary["delta_commit"]["history_compacted"]
+    assert compacted["commits"] == SIZES.history and len(compacted["tenth_medians_ms"]) == 10
+    assert compacted["compactions"] > 0
+    assert "the same history compacted between commits past 2 files" in result.stdout
 
     # the scale section: the same data at two partition counts (8 and 64 in the full
     # smoke), several pipelines (four) against one
