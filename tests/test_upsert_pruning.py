@@ -58,13 +58,22 @@ def test_a_row_is_dropped_only_where_the_table_holds_its_key_at_or_after_it() ->
     assert users(kept) == ["earlier", None, "new"]
 
 
+def test_a_key_the_table_holds_twice_keeps_its_row_if_it_is_later_than_either() -> None:
+    """A table written by someone else may hold a key twice; the MERGE updates each row
+    the batch's record is later than, so the record stays unless it is later than none."""
+    table = rows([("twice", "t", 0, 50), ("twice", "t", 0, 5), ("both", "t", 0, 60)])
+    table = pa.concat_tables([table, rows([("both", "t", 0, 70)])])
+    partial = rows([("twice", "t", 0, 20), ("both", "t", 0, 20)])
+    assert users(unchanged_rows_dropped(partial, table, ["user"], with_topic=True)) == ["twice"]
+
+
 def _later(a: Row, b: Row) -> bool:
     return (a[2], a[3], a[1]) > (b[2], b[3], b[1])
 
 
 def test_pruning_matches_the_merge_predicate_on_random_rows() -> None:
-    """Brute force: a row is dropped iff its key (non-null) is in the table at a row it
-    does not come after, as merge.py `_newer` orders them."""
+    """Brute force: a row is dropped iff its key (non-null) is in the table, and at rows
+    it comes after none of, as merge.py `_newer` orders them."""
     rng = random.Random(31)
     for _ in range(200):
         keys = [f"k{i}" for i in range(rng.randint(1, 12))] + [None]
@@ -76,8 +85,15 @@ def test_pruning_matches_the_merge_predicate_on_random_rows() -> None:
             (k, rng.choice("ab"), rng.randint(0, 2), rng.randint(0, 5))
             for k in rng.sample(keys, rng.randint(0, len(keys)))
         ]
-        theirs = {r[0]: r for r in table if r[0] is not None}
-        expected = [r[0] for r in partial if r[0] not in theirs or _later(r, theirs[r[0]])]
+        table += [r for r in table if rng.random() < 0.2]  # some keys twice
+        table = [(r[0], r[1], r[2], r[3] + rng.randint(0, 1)) for r in table]
+        theirs: dict[str | None, list[Row]] = {}
+        for r in table:
+            if r[0] is not None:
+                theirs.setdefault(r[0], []).append(r)
+        expected = [
+            r[0] for r in partial if r[0] not in theirs or any(_later(r, t) for t in theirs[r[0]])
+        ]
         kept = unchanged_rows_dropped(rows(partial), rows(table), ["user"], with_topic=True)
         assert users(kept) == expected
 

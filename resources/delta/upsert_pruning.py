@@ -66,8 +66,11 @@ def unchanged_rows_dropped(
     pairs = ours.join(theirs, keys=list(keys), join_type="inner")
     if pairs.num_rows == 0:
         return partial
-    later = _later(pairs, coords)
-    dropped = pairs.filter(pc.invert(pc.fill_null(later, True)))[_ROW]
+    # a row the MERGE may change for any table row of its key is kept: a table a writer
+    # other than exactly gave two rows of one key has each updated where the row is later
+    kept = pc.fill_null(_later(pairs, coords), True)
+    spared = pc.is_in(pairs[_ROW], value_set=pairs.filter(kept)[_ROW])
+    dropped = pairs.filter(pc.invert(spared))[_ROW]
     if len(dropped) == 0:
         return partial
     return partial.filter(pc.invert(pc.is_in(pa.array(range(partial.num_rows)), dropped)))
