@@ -51,38 +51,35 @@ DERIVED: list[dict[str, Any]] = [
 
 
 @contextlib.contextmanager
-def spark_partials() -> Iterator[None]:
+def _replaced(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` is `value` inside the block, as it was after."""
+    kept = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, kept)
+
+
+def spark_partials() -> contextlib.AbstractContextManager[None]:
     """Every partial computed by Spark, as before Arrow's (the stage's own fallback)."""
     from jobs.stage import staged_partials
-
-    kept = staged_partials.partials_from_files
 
     def declined(files: Any, outputs: Any, *args: Any, **kwargs: Any) -> list[None]:
         return [None] * len(outputs)
 
-    staged_partials.partials_from_files = declined  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        staged_partials.partials_from_files = kept
+    return _replaced(staged_partials, "partials_from_files", declined)
 
 
-@contextlib.contextmanager
-def whole_upsert_partials() -> Iterator[None]:
+def whole_upsert_partials() -> contextlib.AbstractContextManager[None]:
     """The upsert's MERGE given its whole partial, as before its pruning
     (resources/delta/upsert_pruning.py): the same outputs, side by side."""
     from resources.delta import merge
 
-    kept = merge.pruned_partial
-
     def whole(table: Any, uri: str, partial: Any, *args: Any) -> Any:
         return partial
 
-    merge.pruned_partial = whole  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        merge.pruned_partial = kept
+    return _replaced(merge, "pruned_partial", whole)
 
 
 def run_one(spark: Any, root: Path, name: str, bootstrap: str, topic: str, records: int) -> Any:

@@ -200,16 +200,17 @@ def merge_upsert(
     newer = _newer(TOPIC in schema.names)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
+        # a batch's rows this snapshot's own keep out, dropped (resources/delta/upsert_pruning.py)
+        source = (
+            partial
+            if replace
+            else pruned_partial(table, target.uri, partial, spec.key_columns, TOPIC in schema.names)
+        )
+        merger = _merger(table, source, spec.key_columns, properties)
         if not replace:
-            # the rows this snapshot's own keep out, dropped (resources/delta/upsert_pruning.py)
-            source = pruned_partial(
-                table, target.uri, partial, spec.key_columns, TOPIC in schema.names
-            )
-            merger = _merger(table, source, spec.key_columns, properties)
             return merger.when_matched_update(
                 updates=columns, predicate=newer
             ).when_not_matched_insert(updates=columns)
-        merger = _merger(table, partial, spec.key_columns, properties)
         return (
             merger.when_matched_delete(predicate=f"{absent} AND {held}")
             .when_matched_update(updates=columns, predicate=f"NOT {absent} AND ({held} OR {newer})")

@@ -48,7 +48,7 @@ def unchanged_rows_dropped(
     """`partial` without the rows whose key `table_rows` (the table's key and coordinate
     columns) holds at coordinates not before the row's: the rows the upsert's MERGE would
     not update. The partial's row order is kept; a partial holds one row per key."""
-    coords = [PARTITION, OFFSET, *([TOPIC] if with_topic else [])]
+    coords = _coordinates(with_topic)
     theirs = table_rows.select([*keys, *coords]).rename_columns(
         [*keys, *(_THEIRS + c for c in coords)]
     )
@@ -59,9 +59,8 @@ def unchanged_rows_dropped(
             + [partial.schema.field(c).with_name(_THEIRS + c).with_nullable(True) for c in coords]
         )
     )
-    ours = partial.select([*keys, *coords]).append_column(
-        _ROW, pa.array(range(partial.num_rows), pa.int64())
-    )
+    positions = pa.array(range(partial.num_rows), pa.int64())
+    ours = partial.select([*keys, *coords]).append_column(_ROW, positions)
     # an inner join matches non-null keys only: a null key is kept, for the MERGE to decide
     pairs = ours.join(theirs, keys=list(keys), join_type="inner")
     if pairs.num_rows == 0:
@@ -73,7 +72,12 @@ def unchanged_rows_dropped(
     dropped = pairs.filter(pc.invert(spared))[_ROW]
     if len(dropped) == 0:
         return partial
-    return partial.filter(pc.invert(pc.is_in(pa.array(range(partial.num_rows)), dropped)))
+    return partial.filter(pc.invert(pc.is_in(positions, dropped)))
+
+
+def _coordinates(with_topic: bool) -> list[str]:
+    """The columns that order two records of a key, as merge.py `_newer` compares them."""
+    return [PARTITION, OFFSET, *([TOPIC] if with_topic else [])]
 
 
 def _later(pairs: pa.Table, coords: Sequence[str]) -> pa.ChunkedArray:
@@ -100,7 +104,7 @@ def pruned_partial(
         return partial
     if pc.sum(counts).as_py() > MAX_TABLE_ROWS_PER_PARTIAL_ROW * partial.num_rows:
         return partial
-    columns = [*keys, PARTITION, OFFSET, *([TOPIC] if with_topic else [])]
+    columns = [*keys, *_coordinates(with_topic)]
     try:
         rows = pa.concat_tables(
             storage.read_parquet(storage.join(uri, path), columns)
