@@ -155,3 +155,18 @@ def test_a_table_much_larger_than_the_partial_is_not_read(tmp_path: Path) -> Non
     assert pruned_partial(table, uri, stale, ["user"], True).num_rows == 1
     within = rows([(f"u{i}", "t", 0, 0) for i in range(13)])
     assert pruned_partial(table, uri, within, ["user"], True).num_rows == 0
+
+
+def test_a_table_whose_files_cannot_be_read_gives_the_merge_the_whole_partial(
+    tmp_path: Path,
+) -> None:
+    """A live file deleted behind the log: pruning cannot read it and leaves the partial
+    whole, so the MERGE meets the missing file itself, as it would without pruning."""
+    uri = str(tmp_path / "users")
+    _merged(uri, [rows([(f"u{i}", "t", 0, 10) for i in range(4)])])
+    stale = rows([(f"u{i}", "t", 0, 0) for i in range(4)])
+    table = DeltaTable(uri)
+    assert pruned_partial(table, uri, stale, ["user"], True).num_rows == 0
+    for path in table.file_uris():
+        Path(path.removeprefix("file://")).unlink()
+    assert pruned_partial(table, uri, stale, ["user"], True).num_rows == 4
