@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from jobs.formats.format_decode import pipeline_transform
+from jobs.stage.kafka_read import reader_group
 from jobs.stage.staging import attempt_folder, stage
 from ledger.core.batch import Batch
 from ledger.core.errors import AuthenticationError, ExactlyError, UnreachableError
@@ -243,9 +244,16 @@ class SparkStager:
             QUARANTINE: self.config.delta.quarantine_uri,
             **{derived_target(d.name): staging_root(self.config, d) for d in self.config.derived},
         }
+        options = self.config.kafka.resolved_spark_options()
         return {
             "bootstrap_servers": self.config.kafka.bootstrap_servers,
-            "kafka_options": self.config.kafka.resolved_spark_options(),
+            "kafka_options": options,
+            "group": reader_group(
+                self.config.group_id,
+                self.config.kafka.bootstrap_servers,
+                options,
+                batch_topic_ids(batch),
+            ),
             "ranges": batch.ranges,
             "batch_id": batch.batch_id,
             "attempt_dirs": {
@@ -275,6 +283,15 @@ class SparkStager:
             else pipeline_transform(self.config, name)
         )
         return {"transform": transform, "transform_name": name}
+
+
+def batch_topic_ids(batch: Batch) -> dict[str, str | None]:
+    """The id of each topic `batch` reads, as planned (None where the ledger has none): a
+    batch of several topics records them by name, a batch of one its `topic_id`."""
+    topics = sorted({r.topic for r in batch.ranges})
+    if batch.topic_ids:
+        return {t: batch.topic_ids.get(t) for t in topics}
+    return {t: batch.topic_id for t in topics}
 
 
 def staging_root(config: PipelineConfig, output: AnyOutput) -> str:

@@ -101,6 +101,7 @@ def stage(
     transform_name: str = "transform",
     derived: Sequence[AnyOutput] = (),
     partition_by: Sequence[PartitionColumn] = (),
+    group: str | None = None,
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
     Then each derived output's partial, computed from the table's staged files
@@ -118,7 +119,7 @@ def stage(
     """
     seconds: dict[str, float] = {}
     observation = Observation()
-    read = read_ranges(spark, bootstrap_servers, ranges, kafka_options)
+    read = read_ranges(spark, bootstrap_servers, ranges, kafka_options, group)
     source = _observed(
         with_coordinates(in_tasks(read, ranges, parallelism_of(spark)), batch_id), observation
     )
@@ -156,6 +157,7 @@ def stage(
         # the count above already waited for this observation: do not wait twice
         read_fingerprint=observed_fingerprint(observation, wait_s=0.0),
         written={"both": written},
+        group=group,
     )
     if not derived:
         return output
@@ -208,6 +210,7 @@ def check_coordinates(
     table_roots: Mapping[str, str],
     read_fingerprint: int | None = None,
     written: Mapping[str, Observation] | None = None,
+    group: str | None = None,
 ) -> None:
     """Invariant 13 before the vote: every coordinate read is staged exactly once.
 
@@ -222,7 +225,7 @@ def check_coordinates(
 
     def read_again() -> pa.Table:
         source = with_coordinates(
-            read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
+            read_ranges(spark, bootstrap_servers, ranges, kafka_options, group), batch_id
         )
         return source.select(*KEY).toArrow()
 
