@@ -128,16 +128,11 @@ def stage(
     tombstones = carries_tombstones(derived)
     good, bad = split_outputs(out, tombstones)
     written = _write(out, bad, tombstones, attempt_dirs, partition_by, seconds)
-    records_read = observed_records(observation)
-    if records_read is None:
-        # the transform's output does not derive from its input (or the metrics did not
-        # arrive): count the source in a job of its own rather than trust nothing
-        records_read = source.count()
     output = staged_output(
         good,
         bad,
         batch_id=batch_id,
-        records_read=records_read,
+        records_read=_records_read(observation, source),
         attempt_dirs={
             TABLE: routed_folder(attempt_dirs[TABLE], TABLE),
             QUARANTINE: attempt_dirs[QUARANTINE],
@@ -170,6 +165,14 @@ def stage(
         table_roots=table_roots,
         partition_by=partition_by,
     )
+
+
+def _records_read(observation: Observation, source: DataFrame) -> int:
+    """The records the stage's job read, as observed there; when the transform's output
+    does not derive from its input (or the metrics did not arrive), the source counted in a
+    job of its own rather than trust nothing."""
+    observed = observed_records(observation)
+    return source.count() if observed is None else observed
 
 
 def _transformed(
