@@ -58,7 +58,6 @@ def stage_cached(
     transform_name: str = "transform",
     derived: Sequence[Any] = (),
     partition_by: Sequence[Any] = (),
-    group: str | None = None,
 ) -> StageOutput:
     """jobs/stage/staging.py's `stage` as it was: the transformed frame cached, two write jobs.
     It predates derived outputs and partitioned tables and stages neither: a pipeline with
@@ -70,7 +69,7 @@ def stage_cached(
     seconds: dict[str, float] = {}
     observation = Observation()
     source = with_coordinates(
-        read_ranges(spark, bootstrap_servers, ranges, kafka_options, group), batch_id
+        read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
     ).observe(observation, F.count(F.lit(1)).alias(RECORDS_READ), coordinates.fingerprint())
     out = transform(source)
     check_output(out, transform_name)
@@ -105,7 +104,6 @@ def stage_cached(
         table_roots=table_roots,
         read_fingerprint=observed_fingerprint(observation, wait_s=0.0),
         written=written,
-        group=group,
     )
     return output
 

@@ -27,7 +27,7 @@ BOOT = "127.0.0.1:9092"
 def test_one_pipeline_reads_one_topic_incarnation_under_one_group() -> None:
     group = reader_group("exactly-pv", BOOT, {"security.protocol": "SSL"}, {"pv": "id-1"})
     assert group is not None and group.startswith("exactly-pv.")
-    # the same inputs in another order (a dict is a dict) name the same group
+    # the same inputs name the same group, and so do the same topics in another order
     again = reader_group("exactly-pv", BOOT, {"security.protocol": "SSL"}, {"pv": "id-1"})
     assert again == group
     several = reader_group("g", BOOT, {}, {"a": "1", "b": "2"})

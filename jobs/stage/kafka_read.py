@@ -74,16 +74,12 @@ def reader_group(
       the same name, is never lent to a read with the new ones.
     The group is never joined and never commits: Spark assigns partitions by hand and turns
     auto-commit off, so it is not the pipeline's committed group (`base` alone) and needs no
-    group ACL. An operator's own `group.id` in `kafka.spark_options` still wins
-    (`read_ranges`).
+    group ACL. It is given to Spark as one more Kafka option (`group.id`), under the
+    config's own: an operator's `group.id` in `kafka.spark_options` still wins.
     """
     if not topic_ids or any(v is None for v in topic_ids.values()):
         return None
-    identity = {
-        "bootstrap": bootstrap_servers,
-        "options": dict(sorted(options.items())),
-        "topics": dict(sorted(topic_ids.items())),
-    }
+    identity = {"bootstrap": bootstrap_servers, "options": options, "topics": topic_ids}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
     return f"{base}.read.{digest}"
 
@@ -93,10 +89,8 @@ def read_ranges(
     bootstrap_servers: str,
     ranges: Sequence[OffsetRange],
     options: Mapping[str, str] | None = None,
-    group: str | None = None,
 ) -> DataFrame:
-    """Exactly the records of `ranges`, read_committed, through Spark's Kafka source, under
-    `group` (`reader_group`) if given.
+    """Exactly the records of `ranges`, read_committed, through Spark's Kafka source.
 
     Empty ranges are left out of the request (an empty batch is valid); a range that Kafka
     no longer fully holds fails the read instead of returning fewer records.
@@ -118,9 +112,7 @@ def read_ranges(
         .option("failOnDataLoss", "true")
         .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
     )
-    if group is not None:
-        reader = reader.option("kafka.group.id", group)
-    # the config's options come last: an operator's fetch.max.wait.ms (or group.id) wins
+    # the config's options come last: an operator's fetch.max.wait.ms wins over ours
     for key, value in (options or {}).items():
         reader = reader.option(f"kafka.{key}", value)
     return reader.load()

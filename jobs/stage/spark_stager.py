@@ -245,15 +245,16 @@ class SparkStager:
             **{derived_target(d.name): staging_root(self.config, d) for d in self.config.derived},
         }
         options = self.config.kafka.resolved_spark_options()
+        group = reader_group(
+            self.config.group_id,
+            self.config.kafka.bootstrap_servers,
+            options,
+            batch_topic_ids(batch),
+        )
         return {
             "bootstrap_servers": self.config.kafka.bootstrap_servers,
-            "kafka_options": options,
-            "group": reader_group(
-                self.config.group_id,
-                self.config.kafka.bootstrap_servers,
-                options,
-                batch_topic_ids(batch),
-            ),
+            # the config's own options last: an operator's group.id wins over ours
+            "kafka_options": options if group is None else {"group.id": group, **options},
             "ranges": batch.ranges,
             "batch_id": batch.batch_id,
             "attempt_dirs": {

@@ -101,7 +101,6 @@ def stage(
     transform_name: str = "transform",
     derived: Sequence[AnyOutput] = (),
     partition_by: Sequence[PartitionColumn] = (),
-    group: str | None = None,
 ) -> StageOutput:
     """Write one attempt's output for the table and the quarantine; describe the files.
     Then each derived output's partial, computed from the table's staged files
@@ -119,7 +118,7 @@ def stage(
     """
     seconds: dict[str, float] = {}
     observation = Observation()
-    read = read_ranges(spark, bootstrap_servers, ranges, kafka_options, group)
+    read = read_ranges(spark, bootstrap_servers, ranges, kafka_options)
     source = _observed(
         with_coordinates(in_tasks(read, ranges, parallelism_of(spark)), batch_id), observation
     )
@@ -128,11 +127,16 @@ def stage(
     tombstones = carries_tombstones(derived)
     good, bad = split_outputs(out, tombstones)
     written = _write(out, bad, tombstones, attempt_dirs, partition_by, seconds)
+    records_read = observed_records(observation)
+    if records_read is None:
+        # the transform's output does not derive from its input (or the metrics did not
+        # arrive): count the source in a job of its own rather than trust nothing
+        records_read = source.count()
     output = staged_output(
         good,
         bad,
         batch_id=batch_id,
-        records_read=_records_read(observation, source),
+        records_read=records_read,
         attempt_dirs={
             TABLE: routed_folder(attempt_dirs[TABLE], TABLE),
             QUARANTINE: attempt_dirs[QUARANTINE],
@@ -152,7 +156,6 @@ def stage(
         # the count above already waited for this observation: do not wait twice
         read_fingerprint=observed_fingerprint(observation, wait_s=0.0),
         written={"both": written},
-        group=group,
     )
     if not derived:
         return output
@@ -165,14 +168,6 @@ def stage(
         table_roots=table_roots,
         partition_by=partition_by,
     )
-
-
-def _records_read(observation: Observation, source: DataFrame) -> int:
-    """The records the stage's job read, as observed there; when the transform's output
-    does not derive from its input (or the metrics did not arrive), the source counted in a
-    job of its own rather than trust nothing."""
-    observed = observed_records(observation)
-    return source.count() if observed is None else observed
 
 
 def _transformed(
@@ -213,7 +208,6 @@ def check_coordinates(
     table_roots: Mapping[str, str],
     read_fingerprint: int | None = None,
     written: Mapping[str, Observation] | None = None,
-    group: str | None = None,
 ) -> None:
     """Invariant 13 before the vote: every coordinate read is staged exactly once.
 
@@ -228,7 +222,7 @@ def check_coordinates(
 
     def read_again() -> pa.Table:
         source = with_coordinates(
-            read_ranges(spark, bootstrap_servers, ranges, kafka_options, group), batch_id
+            read_ranges(spark, bootstrap_servers, ranges, kafka_options), batch_id
         )
         return source.select(*KEY).toArrow()
 
