@@ -157,3 +157,77 @@ def test_a_record_relabelled_inside_the_ranges_is_caught_by_the_fingerprint(
         _check(tmp_path, staged, [], read=_read(READ), fingerprints=(1, 2))
     assert "read but not staged, e.g. t-0@4" in str(info.value)
     assert "staged but never read, e.g. t-0@7" in str(info.value)
+
+
+def _check_files(
+    tmp_path: Path, ranges: list[OffsetRange], rows: dict[str, list[Any]], read: int
+) -> None:
+    """Check one staged file holding `rows` (topic, partition, offset columns; None is a
+    null) against `ranges`, with counts and fingerprints that agree."""
+    path = tmp_path / "staged.parquet"
+    table = pa.table(
+        {
+            "_kafka_topic": pa.array(rows["topic"], pa.string()),
+            "_kafka_partition": pa.array(rows["partition"], pa.int32()),
+            "_kafka_offset": pa.array(rows["offset"], pa.int64()),
+        }
+    )
+    pq.write_table(table, path)
+    check_exactly_once(
+        Counts(read, table.num_rows, 0),
+        read_fingerprint=7,
+        staged_fingerprint=7,
+        staged_files=[str(path)],
+        ranges=ranges,
+        read_coordinates=_never,
+    )
+
+
+def test_a_repeat_in_a_sparse_range_is_refused(tmp_path: Path) -> None:
+    """A compacted topic's range spans far more offsets than it holds records: the check
+    counts repeats by sorting there, not in an array of the range's span."""
+    ranges = [OffsetRange("c", 0, 5, 4_000_000_000), OffsetRange("c", 3, 0, 10)]
+    offsets = [5, 1_000_000_007, 3_999_999_999, 3_999_999_999, 9]
+    rows = {"topic": ["c"] * 5, "partition": [0, 0, 0, 0, 3], "offset": offsets}
+    with pytest.raises(RefusedBatchError) as info:
+        _check_files(tmp_path, ranges, rows, read=5)
+    assert "1 coordinate(s) staged more than once, e.g. c-0@3999999999 (staged 2 times)" in str(
+        info.value
+    )
+    assert "outside" not in str(info.value)
+    # the same rows without the repeat pass
+    rows = {"topic": ["c"] * 4, "partition": [0, 0, 0, 3], "offset": [5, 1_000_000_007, 6, 9]}
+    _check_files(tmp_path, ranges, rows, read=4)
+
+
+def test_repeats_are_named_in_coordinate_order_across_topics(tmp_path: Path) -> None:
+    ranges = [OffsetRange("b", 1, 0, 10), OffsetRange("a", 2, 100, 110), OffsetRange("a", 0, 0, 5)]
+    rows = {
+        "topic": ["b", "b", "a", "a", "a", "a", "a"],
+        "partition": [1, 1, 2, 2, 0, 0, 0],
+        "offset": [9, 9, 101, 101, 4, 4, 4],
+    }
+    with pytest.raises(RefusedBatchError) as info:
+        _check_files(tmp_path, ranges, rows, read=3)
+    assert (
+        "3 coordinate(s) staged more than once, e.g. a-0@4 (staged 3 times), "
+        "a-2@101 (staged 2 times), b-1@9 (staged 2 times)"
+    ) in str(info.value)
+
+
+def test_coordinates_the_batch_did_not_read_are_refused(tmp_path: Path) -> None:
+    """Another topic, a partition the batch did not read (or beyond any it did), an offset
+    before or past its range, and null parts: each is outside the batch's ranges."""
+    ranges = [OffsetRange("t", 0, 10, 20), OffsetRange("t", 2, 0, 5)]
+    rows = {
+        "topic": ["t", "u", "t", "t", "t", "t", None, "t", "t"],
+        "partition": [0, 0, 1, 7, 0, 2, 0, None, 0],
+        "offset": [10, 10, 3, 3, 9, 5, 11, 12, None],
+    }
+    with pytest.raises(RefusedBatchError) as info:
+        _check_files(tmp_path, ranges, rows, read=1)
+    message = str(info.value)
+    assert "8 staged coordinate(s) outside the batch's ranges" in message, message
+    assert "staged more than once" not in message, message
+    # a staged coordinate in range is not refused
+    _check_files(tmp_path, ranges, {"topic": ["t"], "partition": [2], "offset": [4]}, read=1)

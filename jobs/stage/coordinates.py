@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column
@@ -98,7 +99,7 @@ def check_exactly_once(
     staged = _read_staged(staged_files)
     problems: list[str] = []
     if staged is not None and staged.num_rows:
-        problems += _repeated(staged) + _never_read(staged, ranges)
+        problems += _staged_problems(staged, ranges)
     fingerprints_differ = (
         read_fingerprint is not None
         and staged_fingerprint is not None
@@ -129,32 +130,89 @@ def _name(row: dict[str, object]) -> str:
     return f"{row['_kafka_topic']}-{row['_kafka_partition']}@{row['_kafka_offset']}"
 
 
-def _repeated(staged: pa.Table) -> list[str]:
-    counted = staged.group_by(list(KEY)).aggregate([([], "count_all")])
-    repeated = counted.filter(pc.greater(counted["count_all"], 1))
-    if not repeated.num_rows:
+@dataclass(frozen=True)
+class _Positions:
+    """The batch's ranges laid end to end: the coordinate (t, p, o) inside range i sits at
+    `base[i] + o - start[i]`, one int64 per coordinate, ordered as the coordinates are
+    (ranges sorted by topic and partition). So a repeat is a repeated position, and the
+    coordinates' three columns, a string among them, are hashed by no one."""
+
+    ranges: list[OffsetRange]
+    base: np.ndarray
+
+    @classmethod
+    def of(cls, ranges: Sequence[OffsetRange]) -> _Positions:
+        ordered = sorted(ranges, key=lambda r: (r.topic, r.partition))
+        spans = np.array([max(r.end - r.start, 0) for r in ordered], dtype=np.int64)
+        return cls(ordered, np.concatenate(([0], np.cumsum(spans)[:-1])).astype(np.int64))
+
+    @property
+    def span(self) -> int:
+        last = self.ranges[-1] if self.ranges else None
+        return 0 if last is None else int(self.base[-1]) + max(last.end - last.start, 0)
+
+    def locate(self, staged: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        """Each staged row's position, and the rows (indices) inside no range: a topic or
+        partition the batch did not read, an offset outside its range, or a null part."""
+        topics = sorted({r.topic for r in self.ranges})
+        topic = _ints(pc.index_in(staged[TOPIC], value_set=pa.array(topics, pa.string())))
+        partition = _ints(staged[PARTITION])
+        offset = _ints(staged[OFFSET])
+        most = max((r.partition for r in self.ranges), default=-1)
+        which = np.full((len(topics), most + 1), -1, dtype=np.int64)
+        for i, r in enumerate(self.ranges):
+            which[topics.index(r.topic), r.partition] = i
+        known = (topic >= 0) & (partition >= 0) & (partition <= most) & (offset >= 0)
+        index = np.full(len(offset), -1, dtype=np.int64)
+        index[known] = which[topic[known], partition[known]]
+        found = index >= 0
+        start = np.array([r.start for r in self.ranges] or [0], dtype=np.int64)[index]
+        end = np.array([r.end for r in self.ranges] or [0], dtype=np.int64)[index]
+        inside = found & (offset >= start) & (offset < end)
+        positions = (self.base[index] if self.ranges else start)[inside] + (offset - start)[inside]
+        return positions, np.flatnonzero(~inside)
+
+    def coordinate(self, position: int) -> str:
+        i = int(np.searchsorted(self.base, position, side="right")) - 1
+        r = self.ranges[i]
+        return f"{r.topic}-{r.partition}@{r.start + position - int(self.base[i])}"
+
+
+def _ints(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """An integer column as int64, a null as -1 (no coordinate part is negative)."""
+    return np.asarray(pc.fill_null(values, -1).to_numpy(), dtype=np.int64)
+
+
+def _staged_problems(staged: pa.Table, ranges: Sequence[OffsetRange]) -> list[str]:
+    """Coordinates staged more than once, and staged coordinates outside every range of the
+    batch (or with a null part)."""
+    layout = _Positions.of(ranges)
+    positions, outside = layout.locate(staged)
+    return _repeated(layout, positions) + _never_read(staged.take(outside))
+
+
+def _repeated(layout: _Positions, positions: np.ndarray) -> list[str]:
+    """Positions seen more than once: counted in one array of the ranges' span when the
+    ranges are dense, by a sort when they are not (a compacted topic's range can span far
+    more offsets than it holds records)."""
+    if layout.span <= 4 * len(positions) + 1_000_000:
+        counts = np.bincount(positions, minlength=layout.span)
+        repeated = np.flatnonzero(counts > 1)
+        times = counts[repeated]
+    else:
+        values, counts = np.unique(positions, return_counts=True)
+        repeated, times = values[counts > 1], counts[counts > 1]
+    if not repeated.size:
         return []
     examples = ", ".join(
-        f"{_name(r)} (staged {r['count_all']} times)"
-        for r in repeated.sort_by([(k, "ascending") for k in KEY]).slice(0, _EXAMPLES).to_pylist()
+        f"{layout.coordinate(int(p))} (staged {int(n)} times)"
+        for p, n in zip(repeated[:_EXAMPLES], times[:_EXAMPLES], strict=True)
     )
-    return [f"{repeated.num_rows} coordinate(s) staged more than once, e.g. {examples}"]
+    return [f"{repeated.size} coordinate(s) staged more than once, e.g. {examples}"]
 
 
-def _never_read(staged: pa.Table, ranges: Sequence[OffsetRange]) -> list[str]:
+def _never_read(outside: pa.Table) -> list[str]:
     """Staged coordinates outside every range of the batch (or with a null part)."""
-    bounds = pa.table(
-        {
-            TOPIC: pa.array([r.topic for r in ranges], staged.schema.field(TOPIC).type),
-            PARTITION: pa.array([r.partition for r in ranges], staged.schema.field(PARTITION).type),
-            "_start": pa.array([r.start for r in ranges], pa.int64()),
-            "_end": pa.array([r.end for r in ranges], pa.int64()),
-        }
-    )
-    joined = staged.join(bounds, keys=[TOPIC, PARTITION], join_type="left outer")
-    offset = joined[OFFSET]
-    inside = pc.and_(pc.greater_equal(offset, joined["_start"]), pc.less(offset, joined["_end"]))
-    outside = joined.filter(pc.invert(pc.fill_null(inside, False))).select(list(KEY))
     if not outside.num_rows:
         return []
     examples = ", ".join(
