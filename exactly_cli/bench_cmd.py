@@ -215,6 +215,9 @@ def settings_from(args: argparse.Namespace) -> Any:
         raise ConfigError("--freshness-interval must be at least 0")
     if settings.empty_batches < 0:
         raise ConfigError("--empty-batches must be at least 0")
+    if settings.work_dir is not None and not settings.work_dir.is_dir():
+        # the run's temporary folder is made below it: say so before a broker starts
+        raise ConfigError(f"--work-dir {settings.work_dir}: not a folder (create it first)")
     return settings
 
 

@@ -142,3 +142,14 @@ def test_run_prints_one_line_per_batch_and_ledger_lists_them(
         "after the outage",
         "nothing to recover",
     )
+
+
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_bench_work_dir_that_is_no_folder_is_one_line_naming_it(tmp_path: Path, kind: str) -> None:
+    """Before any broker or Spark starts: the bench's temporary folder goes below it."""
+    work_dir = tmp_path / "nowhere"
+    if kind == "a file":
+        work_dir.write_text("")
+    line = one_error_line(exactly("bench", "--smoke", "--work-dir", str(work_dir)))
+    assert f"--work-dir {work_dir}: not a folder" in line, line
+    assert "Traceback" not in line
