@@ -231,3 +231,43 @@ def test_coordinates_the_batch_did_not_read_are_refused(tmp_path: Path) -> None:
     assert "staged more than once" not in message, message
     # a staged coordinate in range is not refused
     _check_files(tmp_path, ranges, {"topic": ["t"], "partition": [2], "offset": [4]}, read=1)
+
+
+def test_coordinates_staged_as_other_than_integers_are_refused(tmp_path: Path) -> None:
+    """A transform that turned the partition into a double could stage 1.5: no truncation
+    may read it as partition 1."""
+    path = tmp_path / "staged.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "_kafka_topic": ["t", "t"],
+                "_kafka_partition": pa.array([0.0, 1.5], pa.float64()),
+                "_kafka_offset": pa.array([0, 1], pa.int64()),
+            }
+        ),
+        path,
+    )
+    with pytest.raises(RefusedBatchError, match="_kafka_partition is double, not an integer"):
+        check_exactly_once(
+            Counts(2, 2, 0),
+            read_fingerprint=7,
+            staged_fingerprint=7,
+            staged_files=[str(path)],
+            ranges=[OffsetRange("t", 0, 0, 1), OffsetRange("t", 1, 1, 2)],
+            read_coordinates=_never,
+        )
+
+
+def test_a_topic_staged_as_other_than_a_string_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "staged.parquet"
+    coordinates = {"_kafka_partition": pa.array([0], pa.int32()), "_kafka_offset": [0]}
+    pq.write_table(pa.table({"_kafka_topic": [7], **coordinates}), path)
+    with pytest.raises(RefusedBatchError, match="_kafka_topic is int64, not a string"):
+        check_exactly_once(
+            Counts(1, 1, 0),
+            read_fingerprint=7,
+            staged_fingerprint=7,
+            staged_files=[str(path)],
+            ranges=[OffsetRange("7", 0, 0, 1)],
+            read_coordinates=_never,
+        )

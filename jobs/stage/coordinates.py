@@ -155,9 +155,9 @@ class _Positions:
         """Each staged row's position, and the rows (indices) inside no range: a topic or
         partition the batch did not read, an offset outside its range, or a null part."""
         topics = sorted({r.topic for r in self.ranges})
-        topic = _ints(pc.index_in(staged[TOPIC], value_set=pa.array(topics, pa.string())))
-        partition = _ints(staged[PARTITION])
-        offset = _ints(staged[OFFSET])
+        topic = _topic_codes(staged[TOPIC], topics)
+        partition = _ints(staged[PARTITION], PARTITION)
+        offset = _ints(staged[OFFSET], OFFSET)
         most = max((r.partition for r in self.ranges), default=-1)
         which = np.full((len(topics), most + 1), -1, dtype=np.int64)
         for i, r in enumerate(self.ranges):
@@ -178,8 +178,28 @@ class _Positions:
         return f"{r.topic}-{r.partition}@{r.start + position - int(self.base[i])}"
 
 
-def _ints(values: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """An integer column as int64, a null as -1 (no coordinate part is negative)."""
+def _topic_codes(values: pa.ChunkedArray, topics: list[str]) -> np.ndarray:
+    """Each row's index in `topics`, -1 for another topic or a null; a column that holds no
+    strings is refused like `_ints`'s."""
+    kind = values.type.value_type if pa.types.is_dictionary(values.type) else values.type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise RefusedBatchError(
+            f"the staged column {TOPIC} is {values.type}, not a string: a transform must keep "
+            "the Kafka coordinates as they were read (invariant 13)"
+        )
+    return _ints(pc.index_in(values, value_set=pa.array(topics, pa.string())), TOPIC)
+
+
+def _ints(values: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
+    """An integer column as int64, a null as -1 (no coordinate part is negative).
+
+    Any other type is refused rather than converted: a transform that turned the partition
+    into a double could stage 1.5, which a truncation would read as partition 1."""
+    if not pa.types.is_integer(values.type):
+        raise RefusedBatchError(
+            f"the staged column {name} is {values.type}, not an integer: a transform must keep "
+            "the Kafka coordinates as they were read (invariant 13)"
+        )
     return np.asarray(pc.fill_null(values, -1).to_numpy(), dtype=np.int64)
 
 
