@@ -258,3 +258,8 @@ def test_a_topic_staged_as_other_than_a_string_is_refused(tmp_path: Path) -> Non
     table = pa.table({"_kafka_topic": [7], **coordinates})
     with pytest.raises(RefusedBatchError, match="_kafka_topic is int64, not a string"):
         _check_table(tmp_path, [OffsetRange("7", 0, 0, 1)], table, read=1)
+
+
+def test_rows_staged_by_a_batch_of_no_ranges_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(RefusedBatchError, match="1 staged coordinate"):
+        _check_files(tmp_path, [], {"topic": ["t"], "partition": [0], "offset": [0]}, read=1)

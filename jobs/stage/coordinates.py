@@ -138,18 +138,19 @@ class _Positions:
     coordinates' three columns, a string among them, are hashed by no one."""
 
     ranges: list[OffsetRange]
+    start: np.ndarray
+    end: np.ndarray
     base: np.ndarray
+    #: the positions there are: the ranges' offsets together
+    span: int
 
     @classmethod
     def of(cls, ranges: Sequence[OffsetRange]) -> _Positions:
         ordered = sorted(ranges, key=lambda r: (r.topic, r.partition))
-        spans = np.array([max(r.end - r.start, 0) for r in ordered], dtype=np.int64)
-        return cls(ordered, np.concatenate(([0], np.cumsum(spans)[:-1])).astype(np.int64))
-
-    @property
-    def span(self) -> int:
-        last = self.ranges[-1] if self.ranges else None
-        return 0 if last is None else int(self.base[-1]) + max(last.end - last.start, 0)
+        start = np.array([r.start for r in ordered], dtype=np.int64)
+        end = np.array([r.end for r in ordered], dtype=np.int64)
+        spans = np.maximum(end - start, 0)
+        return cls(ordered, start, end, np.cumsum(spans) - spans, int(spans.sum()))
 
     def locate(self, staged: pa.Table) -> tuple[np.ndarray, np.ndarray]:
         """Each staged row's position, and the rows (indices) inside no range: a topic or
@@ -158,19 +159,18 @@ class _Positions:
         topic = _topic_codes(staged[TOPIC], topics)
         partition = _ints(staged[PARTITION], PARTITION)
         offset = _ints(staged[OFFSET], OFFSET)
-        most = max((r.partition for r in self.ranges), default=-1)
+        most = max(r.partition for r in self.ranges)
         which = np.full((len(topics), most + 1), -1, dtype=np.int64)
+        code = {t: i for i, t in enumerate(topics)}
         for i, r in enumerate(self.ranges):
-            which[topics.index(r.topic), r.partition] = i
+            which[code[r.topic], r.partition] = i
         known = (topic >= 0) & (partition >= 0) & (partition <= most) & (offset >= 0)
         index = np.full(len(offset), -1, dtype=np.int64)
         index[known] = which[topic[known], partition[known]]
-        found = index >= 0
-        start = np.array([r.start for r in self.ranges] or [0], dtype=np.int64)[index]
-        end = np.array([r.end for r in self.ranges] or [0], dtype=np.int64)[index]
-        inside = found & (offset >= start) & (offset < end)
-        positions = (self.base[index] if self.ranges else start)[inside] + (offset - start)[inside]
-        return positions, np.flatnonzero(~inside)
+        # index -1 reads the last range's bounds: `index >= 0` keeps those rows outside
+        start = self.start[index]
+        inside = (index >= 0) & (offset >= start) & (offset < self.end[index])
+        return (self.base[index] + offset - start)[inside], np.flatnonzero(~inside)
 
     def coordinate(self, position: int) -> str:
         i = int(np.searchsorted(self.base, position, side="right")) - 1
@@ -206,6 +206,8 @@ def _ints(values: pa.ChunkedArray | pa.Array, name: str) -> np.ndarray:
 def _staged_problems(staged: pa.Table, ranges: Sequence[OffsetRange]) -> list[str]:
     """Coordinates staged more than once, and staged coordinates outside every range of the
     batch (or with a null part)."""
+    if not ranges:
+        return _never_read(staged)
     layout = _Positions.of(ranges)
     positions, outside = layout.locate(staged)
     return _repeated(layout, positions) + _never_read(staged.take(outside))
