@@ -386,6 +386,36 @@ def test_a_load_with_nothing_new_does_not_read_the_log_again(
     assert by_uri.transaction_version(APP) == 5 and by_uri.load() is kept_by_uri
 
 
+def test_an_application_version_is_read_once_per_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """delta-rs scans the snapshot on every `transaction_version`; a target answers each
+    app id once per version of its kept table, and a new version (its own commit or
+    another writer's) is asked again."""
+    root = tmp_path / "table"
+    target = DeltaTarget(str(root))
+    publish_batches(target, root, [1, 2])
+    kept = target.load()
+    asked: list[str] = []  # of the kept table only, not of the other writer's
+    real = DeltaTable.transaction_version
+
+    def counted(self: DeltaTable, app_id: str) -> int | None:
+        if self is kept:
+            asked.append(app_id)
+        return real(self, app_id)
+
+    monkeypatch.setattr(DeltaTable, "transaction_version", counted)
+    answers = [target.transaction_version(a) for a in (APP, "other", APP, "other", APP)]
+    assert answers == [2, None, 2, None, 2] and asked == [APP, "other"]
+
+    publish_batches(DeltaTarget(str(root)), root, [3])
+    assert target.transaction_version(APP) == 3 and asked == [APP, "other", APP]
+    publish_batches(target, root, [4])
+    assert target.transaction_version(APP) == 4 and target.transaction_version(APP) == 4
+    assert target.load() is kept
+    assert asked.count(APP) == 4  # one more for the commit's own check, one for the answer
+
+
 def test_time_travel_leaves_the_kept_table_at_the_latest_version(tmp_path: Path) -> None:
     """A batch's history reads the table as of its commit: from a table of its own."""
     root = tmp_path / "table"

@@ -34,7 +34,7 @@ from resources.delta.compaction import Compaction, compact
 from resources.delta.features import refuse_replace, refuse_unwritable, replace_refusal
 from resources.delta.figures import TableLayout, TableStats
 from resources.delta.held import HeldVersions
-from resources.delta.kept import Kept
+from resources.delta.kept import Answers, Kept
 from resources.delta.options import storage_options_for, store_failure
 from resources.delta.rewrite import remove_rows
 from resources.delta.schema import table_widened, with_legacy_features
@@ -80,7 +80,7 @@ class DeltaTarget:
         #: them; an existing one must have them), or None: take the table's as they are
         self.partition_by = None if partition_by is None else tuple(partition_by)
         self.storage_options = storage_options_for(uri, storage_options or {})
-        #: `kept`: this thread's Kept, or absent/None. Per thread because a delta-rs
+        #: `kept`, `answers`: this thread's Kept and Answers (kept.py). Per thread: a delta-rs
         #: table is not safe to use from two threads at once, and one thread's update or
         #: failed commit must never change the table another thread is deciding on.
         self._local = threading.local()
@@ -127,9 +127,8 @@ class DeltaTarget:
           by retention after the process kept the table for longer than it keeps logs);
         - update_incremental() raised (a DeltaError or OSError: a re-created table, or
           the store failing; a fresh load then says which);
-        - a commit through the table raised (`commit_scope`: its outcome, and what
-          delta-rs left in the table object, are unknown), or anything else went wrong
-          between.
+        - a commit through the table raised (`commit_scope`: its outcome, and what delta-rs
+          left in the table object, are unknown), or anything else went wrong between.
         This assumes a re-created table is written after the old log was deleted (or at
         least its entry of the kept version), as deleting and creating a table does; a
         tool that overwrote a live table's log in place, file by file, could be read as
@@ -171,8 +170,7 @@ class DeltaTarget:
         return kept.table
 
     def _load_fresh(self) -> DeltaTable | None:
-        """A fresh load of the latest snapshot, kept for the next loads if it can be vouched
-        for.
+        """A fresh load of the latest snapshot, kept for the next loads if it can be vouched for.
 
         Its newest log entry is fingerprinted after the load read it, so a table
         re-created in between would be fingerprinted with the new table's entry and its
@@ -255,9 +253,11 @@ class DeltaTarget:
         return log.entry_uri(self.uri, version)
 
     def transaction_version(self, app_id: str) -> int | None:
-        """The last batch id committed by `app_id`, or None (no table, or never committed)."""
-        table = self.load()
-        return None if table is None else table.transaction_version(app_id)
+        """`app_id`'s last batch id, or None; read once per snapshot (kept.py `Answers`)."""
+        if (table := self.load()) is None:
+            return None
+        self._local.answers = Answers.of(getattr(self._local, "answers", None), table)
+        return self._local.answers.transaction_version(app_id)
 
     def stats(self, app_id: str, version: int | None = None) -> TableStats | None:
         """The table's version, its row count (from the files' statistics) and `app_id`'s
