@@ -4,12 +4,12 @@ Both go through the product's own commit (resources/delta/table.py DeltaTarget.p
 table, check the app transaction version, commit the add actions with the commit info), so
 the figures are the commit phase a batch pays, minus the ledger's part.
 
-delta-rs writes a checkpoint every `delta.checkpointInterval` commits (100 by default) in a
-post-commit hook of the commit that reaches it; loading the table then replays at most that
-many JSON commits after the checkpoint. DeltaTarget keeps the table open and reads only the
-commits since its last load, so the load part of a commit should stay flat as history
-grows, with a slower commit every 100th version: the history section says whether it does,
-from the commit times themselves.
+A checkpoint is due every `delta.checkpointInterval` commits (10 for a table that sets none:
+resources/delta/checkpoints.py `DEFAULT_INTERVAL`), written beside the commit that reaches
+it; loading the table then replays at most that many JSON commits after the checkpoint.
+DeltaTarget keeps the table open and reads only the commits since its last load, so the load
+part of a commit should stay flat as history grows: the history section says whether it
+does, from the commit times themselves.
 """
 
 from __future__ import annotations

@@ -567,7 +567,7 @@ def render(result: dict[str, Any]) -> str:
     deciles = " ".join(f"{v * 1000:.0f}" for v in h["decile_medians_s"])
     out += [
         f"median commit per tenth of the history, ms: {deciles}",
-        f"checkpoints at versions {h['checkpoint_versions'] or 'none'}: those commits "
+        f"checkpoints {_versions(h['checkpoint_versions'])}: those commits "
         f"{_ms(h['median_checkpoint_commit_s'])} (median), "
         f"the others {_ms(h['median_other_commit_s'])}",
         *_compacted_history(result.get("history_compacted")),
@@ -585,6 +585,15 @@ def render(result: dict[str, Any]) -> str:
         out += ["", f"FAILED ({len(s['failures'])}), left out of the medians above:"]
         out += [f"  {line}" for line in s["failures"]]
     return "\n".join(out)
+
+
+def _versions(versions: list[int]) -> str:
+    """Checkpoint versions, listed when few (a table every 10 versions has 100 of them)."""
+    if not versions:
+        return "none"
+    if len(versions) <= 12:
+        return f"at versions {versions}"
+    return f"at {len(versions)} versions, {versions[0]} to {versions[-1]}"
 
 
 def _compacted_history(found: dict[str, Any] | None) -> list[str]:

@@ -188,3 +188,28 @@ def test_the_newest_checkpoint_is_read_beside_the_commit_not_inside_it(
     assert checkpoints.wait_for_checkpoints(30)
     assert waited == [True]
     assert checkpoint_files(tmp_path) == ["00000000000000000007.checkpoint.parquet"]
+
+
+def test_a_table_that_sets_no_interval_is_checkpointed_every_ten_versions(
+    tmp_path: Path,
+) -> None:
+    """Delta's own default (delta-spark's), not delta-rs's 100: a kept table replays every
+    commit since its checkpoint on each update, so at 100 a commit's cost grew by a third of
+    a millisecond per commit since the last one (BENCHMARKS.md, "Checkpoints every ten
+    versions"). A table that sets its interval keeps it."""
+    own, default = tmp_path / "own", tmp_path / "default"
+    write_deltalake(str(default), pa.table({"n": []}, SCHEMA))
+    write_deltalake(
+        str(own), pa.table({"n": []}, SCHEMA), configuration={"delta.checkpointInterval": "100"}
+    )
+    for root in (own, default):
+        target = DeltaTarget(str(root))
+        for batch_id in range(1, 21):
+            publish(target, root, batch_id)
+    assert checkpoints.wait_for_checkpoints(30)
+    assert checkpoint_files(own) == []
+    assert checkpoint_files(default) == [
+        "00000000000000000010.checkpoint.parquet",
+        "00000000000000000020.checkpoint.parquet",
+    ]
+    assert DeltaTable(str(default)).transaction_version("p") == 20

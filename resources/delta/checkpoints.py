@@ -1,9 +1,10 @@
 """Delta checkpoints written beside a batch's commit, not inside it.
 
 Why: delta-rs writes a checkpoint in the post-commit hook of every commit whose version is a
-multiple of `delta.checkpointInterval` (100 by default), so one batch in a hundred paid 75 to
-110 ms more for its commit (BENCHMARKS.md, "Commit latency over history"): a freshness
-spike and a commit-time outlier for no row's sake. A checkpoint changes no row and no app
+multiple of `delta.checkpointInterval` (100 by default in delta-rs; 10 here when a table sets
+none: `DEFAULT_INTERVAL`), so one batch in a hundred paid 75 to 110 ms more for its commit
+(BENCHMARKS.md, "Commit latency over history"): a freshness spike and a commit-time outlier
+for no row's sake. A checkpoint changes no row and no app
 transaction; it only spares readers replaying the log. So the publish and the derived
 outputs' MERGEs commit with that hook off (`NO_CHECKPOINT`) and ask here for the checkpoint
 of the version they made (resources/delta/commit.py `checkpoint_if_due`), which a thread of
@@ -46,8 +47,14 @@ log = logging.getLogger(__name__)
 
 #: The post-commit hooks of a batch's commit: no checkpoint in it (`checkpoint_later`).
 NO_CHECKPOINT = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
-#: delta-rs's default `delta.checkpointInterval`.
-DEFAULT_INTERVAL = 100
+#: The interval of a table that sets no `delta.checkpointInterval`: Delta's own default, the
+#: one delta-spark writes by, not delta-rs's 100. A kept table's update and a commit through
+#: it replay every commit since the table's checkpoint (delta-rs 1.6), so at 100 each commit
+#: cost a third of a millisecond more than the one before it until the next checkpoint, a
+#: median of 18 to 30 ms over 1,000 commits against 8 to 15 at 10, checkpoints included
+#: (BENCHMARKS.md, "Checkpoints every ten versions"). A checkpoint is written in a thread
+#: beside the batch, and spares every reader of the table the same replay.
+DEFAULT_INTERVAL = 10
 
 #: How long an ending process waits for the checkpoints it asked for (module docstring).
 EXIT_WAIT_SECONDS = 10.0
