@@ -1,11 +1,11 @@
 """Delta checkpoints written beside a batch's commit, not inside it.
 
 Why: delta-rs writes a checkpoint in the post-commit hook of every commit whose version is a
-multiple of `delta.checkpointInterval` (100 by default in delta-rs; 10 here when a table sets
-none: `DEFAULT_INTERVAL`), so one batch in a hundred paid 75 to 110 ms more for its commit
+multiple of `delta.checkpointInterval` (100 when a table sets none, where this module takes
+10: `DEFAULT_INTERVAL`), and at 100 that batch paid 75 to 110 ms more for its commit
 (BENCHMARKS.md, "Commit latency over history"): a freshness spike and a commit-time outlier
-for no row's sake. A checkpoint changes no row and no app
-transaction; it only spares readers replaying the log. So the publish and the derived
+for no row's sake. A checkpoint changes no row and no app transaction; it only spares
+readers replaying the log. So the publish and the derived
 outputs' MERGEs commit with that hook off (`NO_CHECKPOINT`) and ask here for the checkpoint
 of the version they made (resources/delta/commit.py `checkpoint_if_due`), which a thread of
 its own writes from a table loaded at that version, while the batch goes on to its ack. In
