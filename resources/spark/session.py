@@ -62,6 +62,12 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
     # Kafka reads are bounded by explicit offsets; never wait on a consumer group.
     "spark.sql.streaming.kafka.useDeprecatedOffsetFetching": "false",
+    # pyspark's DataFrame debugging records the Python call site of every DataFrame and
+    # column call in the JVM, four extra py4j round trips each: 0.07 s of every batch's stage
+    # here, a fifth of an empty batch's (BENCHMARKS.md, 2026-12-03 evening). What it buys is
+    # the Python file and line in the "DataFrame context" of a query error; a transform's
+    # author can turn it back on in the config's spark.conf.
+    "spark.python.sql.dataFrameDebugging.enabled": "false",
 }
 
 LOOPBACK = "127.0.0.1"
