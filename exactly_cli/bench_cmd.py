@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -221,12 +222,34 @@ def settings_from(args: argparse.Namespace) -> Any:
     return settings
 
 
+def refuse_unwritable(args: argparse.Namespace, settings: Any) -> None:
+    """Every folder the run writes into must take files now, not after the hour a full run
+    takes: the temporary folder's parent (--work-dir, else the system's), the figures'
+    file (--json-out) and the event logs (--profile). Read-only, not writable by this
+    user, or full: one line naming the flag and the folder, before a broker starts."""
+    from resources.failures.causes import local_folder_problem
+
+    folders = {
+        "--work-dir": settings.work_dir or Path(tempfile.gettempdir()),
+        "--json-out": args.json_out.parent if args.json_out is not None else None,
+        "--profile": settings.profile_dir,
+    }
+    for flag, folder in folders.items():
+        problem = None if folder is None else local_folder_problem(str(folder))
+        if problem is not None:
+            raise ConfigError(
+                f"{flag} {folder}: {problem}, and the run writes there: choose another "
+                "folder, or make room or write access there first"
+            )
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Exit 1 if any contender failed: its figures are missing from the medians."""
     from bench.harness import run
     from bench.report import render
 
     settings = settings_from(args)
+    refuse_unwritable(args, settings)
     if args.only == "scale":
         return _scale_only(settings, args.json_out)
     if args.only == "daemon":

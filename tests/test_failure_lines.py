@@ -202,6 +202,31 @@ def test_an_unforeseen_failure_is_one_line_naming_the_log_file_with_its_tracebac
     assert list((state / "logs").glob("spark-*.log")), "the JVM's own stderr has a log file"
 
 
+@pytest.mark.parametrize(
+    ("flag", "surroundings", "said"),
+    [
+        ("--work-dir", "read-only", "read-only"),
+        ("--json-out", "read-only", "read-only"),
+        ("--json-out", "full", "no space left"),
+    ],
+)
+def test_a_bench_that_could_not_write_its_figures_is_refused_before_it_starts(
+    flag: str, surroundings: str, said: str, tmpfs: Path, tmp_path: Path
+) -> None:
+    """A full run takes most of an hour: a folder it cannot write into is said in one line
+    before a broker starts, not found when the figures are written at the end."""
+    if surroundings == "full":
+        fill(tmpfs)
+    else:
+        assert _mount("-o", "remount,ro", str(tmpfs)).returncode == 0
+    where = str(tmpfs) if flag == "--work-dir" else str(tmpfs / "figures" / "bench.json")
+
+    result = cli("bench", "--smoke", flag, where, state_dir=tmp_path / "state")
+    line = assert_one_clean_line(result)
+    assert said in line.lower() and flag in line and str(tmpfs) in line, line
+    assert result.stdout == "", result.stdout  # nothing started: no broker, no data set
+
+
 def test_a_table_folder_that_is_not_a_delta_table_is_one_line_naming_it(
     kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:
