@@ -229,6 +229,8 @@ def refuse_unwritable(args: argparse.Namespace, settings: Any) -> None:
     user, or full: one line naming the flag and the folder, before a broker starts."""
     from resources.failures.causes import local_folder_problem
 
+    if args.json_out is not None and args.json_out.is_dir():
+        raise ConfigError(f"--json-out {args.json_out}: a folder; name the file to write")
     folders = {
         "--work-dir": settings.work_dir or Path(tempfile.gettempdir()),
         "--json-out": args.json_out.parent if args.json_out is not None else None,

@@ -227,6 +227,15 @@ def test_a_bench_that_could_not_write_its_figures_is_refused_before_it_starts(
     assert result.stdout == "", result.stdout  # nothing started: no broker, no data set
 
 
+def test_a_bench_whose_figures_file_is_a_folder_is_refused_before_it_starts(
+    tmp_path: Path,
+) -> None:
+    result = cli("bench", "--smoke", "--json-out", str(tmp_path), state_dir=tmp_path / "state")
+    line = assert_one_clean_line(result)
+    assert "--json-out" in line and str(tmp_path) in line and "folder" in line, line
+    assert result.stdout == "", result.stdout  # nothing started: no broker, no data set
+
+
 def test_a_table_folder_that_is_not_a_delta_table_is_one_line_naming_it(
     kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:
