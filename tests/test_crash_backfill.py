@@ -27,6 +27,7 @@ from tests.fixtures.derived import (
     user_events,
 )
 from tests.fixtures.pipeline import (
+    FIRST_DERIVED_ONLY,
     config_path,
     coordinates,
     crash_env,
@@ -57,7 +58,7 @@ S = BatchState
 #: points the replace's cases below and the live batch's cover in `make test`.
 STAGE_SIDE = ("after_plan", "before_stage", "during_stage", "after_stage")
 FILL_COMMIT_SIDE = (
-    "between_derived_commits#2",
+    FIRST_DERIVED_ONLY,
     "between_table_commits",
     "after_delta_commit",
     "after_committed",
@@ -67,12 +68,13 @@ SOAK_ONLY = [pytest.mark.soak, pytest.mark.skipif(not full_size(), reason="runs 
 BACKFILL_CASES = [
     *(
         pytest.param("fill", p, marks=pytest.mark.wide) if p in FILL_COMMIT_SIDE else ("fill", p)
-        for p in [*LEFT_IN, "between_derived_commits#2"]
+        for p in [*LEFT_IN, FIRST_DERIVED_ONLY]
+        if p != "after_derived_commit"  # which outputs hold it is the threads': FIRST_DERIVED_ONLY
     ),
     *(
         pytest.param("replace", p, marks=SOAK_ONLY) if p in STAGE_SIDE else ("replace", p)
-        for p in [*LEFT_IN, "between_derived_commits#2"]
-        if not p.startswith("postgres_")
+        for p in [*LEFT_IN, FIRST_DERIVED_ONLY]
+        if not p.startswith("postgres_") and p != "after_derived_commit"
     ),
 ]
 REPLACED = OffsetRange("", 1, 10, 80)  # partition 1, offsets [10, 80): the replace's
@@ -190,16 +192,17 @@ def test_backfill_crash_then_plain_run_with_and_without_the_ledger(
     app_id = backfill_app_id(config.pipeline)
     apps_before = apps_by_coordinate(config)
     args = backfill_args(config_path(config), mode, rng, transform)
+    base = point.partition("#")[0].partition("@")[0]  # the point's name
     if point == "recovery_after_delta_commit":
         crashed = cli(*args, env=crash_env("after_prepare"))
         assert crashed.returncode == 137, crashed.stdout + crashed.stderr
         crash_run(config, point)  # the next start recovers the backfill and dies
     else:
-        crashed = cli(*args, env=crash_env(point))
+        crashed = cli(*args, env=crash_env(point, config))
         assert crashed.returncode == 137, crashed.stdout + crashed.stderr
-        assert f"crash point {point.partition('#')[0]} reached" in crashed.stderr
-    assert backfill_state(config, app_id) == {1: LEFT_IN[point.partition("#")[0]]}
-    voted = LEFT_IN[point.partition("#")[0]] not in (S.PLANNED, S.STAGED)
+        assert f"crash point {base} reached" in crashed.stderr
+    assert backfill_state(config, app_id) == {1: LEFT_IN[base]}
+    voted = LEFT_IN[base] not in (S.PLANNED, S.STAGED)
     held_somewhere = any(derived_held(config, app_id, 1))
     holding = derived_held(config, app_id, 1)[1:-1]  # each derived output's, config order
     # the topic moves on before anyone restarts
@@ -256,7 +259,7 @@ def test_a_backfill_no_start_can_finish_refuses_the_start_naming_the_outputs_hol
     app_id = backfill_app_id(config.pipeline)
     crashed = cli(
         *backfill_args(config_path(config), "replace", rng, transform),
-        env=crash_env("between_derived_commits#2"),
+        env=crash_env(FIRST_DERIVED_ONLY, config),
     )
     assert crashed.returncode == 137, crashed.stdout + crashed.stderr
     lost = without_ledger(config, tmp_path / "ledger-lost")

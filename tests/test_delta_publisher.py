@@ -202,7 +202,7 @@ def test_derived_outputs_publish_between_the_quarantine_and_the_table_once_each(
 
     second, files = voted(2, [3, 4], {"web": 1, "tv": 1})
 
-    def crash(name: str) -> None:
+    def crash(name: str, at: str | None = None) -> None:
         if name == "between_table_commits":
             raise SystemExit("crashed")
 
@@ -219,7 +219,7 @@ def test_derived_outputs_publish_between_the_quarantine_and_the_table_once_each(
     ]
     assert publisher.rows_held(second, target) is None  # groups, not records
 
-    monkeypatch.setattr(publisher_module, "crashpoint", lambda _name: None)
+    monkeypatch.setattr(publisher_module, "crashpoint", lambda _name, _at=None: None)
     again = publisher.publish(second, files)
     assert again.metrics[DERIVED_METRICS]["views_per_app"]["applied"] is False
     assert counts() == {"web": 3, "ios": 1, "tv": 1}  # not added twice

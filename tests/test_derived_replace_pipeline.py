@@ -37,7 +37,13 @@ from tests.fixtures.derived import (
     replaceable_outputs,
     user_events,
 )
-from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_env, save_config
+from tests.fixtures.pipeline import (
+    FIRST_DERIVED_ONLY,
+    assert_exactly_once,
+    config_path,
+    crash_env,
+    save_config,
+)
 from tests.test_backfill import cli
 from tests.test_crash import crashed_batch, derived_held, without_ledger
 
@@ -143,7 +149,7 @@ def test_a_replace_keeps_aggregates_and_upserts_equal_to_their_recomputation(
 
 #: crash point -> which derived outputs hold the replace when it dies (config order)
 REPLACE_HELD = {
-    "between_derived_commits#2": (True, False, False),
+    FIRST_DERIVED_ONLY: (True, False, False),
     "between_table_commits": (True, True, True),
 }
 
@@ -165,7 +171,7 @@ def test_a_replace_crashed_between_its_commits_finishes_right_with_and_without_t
     rng = OffsetRange(topic, 1, 10, 80)
     app_id = backfill_app_id(config.pipeline)
 
-    crashed = cli(*replace_args(config_path(config), rng), env=crash_env(point))
+    crashed = cli(*replace_args(config_path(config), rng), env=crash_env(point, config))
     assert crashed.returncode == 137, crashed.stdout + crashed.stderr
     batch = crashed_batch(config, app_id)
     assert (batch.batch_id, batch.state) == (1, S.PREPARED)

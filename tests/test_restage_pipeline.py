@@ -18,7 +18,12 @@ from jobs.wiring.pipeline import Pipeline
 from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
-from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_run
+from tests.fixtures.pipeline import (
+    FIRST_DERIVED_ONLY,
+    assert_exactly_once,
+    config_path,
+    crash_run,
+)
 
 WEBHOOK = {"webhook_url_env": "EXACTLY_TEST_WEBHOOK_URL"}
 
@@ -134,7 +139,7 @@ def test_a_batch_in_the_quarantine_only_that_lost_a_table_file_publishes_the_qua
         pytest.param("after_prepare", "views_per_app", id="after-vote"),
         # the first derived output committed (views_per_app), then the partial of one not
         # committed yet is lost: the others are re-staged and published, the first kept
-        pytest.param("between_derived_commits#2", "latest_per_user", id="between-derived"),
+        pytest.param(FIRST_DERIVED_ONLY, "latest_per_user", id="between-derived"),
     ],
 )
 def test_a_vote_that_lost_a_derived_partial_is_restaged_and_published_once(

@@ -74,13 +74,13 @@ def rebuilt_text(done: Rebuilt) -> str:
 def behind_reason(
     spec: AggregateOutput | UpsertOutput,
     output: DeltaTarget,
-    raw: DeltaTarget,
+    raw_holds: int | None,
     app_id: str,
 ) -> str | None:
     """Why merging a batch of `app_id` into the output would leave it short for ever, or
-    None: the raw table holds batches of `app_id` and the output none (its table is new or
-    was deleted)."""
-    raw_holds = raw.transaction_version(app_id)
+    None: the raw table holds batches of `app_id` (up to `raw_holds`, its application
+    transaction version; None for none) and the output none (its table is new or was
+    deleted)."""
     if raw_holds is None or output.transaction_version(spec.app_id(app_id)) is not None:
         return None
     return (

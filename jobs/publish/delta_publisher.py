@@ -14,8 +14,9 @@ jobs/publish/derived_outputs.py (Delta) and jobs/publish/postgres_outputs.py (Po
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +28,7 @@ from jobs.publish.derived_outputs import (
     partitioning,
     table_schema,
 )
+from jobs.publish.lanes import Lanes
 from jobs.publish.postgres_outputs import add_postgres_batches, apply_postgres, postgres_outcome
 from jobs.publish.raw_rows import offsets_filter
 from jobs.stage.staging import attempt_folder
@@ -38,6 +40,7 @@ from ledger.core.layout import BATCH_ID, QUARANTINE, TABLE, TOPIC, derived_targe
 from ledger.core.ports import PublishResult
 from resources.config.derived_spec import AggregateOutput, PostgresOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
+from resources.delta.commit import CommitOutcome
 from resources.delta.features import refuse_unwritable
 from resources.delta.figures import TableLayout, TableStats
 from resources.delta.log import other_writers, topics_in_rows
@@ -51,6 +54,7 @@ from resources.postgres.target import PostgresTarget
 
 #: The batch metrics key of what each derived output's commit did (`merge_outcome`).
 DERIVED_METRICS = "derived"
+T = TypeVar("T")
 
 
 class DeltaPublisher:
@@ -77,6 +81,9 @@ class DeltaPublisher:
         self._specs = {derived_target(spec.name): spec for spec, _d in self.derived}
         #: every derived output's target in config order (default: Delta ones, then these)
         self._order = tuple(order) or (*self._specs, *self.postgres)
+        #: a thread per derived Delta output: their checks and MERGEs run at once, each
+        #: output's on its own thread (jobs/publish/lanes.py says why)
+        self._lanes = Lanes()
 
     @classmethod
     def for_config(cls, config: PipelineConfig) -> DeltaPublisher:
@@ -231,12 +238,15 @@ class DeltaPublisher:
         for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
             if target in schemas:
                 delta.check_schema(decode_schema(schemas[target]))
-        for spec, delta in self.derived:
+
+        def fits(spec: AggregateOutput | UpsertOutput, delta: DeltaTarget) -> None:
             target = derived_target(spec.name)
             table = delta.load() if target in schemas else None
             if table is not None:
                 refuse_unwritable(table, delta.uri, voted=False)
                 _check_schema(table, table_schema(spec, schemas[target]), delta.uri, spec.name)
+
+        self._each_derived(fits)
         for target, pg in self.postgres.items():
             if target in schemas:
                 pg.check_schema(decode_schema(schemas[target]))
@@ -256,10 +266,29 @@ class DeltaPublisher:
         from the raw table first (jobs/derived/rebuild.py). Checked before the vote, where the
         refusal abandons the batch, and again at the commit, where it keeps a voted batch
         waiting (invariant 5) for the rebuild."""
-        for spec, delta in self.derived:
-            reason = behind(spec, delta, self.table, app_ids)
+        holds = self._raw_holds(app_ids)
+        reasons = self._each_derived(lambda spec, delta: behind(spec, delta, holds))
+        for reason in reasons:
             if reason is not None:
                 raise RefusedBatchError(reason)
+
+    def _raw_holds(self, app_ids: Collection[str]) -> dict[str, int | None]:
+        """Each of `app_ids`' last batch in the raw table, read here, once, for every
+        derived output's check: the raw table stays this thread's, never a lane's."""
+        return {app_id: self.table.transaction_version(app_id) for app_id in app_ids}
+
+    def _each_derived(
+        self, task: Callable[[AggregateOutput | UpsertOutput, DeltaTarget], T]
+    ) -> list[T]:
+        """`task` for every derived Delta output, each on the output's lane, all at once;
+        the results in config order, the first failure in config order raised once all
+        ended (jobs/publish/lanes.py)."""
+        return self._lanes.run(
+            [
+                (derived_target(spec.name), functools.partial(task, spec, delta))
+                for spec, delta in self.derived
+            ]
+        )
 
     def rows_reach(self, topic: str) -> dict[int, int]:
         """Per partition, one past the highest offset of `topic` in either table's rows:
@@ -292,7 +321,8 @@ class DeltaPublisher:
         return self.quarantine.stats(app_id)
 
     def publish(self, batch: Batch, files: Sequence[StagedFile]) -> PublishResult:
-        """Quarantine first, then the derived outputs in config order, the data table last;
+        """Quarantine first, then the derived Delta outputs at once (each on its own thread:
+        `_merge_derived`), then the PostgreSQL outputs in config order, the data table last;
         refused before any of them when the data table holds another pipeline's batches of
         its topics and none of this one's (resources/delta/writers.py).
 
@@ -329,55 +359,78 @@ class DeltaPublisher:
                 "configured, so it has no partial for them: remove them until it is published"
             )
         refuse_before_publish(self.table, batch.app_id, meta)
-        outcome = None
-        merged: dict[str, Any] = {}
-        for target, delta in self._publish_order():
-            if target == TABLE:
-                crashpoint("between_table_commits")
-            pg = self.postgres.get(target)
-            if pg is not None:
-                crashpoint("between_derived_commits")
-                merged[pg.spec.name] = postgres_outcome(
-                    self._apply_postgres(batch, pg, by_target[target], meta)
-                )
-                continue
-            spec = self._specs.get(target)
-            if spec is not None:
-                crashpoint("between_derived_commits")
-                merged[spec.name] = merge_outcome(
-                    self._merge(batch, spec, delta, by_target[target], meta, by_target[TABLE])
-                )
-                continue
-            has_rows = any(f.records for f in by_target[target])
-            if target == QUARANTINE and not has_rows and not (replace and delta.load()):
-                continue
-            common = {
-                "app_id": batch.app_id,
-                "batch_id": batch.batch_id,
-                "files": by_target[target],
-                "schema": decode_schema(batch.schemas[target]),
-                "metadata": meta,
-            }
-            if replace:
-                rewrites = attempt_folder(
-                    delta.uri, batch.app_id, batch.batch_id, batch.attempt, batch.token
-                )
-                outcome = delta.replace(
-                    **common, ranges=batch.ranges, rewrite_dir=f"{rewrites}-rewrites"
-                )
-            else:
-                outcome = delta.publish(**common)
-        assert outcome is not None
-        metrics = {DERIVED_METRICS: merged} if merged else {}
+        if any(f.records for f in by_target[QUARANTINE]) or (replace and self.quarantine.load()):
+            self._publish_rows(batch, QUARANTINE, self.quarantine, by_target[QUARANTINE], meta)
+        merged = self._merge_derived(batch, by_target, meta)
+        for target, pg in self.postgres.items():
+            crashpoint("between_derived_commits", pg.spec.name)
+            merged[pg.spec.name] = postgres_outcome(
+                self._apply_postgres(batch, pg, by_target[target], meta)
+            )
+        crashpoint("between_table_commits")
+        outcome = self._publish_rows(batch, TABLE, self.table, by_target[TABLE], meta)
+        # what each derived output did, in config order, as `exactly ledger` lists them
+        names = [t.removeprefix(derived_target("")) for t in self._order]
+        ordered = {name: merged[name] for name in names if name in merged}
+        metrics = {DERIVED_METRICS: ordered} if ordered else {}
         return PublishResult(outcome.published, outcome.table_version, metrics)
 
-    def _publish_order(self) -> list[tuple[str, DeltaTarget]]:
-        """`_outputs` with the PostgreSQL outputs among the derived ones in config order
-        (their entry's DeltaTarget is the data table's, never used: `publish` dispatches
-        them by target first)."""
-        delta = dict(self._outputs())
-        derived = [(t, delta.get(t, self.table)) for t in self._order]
-        return [(QUARANTINE, self.quarantine), *derived, (TABLE, self.table)]
+    def _publish_rows(
+        self,
+        batch: Batch,
+        target: str,
+        delta: DeltaTarget,
+        files: Sequence[StagedFile],
+        metadata: Mapping[str, Any],
+    ) -> CommitOutcome:
+        """Publish the batch's voted files to the data table or the quarantine: appended,
+        or for a replace backfill with the old rows of its ranges removed in the same
+        commit (resources/delta/table.py `replace`)."""
+        common: dict[str, Any] = {
+            "app_id": batch.app_id,
+            "batch_id": batch.batch_id,
+            "files": files,
+            "schema": decode_schema(batch.schemas[target]),
+            "metadata": metadata,
+        }
+        if batch.params.get("mode") != "replace":
+            return delta.publish(**common)
+        rewrites = attempt_folder(
+            delta.uri, batch.app_id, batch.batch_id, batch.attempt, batch.token
+        )
+        return delta.replace(**common, ranges=batch.ranges, rewrite_dir=f"{rewrites}-rewrites")
+
+    def _merge_derived(
+        self,
+        batch: Batch,
+        by_target: Mapping[str, Sequence[StagedFile]],
+        metadata: Mapping[str, Any],
+    ) -> dict[str, Any]:
+        """MERGE the batch into every derived Delta output at once, each on its own lane
+        (jobs/publish/lanes.py); what each did, by output name.
+
+        Each lane reaches `between_derived_commits` before its MERGE and
+        `after_derived_commit` after it, both for its output (ledger/coordinator/crash.py):
+        a kill at the first before any lane's MERGE leaves no derived output holding the
+        batch, since every lane passes it before committing; a kill anywhere later leaves
+        any subset holding it, which recovery finishes output by output. Whether each
+        output is behind the raw table is decided on the raw table's versions read once,
+        here, before any lane starts, as one read per output did before: this batch's own
+        raw-table commit comes only after every lane ended, and any other writer's batch
+        reaches every derived output before the raw table, so a version read a little
+        earlier cannot hide an output that lacks the raw table's history."""
+        holds = self._raw_holds(dict.fromkeys((batch.app_id, *self.app_ids)))
+        table_files = by_target[TABLE]
+
+        def one(spec: AggregateOutput | UpsertOutput, delta: DeltaTarget) -> dict[str, Any]:
+            crashpoint("between_derived_commits", spec.name)
+            files = by_target[derived_target(spec.name)]
+            outcome = self._merge(batch, spec, delta, files, metadata, table_files, holds)
+            crashpoint("after_derived_commit", spec.name)
+            return merge_outcome(outcome)
+
+        done = self._each_derived(one)
+        return {spec.name: d for (spec, _delta), d in zip(self.derived, done, strict=True)}
 
     def _apply_postgres(
         self,
@@ -402,6 +455,7 @@ class DeltaPublisher:
         files: Sequence[StagedFile],
         metadata: Mapping[str, Any],
         table_files: Sequence[StagedFile] = (),
+        raw_holds: Mapping[str, int | None] | None = None,
     ) -> MergeOutcome:
         """MERGE the batch's voted partial into derived output `spec`'s table, under the
         output's own app transaction, carrying the batch's commit info (invariant 7); for a
@@ -409,7 +463,9 @@ class DeltaPublisher:
         computes (`table_files`: the batch's voted raw-table files, its new rows)."""
         # every app id of the pipeline, not only the batch's: a fill merged into a deleted
         # table would re-create it short of every live batch
-        reason = behind(spec, delta, self.table, dict.fromkeys((batch.app_id, *self.app_ids)))
+        if raw_holds is None:
+            raw_holds = self._raw_holds(dict.fromkeys((batch.app_id, *self.app_ids)))
+        reason = behind(spec, delta, raw_holds)
         if reason is not None:
             raise InconsistencyError(reason)
         partial = self.read_partial(batch, spec, delta.uri, files)

@@ -11,7 +11,7 @@ docs/derived-tables.md#replace-correction.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -61,12 +61,12 @@ def partitioning(spec: AnyOutput) -> dict[str, Any]:
 def behind(
     spec: AggregateOutput | UpsertOutput,
     delta: DeltaTarget,
-    raw: DeltaTarget,
-    app_ids: Iterable[str],
+    raw_holds: Mapping[str, int | None],
 ) -> str | None:
-    """Why the output is behind the raw table on one of `app_ids`, or None."""
-    for app_id in app_ids:
-        reason = behind_reason(spec, delta, raw, app_id)
+    """Why the output is behind the raw table on one of the application ids of `raw_holds`
+    (each id's last batch in the raw table, None for none), or None."""
+    for app_id, held in raw_holds.items():
+        reason = behind_reason(spec, delta, held, app_id)
         if reason is not None:
             return reason
     return None
