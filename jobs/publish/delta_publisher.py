@@ -23,15 +23,15 @@ import pyarrow.compute as pc
 
 from jobs.publish.derived_outputs import (
     behind,
+    merge_batch,
     merge_outcome,
-    merge_replace,
     partitioning,
+    read_partial,
     table_schema,
 )
 from jobs.publish.lanes import Lanes
 from jobs.publish.postgres_outputs import add_postgres_batches, apply_postgres, postgres_outcome
-from jobs.publish.raw_rows import offsets_filter
-from jobs.stage.staging import attempt_folder
+from jobs.publish.raw_rows import offsets_filter, publish_rows
 from ledger.coordinator.crash import crashpoint
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, StagedFile
@@ -40,11 +40,10 @@ from ledger.core.layout import BATCH_ID, QUARANTINE, TABLE, TOPIC, derived_targe
 from ledger.core.ports import PublishResult
 from resources.config.derived_spec import AggregateOutput, PostgresOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
-from resources.delta.commit import CommitOutcome
 from resources.delta.features import refuse_unwritable
 from resources.delta.figures import TableLayout, TableStats
 from resources.delta.log import other_writers, topics_in_rows
-from resources.delta.merge import MergeOutcome, _check_schema, merge_aggregate, merge_upsert
+from resources.delta.merge import MergeOutcome, _check_schema
 from resources.delta.schema import decode_schema
 from resources.delta.table import Compaction, DeltaTarget
 from resources.delta.writers import refuse_before_publish
@@ -360,7 +359,7 @@ class DeltaPublisher:
             )
         refuse_before_publish(self.table, batch.app_id, meta)
         if any(f.records for f in by_target[QUARANTINE]) or (replace and self.quarantine.load()):
-            self._publish_rows(batch, QUARANTINE, self.quarantine, by_target[QUARANTINE], meta)
+            publish_rows(batch, QUARANTINE, self.quarantine, by_target[QUARANTINE], meta)
         merged = self._merge_derived(batch, by_target, meta)
         for target, pg in self.postgres.items():
             crashpoint("between_derived_commits", pg.spec.name)
@@ -368,37 +367,12 @@ class DeltaPublisher:
                 self._apply_postgres(batch, pg, by_target[target], meta)
             )
         crashpoint("between_table_commits")
-        outcome = self._publish_rows(batch, TABLE, self.table, by_target[TABLE], meta)
+        outcome = publish_rows(batch, TABLE, self.table, by_target[TABLE], meta)
         # what each derived output did, in config order, as `exactly ledger` lists them
         names = [t.removeprefix(derived_target("")) for t in self._order]
         ordered = {name: merged[name] for name in names if name in merged}
         metrics = {DERIVED_METRICS: ordered} if ordered else {}
         return PublishResult(outcome.published, outcome.table_version, metrics)
-
-    def _publish_rows(
-        self,
-        batch: Batch,
-        target: str,
-        delta: DeltaTarget,
-        files: Sequence[StagedFile],
-        metadata: Mapping[str, Any],
-    ) -> CommitOutcome:
-        """Publish the batch's voted files to the data table or the quarantine: appended,
-        or for a replace backfill with the old rows of its ranges removed in the same
-        commit (resources/delta/table.py `replace`)."""
-        common: dict[str, Any] = {
-            "app_id": batch.app_id,
-            "batch_id": batch.batch_id,
-            "files": files,
-            "schema": decode_schema(batch.schemas[target]),
-            "metadata": metadata,
-        }
-        if batch.params.get("mode") != "replace":
-            return delta.publish(**common)
-        rewrites = attempt_folder(
-            delta.uri, batch.app_id, batch.batch_id, batch.attempt, batch.token
-        )
-        return delta.replace(**common, ranges=batch.ranges, rewrite_dir=f"{rewrites}-rewrites")
 
     def _merge_derived(
         self,
@@ -457,43 +431,13 @@ class DeltaPublisher:
         table_files: Sequence[StagedFile] = (),
         raw_holds: Mapping[str, int | None] | None = None,
     ) -> MergeOutcome:
-        """MERGE the batch's voted partial into derived output `spec`'s table, under the
-        output's own app transaction, carrying the batch's commit info (invariant 7); for a
-        replace batch, the correction jobs/publish/derived_outputs.py `merge_replace`
-        computes (`table_files`: the batch's voted raw-table files, its new rows)."""
-        # every app id of the pipeline, not only the batch's: a fill merged into a deleted
-        # table would re-create it short of every live batch
+        """jobs/publish/derived_outputs.py `merge_batch` on this pipeline's raw table; the
+        raw table's versions read here when the caller has none (`_raw_holds`)."""
         if raw_holds is None:
+            # every app id of the pipeline, not only the batch's: a fill merged into a
+            # deleted table would re-create it short of every live batch
             raw_holds = self._raw_holds(dict.fromkeys((batch.app_id, *self.app_ids)))
-        reason = behind(spec, delta, raw_holds)
-        if reason is not None:
-            raise InconsistencyError(reason)
-        partial = self.read_partial(batch, spec, delta.uri, files)
-        common: dict[str, Any] = {
-            "app_id": spec.app_id(batch.app_id),
-            "batch_id": batch.batch_id,
-            "metadata": metadata,
-        }
-        if batch.params.get("mode") == "replace":
-            return merge_replace(batch, spec, delta, self.table, partial, table_files, common)
-        if isinstance(spec, AggregateOutput):
-            return merge_aggregate(delta, spec, partial, **common)
-        return merge_upsert(delta, spec, partial, **common)
+        return merge_batch(batch, spec, delta, self.table, files, metadata, table_files, raw_holds)
 
-    @staticmethod
-    def read_partial(
-        batch: Batch,
-        spec: AggregateOutput | UpsertOutput | PostgresOutput,
-        root: str,
-        files: Sequence[StagedFile],
-    ) -> pa.Table:
-        """The voted partial files of the output, read back whole (a partial holds one row
-        per group or key, small beside the batch), as the vote's schema says; no file or
-        only empty ones is the empty partial, which still records the batch."""
-        schema = decode_schema(batch.schemas[derived_target(spec.name)])
-        parts = [
-            storage.read_parquet(storage.join(root, f.path), schema.names).cast(schema)
-            for f in files
-            if f.records
-        ]
-        return pa.concat_tables(parts) if parts else schema.empty_table()
+    #: the voted partial of an output, read back (jobs/publish/derived_outputs.py)
+    read_partial = staticmethod(read_partial)

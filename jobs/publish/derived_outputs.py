@@ -22,16 +22,19 @@ from jobs.derived.replace import correction_partial, upsert_replacement
 from jobs.publish.raw_rows import rows_in_ranges, rows_of_keys, staged_rows
 from ledger.core.batch import Batch, StagedFile
 from ledger.core.errors import InconsistencyError
+from ledger.core.layout import derived_target
 from resources.config.derived_spec import (
     ABSENT,
     DELETED,
     AggregateOutput,
     AnyOutput,
+    PostgresOutput,
     UpsertOutput,
 )
 from resources.delta.merge import MergeOutcome, merge_aggregate, merge_upsert
 from resources.delta.schema import decode_schema
 from resources.delta.table import DeltaTarget
+from resources.object_storage import storage
 
 
 def merge_outcome(outcome: MergeOutcome) -> dict[str, Any]:
@@ -148,3 +151,52 @@ def _shaped(replacement: pa.Table, partial: pa.Table) -> pa.Table:
         for f in schema
     }
     return pa.table(columns, schema=schema)
+
+
+def merge_batch(
+    batch: Batch,
+    spec: AggregateOutput | UpsertOutput,
+    delta: DeltaTarget,
+    raw_table: DeltaTarget,
+    files: Sequence[StagedFile],
+    metadata: Mapping[str, Any],
+    table_files: Sequence[StagedFile],
+    raw_holds: Mapping[str, int | None],
+) -> MergeOutcome:
+    """MERGE the batch's voted partial (`files`) into derived output `spec`'s table, under
+    the output's own app transaction, carrying the batch's commit info (invariant 7); for a
+    replace batch, the correction `merge_replace` computes (`table_files`: the batch's voted
+    raw-table files, its new rows). Refused while the output is behind the raw table
+    (`behind`, on `raw_holds`: the raw table's last batch per application id)."""
+    reason = behind(spec, delta, raw_holds)
+    if reason is not None:
+        raise InconsistencyError(reason)
+    partial = read_partial(batch, spec, delta.uri, files)
+    common: dict[str, Any] = {
+        "app_id": spec.app_id(batch.app_id),
+        "batch_id": batch.batch_id,
+        "metadata": metadata,
+    }
+    if batch.params.get("mode") == "replace":
+        return merge_replace(batch, spec, delta, raw_table, partial, table_files, common)
+    if isinstance(spec, AggregateOutput):
+        return merge_aggregate(delta, spec, partial, **common)
+    return merge_upsert(delta, spec, partial, **common)
+
+
+def read_partial(
+    batch: Batch,
+    spec: AggregateOutput | UpsertOutput | PostgresOutput,
+    root: str,
+    files: Sequence[StagedFile],
+) -> pa.Table:
+    """The voted partial files of the output, read back whole (a partial holds one row per
+    group or key, small beside the batch), as the vote's schema says; no file or only empty
+    ones is the empty partial, which still records the batch."""
+    schema = decode_schema(batch.schemas[derived_target(spec.name)])
+    parts = [
+        storage.read_parquet(storage.join(root, f.path), schema.names).cast(schema)
+        for f in files
+        if f.records
+    ]
+    return pa.concat_tables(parts) if parts else schema.empty_table()

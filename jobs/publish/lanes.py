@@ -3,7 +3,7 @@
 Why at once. A derived output's commit is its own table's (its own log, its own application
 transaction), and no output's commit depends on another's: only the raw table, published
 last, must wait for all of them (invariant 7: its log says a batch is complete). Run one
-after the other, the demo's three MERGEs were a fifth of a 100k batch's time; delta-rs
+after the other, the demo's three MERGEs took about 70 ms of a 100k batch's second; delta-rs
 releases the GIL while it plans, reads, writes and commits, so on two cores they overlap
 (BENCHMARKS.md, "Derived outputs' MERGEs at once").
 

@@ -1,6 +1,7 @@
-"""The raw table's rows, found by their coordinates or keys with pyarrow: what the publisher
-counts to say which rows an output holds of a batch (`rows_held`), and what a replace's
-correction subtracts and adds (jobs/publish/derived_outputs.py).
+"""The raw table's rows: published (`publish_rows`, the data table's and the quarantine's),
+and found by their coordinates or keys with pyarrow: what the publisher counts to say which
+rows an output holds of a batch (`rows_held`), and what a replace's correction subtracts and
+adds (jobs/publish/derived_outputs.py).
 
 Files are pruned by partition and offset only: a topic name longer than the statistics keep
 (resources/delta/table.py) has no min/max, and delta-rs 1.6 then prunes every file on a
@@ -9,17 +10,44 @@ topic filter (it compares with null), so the topic is matched on the rows read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from jobs.derived.replace import in_ranges
-from ledger.core.batch import StagedFile
+from jobs.stage.staging import attempt_folder
+from ledger.core.batch import Batch, StagedFile
 from ledger.core.layout import OFFSET, PARTITION
 from ledger.core.protocol import OffsetRange
+from resources.delta.commit import CommitOutcome
+from resources.delta.schema import decode_schema
+from resources.delta.table import DeltaTarget
 from resources.object_storage import storage
+
+
+def publish_rows(
+    batch: Batch,
+    target: str,
+    delta: DeltaTarget,
+    files: Sequence[StagedFile],
+    metadata: Mapping[str, Any],
+) -> CommitOutcome:
+    """Publish the batch's voted files to the data table or the quarantine (`target`):
+    appended, or for a replace backfill with the old rows of its ranges removed in the same
+    commit (resources/delta/table.py `replace`)."""
+    common: dict[str, Any] = {
+        "app_id": batch.app_id,
+        "batch_id": batch.batch_id,
+        "files": files,
+        "schema": decode_schema(batch.schemas[target]),
+        "metadata": metadata,
+    }
+    if batch.params.get("mode") != "replace":
+        return delta.publish(**common)
+    rewrites = attempt_folder(delta.uri, batch.app_id, batch.batch_id, batch.attempt, batch.token)
+    return delta.replace(**common, ranges=batch.ranges, rewrite_dir=f"{rewrites}-rewrites")
 
 
 def offsets_filter(ranges: Iterable[OffsetRange]) -> pc.Expression | None:
