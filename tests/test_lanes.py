@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,3 +84,28 @@ def test_a_point_named_with_an_output_pauses_only_that_output(
 )
 def test_a_crash_point_names_its_reach_or_its_output(wanted: str, at: str, matches: bool) -> None:
     assert (crash._matching("after_derived_commit", at, 1, wanted) is not None) is matches
+
+
+def _run_in_child(lanes: Lanes, results: Any) -> None:
+    results.put(lanes.run([("derived:a", lambda: "done in the child")]))
+
+
+def test_lanes_used_before_a_fork_still_run_in_the_child() -> None:
+    """A process that forks after a publish (an embedding app's pre-fork server, a forking
+    task runner) inherits the lanes' executors but not their threads: a task queued there
+    would wait for ever, and the batch stay PREPARED under a live owner."""
+    import multiprocessing
+
+    lanes = Lanes()
+    assert lanes.run([("derived:a", lambda: 1)]) == [1]  # the lane's thread exists now
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_run_in_child, args=(lanes, results))
+    child.start()
+    child.join(timeout=20)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the forked child's lane never ran its task")
+    assert child.exitcode == 0
+    assert results.get(timeout=5) == ["done in the child"]

@@ -21,10 +21,17 @@ which recovery finishes output by output (each skips a batch its version holds).
 that fails does not stop the others: `run` waits for every lane, then raises the first
 failure in the order the tasks were given (config order), so the error the operator reads
 does not depend on the threads' timing, and no MERGE is still running when it is raised.
+
+What a fork leaves. A child process inherits the executors but not their threads, so a
+task queued on an inherited lane would wait for ever, and its batch stay PREPARED under a
+live owner, with no line said. The lanes remember the process that made them, and a child
+makes its own. (delta-rs then refuses the child's first commit if the parent used delta-rs
+before the fork, its runtime being the parent's: a failure that says so, not a hang.)
 """
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -43,10 +50,15 @@ class Lanes:
 
     def __init__(self) -> None:
         self._lanes: dict[str, ThreadPoolExecutor] = {}
+        self._pid = os.getpid()
         # idle threads end with their owner (a pipeline built per run or per test)
         weakref.finalize(self, _shut, self._lanes)
 
     def _lane(self, key: str) -> ThreadPoolExecutor:
+        if self._pid != os.getpid():
+            # forked: the inherited executors' threads are the parent's, never this process's
+            self._lanes.clear()
+            self._pid = os.getpid()
         if key not in self._lanes:
             self._lanes[key] = ThreadPoolExecutor(1, thread_name_prefix=f"lane-{key}")
         return self._lanes[key]
