@@ -300,6 +300,10 @@ def test_remote_table_uris_unchanged(tmp_path: Path) -> None:
         ("./tables/orders", "tables/orders/"),
         ("tables/x/../orders", "tables/orders"),
         ("s3://b/orders", "s3://b/orders/"),
+        # one bucket under both of S3's schemes: delta-rs and Spark read either as the same
+        ("s3://b/orders", "s3a://b/orders"),
+        ("s3a://b/orders", "s3://b/orders/quarantine"),
+        ("S3://b/orders", "s3://b/orders"),
         ("tables/orders", "tables/orders/quarantine"),
         ("tables/orders/inner", "tables/orders"),
     ],
