@@ -452,3 +452,36 @@ def test_a_postgres_output_loads_among_the_others_in_config_order(tmp_path: Path
     # two outputs on one table of one database would share one state row
     message = config_error(config_with(derived=[dashboard, {**dashboard, "name": "again"}]))
     assert "derived output again: another postgres output keeps table views_per_app" in message
+
+
+@pytest.mark.parametrize(
+    ("ledger", "table"),
+    [
+        ("sqlite:///tables/orders/ledger.db", "delta.table_uri"),
+        ("sqlite:///tables/orders_quarantine/state/ledger.db", "delta.quarantine_uri"),
+        ("sqlite:///tables/views/ledger.db?timeout=5", "derived.views_per_app.table_uri"),
+    ],
+)
+def test_a_sqlite_ledger_inside_a_table_is_refused(tmp_path: Path, ledger: str, table: str) -> None:
+    """A Delta VACUUM (delta-spark's, any Delta tool's) deletes the files under a table that
+    its log does not name: a ledger kept there would be lost with its votes."""
+    data = config_with(
+        ledger__url=ledger,
+        delta__table_uri="tables/orders",
+        delta__quarantine_uri="tables/orders_quarantine",
+        derived=[{**COUNTS, "table_uri": "tables/views"}],
+    )
+    message = config_error(data, tmp_path)
+    assert f"ledger.url's file {tmp_path.resolve()}/tables/" in message
+    assert f"is inside {table}" in message
+    assert "\n" not in message
+
+
+def test_a_sqlite_ledger_beside_the_tables_is_taken(tmp_path: Path) -> None:
+    data = config_with(
+        ledger__url="sqlite:///tables/ledger.db",
+        delta__table_uri="tables/orders",
+        delta__quarantine_uri="tables/orders_quarantine",
+    )
+    config = parse_config(data, "test.yaml", tmp_path)
+    assert config.ledger.url == f"sqlite:///{tmp_path.resolve()}/tables/ledger.db"

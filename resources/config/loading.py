@@ -3,7 +3,8 @@ absolute.
 
 Validation errors become one `ConfigError` line naming every bad field (`kafka.topic: ...`),
 because a typo that silently falls back to a default is how records get lost; two tables
-whose locations overlap are refused, since the vacuum of one would delete the other's files.
+whose locations overlap are refused, since the vacuum of one would delete the other's files,
+and so is a SQLite ledger inside a table, which a vacuum would delete with its votes.
 """
 
 from __future__ import annotations
@@ -103,6 +104,15 @@ def parse_config(
                     "other's files)"
                 )
     ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
+    ledger_file = _sqlite_file(ledger.url)
+    for name, location in locations.items() if ledger_file else ():
+        if storage.overlaps(ledger_file, location):
+            raise ConfigError(
+                f"invalid pipeline config {source}: ledger.url's file {ledger_file} is inside "
+                f"{name} {location}: a VACUUM of that table (delta-spark's, any Delta tool's) "
+                "deletes every file its log does not name, the ledger and its votes with them; "
+                "keep the ledger outside every table"
+            )
     code = _code_location(config, code_dir or base, source)
     fmt = config.format.resolved(base) if config.format else None
     return config.model_copy(
@@ -121,6 +131,13 @@ def _code_location(config: PipelineConfig, code_dir: Path, source: str) -> dict[
             )
         folders.append(str(folder))
     return {"python_path": folders, "transform": absolute_spec(config.transform, code_dir)}
+
+
+def _sqlite_file(url: str) -> str | None:
+    """The file of a SQLite ledger URL made absolute by `_resolve_sqlite`; None for any
+    other database (or an in-memory one)."""
+    prefix = "sqlite:////"
+    return "/" + url[len(prefix) :].split("?", 1)[0] if url.startswith(prefix) else None
 
 
 def _resolve_sqlite(url: str, base: Path) -> str:
