@@ -454,6 +454,33 @@ def test_a_postgres_output_loads_among_the_others_in_config_order(tmp_path: Path
     assert "derived output again: another postgres output keeps table views_per_app" in message
 
 
+@pytest.mark.parametrize("first", ["views_per_app", "public.views_per_app"])
+def test_a_postgres_table_named_with_and_without_its_schema_is_refused(first: str) -> None:
+    """`views_per_app` resolves through the search_path, to `public.views_per_app` as a
+    rule: the same table under two spellings would take every batch twice."""
+    dashboard = {
+        "kind": "postgres",
+        "name": "views_dashboard",
+        "url": "postgresql://exactly@db.example/dash",
+        "table": first,
+        "group_by": ["app"],
+        "measures": [{"name": "views", "fn": "count"}],
+    }
+    other = "views_per_app" if "." in first else "public.views_per_app"
+    message = config_error(
+        config_with(derived=[dashboard, {**dashboard, "name": "again", "table": other}])
+    )
+    assert (
+        f"derived output again: table {other} may be table {first} of output views_dashboard"
+        in message
+    )
+    assert "name both with their schema" in message
+    # two schemas, both named: two tables
+    apart = [{**dashboard, "table": "analytics.views"}, {**dashboard, "name": "again",
+             "table": "reporting.views"}]  # fmt: skip
+    assert len(parse_config(config_with(derived=apart), "t", None).derived) == 2
+
+
 @pytest.mark.parametrize(
     ("ledger", "table"),
     [

@@ -9,7 +9,7 @@ resolving a file is resources/config/loading.py's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -84,18 +84,19 @@ class PipelineConfig(_Strict):
         # the name is part of each output's application id and of its vote target
         # (`derived:<name>`): two outputs of one name would take each other's commits
         seen: set[str] = set()
-        tables: set[tuple[str, str]] = set()
+        tables: dict[tuple[str, str], PostgresOutput] = {}
         for output in value:
             if isinstance(output, PostgresOutput):
-                # the state row is keyed by table and app id: a second output on the same
-                # table of the same database would find its batches "already applied"
+                # each output applies every batch under its own application id: two outputs
+                # on one table of one database would add every batch to it twice
                 where = (repr(output.url), output.table)
                 if where in tables:
                     raise ValueError(
                         f"derived output {output.name}: another postgres output keeps table "
                         f"{output.table} at the same url"
                     )
-                tables.add(where)
+                _refuse_another_spelling(output, tables)
+                tables[where] = output
             if output.name in seen:
                 raise ValueError(f"two derived outputs are named {output.name!r}")
             seen.add(output.name)
@@ -143,3 +144,22 @@ class PipelineConfig(_Strict):
         section's decoder is built by the stage (jobs/formats/format_decode.py
         `pipeline_transform`), which imports Spark; the config does not."""
         return load_transform(spec or self.transform, self.python_path)
+
+
+def _refuse_another_spelling(
+    output: PostgresOutput, tables: Mapping[tuple[str, str], PostgresOutput]
+) -> None:
+    """Refuse `output` when an earlier output at the same url may be its table under
+    another spelling: `views` resolves through the search_path (to `public.views` as a
+    rule), so `views` and `<schema>.views` may be one table, unless both name a schema."""
+    name = output.table.rsplit(".", 1)[-1]
+    for (url, table), other in tables.items():
+        if url != repr(output.url) or table.rsplit(".", 1)[-1] != name:
+            continue
+        if ("." in table) != ("." in output.table):
+            raise ValueError(
+                f"derived output {output.name}: table {output.table} may be table {table} "
+                f"of output {other.name} at the same url (a name without a schema resolves "
+                "through the search_path), and both would take every batch: name both with "
+                "their schema"
+            )
