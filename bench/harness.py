@@ -1,8 +1,9 @@
 """One whole benchmark run: broker, data set, every contender, every repetition, the summary.
 
 The contenders run interleaved inside each repetition (never all of one, then all of the
-other), and the two stage plans swap order from one repetition to the next, so slow drifts
-of a shared machine's load land on both sides of every ratio.
+other), and their order turns by one place from one repetition to the next
+(`contender_order`), so slow drifts of a shared machine's load, and what one contender
+leaves the next, land on every side of every ratio.
 """
 
 from __future__ import annotations
@@ -623,6 +624,22 @@ def _contend(
     return figures
 
 
+#: The name of the peer contender (Structured Streaming) in the run's lines and profile.
+PEER = "structured-streaming"
+#: The contenders of one batch size, in the order of the first repetition.
+CONTENDERS = ("routed", "cached", PEER)
+
+
+def contender_order(index: int) -> list[str]:
+    """The order of a batch size's contenders in repetition `index` (from 0): the first
+    repetition's order turned by one place per repetition, so over three repetitions each
+    contender runs once in each place. A contender pays for what the one before it left
+    (a cached run costs the next routed run a second or two, BENCHMARKS.md "The spread of
+    the routed contender"), and a fixed order would charge it to one side of a ratio."""
+    turn = index % len(CONTENDERS)
+    return [*CONTENDERS[turn:], *CONTENDERS[:turn]]
+
+
 def _repetition(
     spark: SparkHolder,
     root: Path,
@@ -635,22 +652,21 @@ def _repetition(
     """Every contender once. Run folders are removed as soon as their figures are taken."""
     tag = f"[{index + 1}/{settings.repeat}]"
     out: dict[str, Any] = {"product": {"routed": {}, "cached": {}}, "peer": {}}
-    plans = [True, False] if index % 2 == 0 else [False, True]
     # the first routed run's table, kept on disk for the Parquet limit (`_cli_path`)
     parquet_input = root / "parquet-input"
     for position, batch_records in enumerate(settings.batch_records):
         label = batch_label(batch_records)
         per_partition = _per_partition(batch_records, records, settings.partitions)
-        for routed in plans:
-            plan = "routed" if routed else "cached"
-            name = f"bench_{plan.replace('-', '_')}_{label}"
-            config = product.pipeline_config(root / name, name, bootstrap, TOPIC, per_partition)
 
+        def product_run(plan: str, label: str = label, position: int = position,
+                        per_partition: int = per_partition) -> None:  # fmt: skip
+            name = f"bench_{plan}_{label}"
+            config = product.pipeline_config(root / name, name, bootstrap, TOPIC, per_partition)
             cli_path = functools.partial(
                 _cli_path,
                 config=config,
                 records=records,
-                routed=routed,
+                routed=plan == "routed",
                 empty_batches=settings.empty_batches if position == 0 else 0,
                 parquet_input=parquet_input,
             )
@@ -658,9 +674,12 @@ def _repetition(
                 spark, tag, f"exactly {plan} {label}", cli_path, log
             )
             shutil.rmtree(root / name, ignore_errors=True)
-        if position == 0:
+            if plan == "routed" and position == 0:
+                s3_run(label, per_partition)
+
+        def s3_run(label: str, per_partition: int) -> None:
             # the same pipeline with its tables on the loopback S3 server, right after the
-            # local-disk runs, so both see the same load
+            # local-disk run, so both see the same load
             name = f"bench_s3_{label}"
             # a folder per repetition, as on local disk: the bucket outlives the repetition,
             # and a table left by the one before would make this run find it caught up
@@ -679,18 +698,26 @@ def _repetition(
                 label: _contend(spark, tag, f"exactly {S3_PLAN} {label}", s3_path, log)
             }
             shutil.rmtree(root / name, ignore_errors=True)
-        peer_root = root / f"peer-{label}"
-        streaming = functools.partial(
-            peer.run_structured_streaming,
-            root=peer_root,
-            bootstrap=bootstrap,
-            topic=TOPIC,
-            max_offsets_per_trigger=batch_records,
-            expected_records=records,
-            name=f"{spark_profile.DESCRIPTION_PREFIX} structured-streaming {label}",
-        )
-        out["peer"][label] = _contend(spark, tag, f"structured-streaming {label}", streaming, log)
-        shutil.rmtree(peer_root, ignore_errors=True)
+
+        def peer_run(label: str = label, batch_records: int | None = batch_records) -> None:
+            peer_root = root / f"peer-{label}"
+            streaming = functools.partial(
+                peer.run_structured_streaming,
+                root=peer_root,
+                bootstrap=bootstrap,
+                topic=TOPIC,
+                max_offsets_per_trigger=batch_records,
+                expected_records=records,
+                name=f"{spark_profile.DESCRIPTION_PREFIX} {PEER} {label}",
+            )
+            out["peer"][label] = _contend(spark, tag, f"{PEER} {label}", streaming, log)
+            shutil.rmtree(peer_root, ignore_errors=True)
+
+        for contender in contender_order(index):
+            if contender == PEER:
+                peer_run()
+            else:
+                product_run(contender)
 
     label = batch_label(settings.dagster_batch_records)
     name = f"bench_dagster_{label}"
