@@ -22,6 +22,7 @@ from resources.config.derived_spec import PostgresOutput
 from resources.config.pipeline_config import PipelineConfig
 from resources.config.transforms import absolute_spec
 from resources.object_storage import storage
+from resources.object_storage.locations import overlaps
 
 
 def _describe(error: ValidationError, source: str) -> str:
@@ -97,7 +98,7 @@ def parse_config(
     names = list(locations)
     for i, first in enumerate(names):
         for second in names[i + 1 :]:
-            if storage.overlaps(locations[first], locations[second]):
+            if overlaps(locations[first], locations[second]):
                 raise ConfigError(
                     f"invalid pipeline config {source}: {second} and {first} must be separate "
                     "locations, neither inside the other (vacuum of one would delete the "
@@ -106,7 +107,7 @@ def parse_config(
     ledger = config.ledger.model_copy(update={"url": _resolve_sqlite(config.ledger.url, base)})
     ledger_file = _sqlite_file(ledger.url)
     for name, location in locations.items() if ledger_file else ():
-        if storage.overlaps(ledger_file, location):
+        if overlaps(ledger_file, location):
             raise ConfigError(
                 f"invalid pipeline config {source}: ledger.url's file {ledger_file} is inside "
                 f"{name} {location}: a VACUUM of that table (delta-spark's, any Delta tool's) "

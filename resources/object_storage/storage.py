@@ -66,22 +66,6 @@ def _local_path(uri: str) -> str:
     return unquote(urlparse(uri).path) if urlparse(uri).scheme == "file" else uri
 
 
-def overlaps(a: str, b: str) -> bool:
-    """Whether one location is the other or lies inside it: `s3://` and `s3a://` name the
-    same bucket (delta-rs and Spark take either), and a scheme is the same in any case."""
-    a, b = _location(a).rstrip("/") + "/", _location(b).rstrip("/") + "/"
-    return a.startswith(b) or b.startswith(a)
-
-
-def _location(uri: str) -> str:
-    """`uri` with its scheme spelled one way, for comparing locations (never for use)."""
-    scheme = urlparse(uri).scheme
-    if scheme not in _REMOTE_SCHEMES:
-        return uri
-    rest = uri.split(":", 1)[1]
-    return ("s3" if scheme in _S3_SCHEMES else scheme) + ":" + rest
-
-
 def join(uri: str, *parts: str) -> str:
     if is_remote(uri):
         return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
