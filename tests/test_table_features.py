@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
@@ -25,6 +26,7 @@ from ledger.core.backfill import BackfillError
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
+from resources.config.partitioning import PartitionColumn
 from resources.delta.table import DeltaTarget
 from tests.fixtures.derived import TRANSFORM, assert_derived_match, derived_outputs, user_events
 from tests.fixtures.pipeline import assert_exactly_once, config_path, crash_env, crash_run
@@ -206,3 +208,58 @@ def test_a_replace_into_a_table_with_change_data_feed_is_refused_before_and_afte
     replaced = {o for (_p, o), app in apps_by_coordinate(config).items() if app != app.lower()}
     assert replaced == set(range(10, 20))
     assert sum(assert_exactly_once(config, kafka_client)) == 100
+
+
+TIMED = pa.schema([*SCHEMA, ("ts", pa.timestamp("us", tz="UTC")), ("day", pa.date32())])
+
+
+def test_a_generated_column_exactly_does_not_compute_is_refused_before_the_vote_and_at_the_commit(
+    spark: Any, tmp_path: Path
+) -> None:
+    """exactly adds the files Spark staged as they are: a generated column the stage does not
+    compute would be null in every row of a batch, against the table's own expression, which
+    delta-spark enforces for its own writes (a reader filtering on it would miss the rows)."""
+    root = tmp_path / "table"
+    run_on(
+        spark,
+        root,
+        "CREATE TABLE {table} (_kafka_topic STRING, _kafka_partition INT, _kafka_offset BIGINT, "
+        "value STRING, value_length INT GENERATED ALWAYS AS (LENGTH(value))) USING DELTA",
+    )
+    target = DeltaTarget(str(root))
+    version = DeltaTable(str(root)).version()
+
+    with pytest.raises(RefusedBatchError, match=r"generated column\(s\) value_length") as before:
+        target.check_schema(SCHEMA)
+    with pytest.raises(InconsistencyError, match="value_length") as failure:
+        publish(target, root, 1, 1, OffsetRange(TOPIC, 0, 0, 10))
+    assert "\n" not in str(before.value) and "\n" not in str(failure.value)
+    assert DeltaTable(str(root)).version() == version  # nothing of batch 1 committed
+
+
+def test_a_partition_column_the_table_generates_otherwise_is_refused(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The stage computes a partition column by the config's expression; a table that
+    generates it by another (delta-spark's CAST, in the session's zone, or exactly's own
+    with another time zone) would hold rows breaking its expression. The table's own
+    expression, as exactly created it, is taken."""
+    theirs = tmp_path / "theirs"
+    run_on(
+        spark,
+        theirs,
+        "CREATE TABLE {table} (_kafka_topic STRING, _kafka_partition INT, _kafka_offset BIGINT, "
+        "value STRING, ts TIMESTAMP, day DATE GENERATED ALWAYS AS (CAST(ts AS DATE))) "
+        "USING DELTA PARTITIONED BY (day)",
+    )
+    utc = [PartitionColumn(name="day", date_of="ts")]
+    with pytest.raises(RefusedBatchError, match="partition column day") as failure:
+        DeltaTarget(str(theirs), partition_by=utc).check_schema(TIMED)
+    assert "CAST(ts AS DATE)" in str(failure.value) and "\n" not in str(failure.value)
+
+    ours = tmp_path / "ours"
+    DeltaTarget(str(ours), partition_by=utc).ensure_table(TIMED)
+    assert DeltaTarget(str(ours), partition_by=utc).check_schema(TIMED) is None
+    paris = [PartitionColumn(name="day", date_of="ts", time_zone="Europe/Paris")]
+    with pytest.raises(RefusedBatchError, match="Europe/Paris"):
+        DeltaTarget(str(ours), partition_by=paris).check_schema(TIMED)

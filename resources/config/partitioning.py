@@ -117,10 +117,15 @@ def names(columns: Sequence[PartitionColumn]) -> list[str]:
     return [c.name for c in columns]
 
 
+def generation_expressions(columns: Sequence[PartitionColumn]) -> dict[str, str]:
+    """Each partition column's generation expression, by name."""
+    return {c.name: generation_expression(c) for c in columns}
+
+
 def with_generation(schema: pa.Schema, columns: Sequence[PartitionColumn]) -> pa.Schema:
     """`schema` with each partition column's generation expression in its field metadata,
     the schema a partitioned table is created with."""
-    expressions = {c.name: generation_expression(c) for c in columns}
+    expressions = generation_expressions(columns)
     fields = []
     for field in schema:
         if field.name in expressions:

@@ -92,6 +92,9 @@ class Committable(Protocol):
     #: the other writers read in the table's log so far (writers.py)
     writers: WritersSeen
 
+    #: the generated columns its staged files hold as the table computes them (features.py)
+    generated_columns: Mapping[str, str]
+
     def load(self) -> DeltaTable | None: ...
 
     def open_afresh(self) -> DeltaTable | None: ...
@@ -256,7 +259,7 @@ def appending(table: DeltaTable, actions: list[Any], schema: pa.Schema, target: 
 
     def commit(properties: CommitProperties) -> Mapping[str, Any] | None:
         before = table.version()
-        if not _write(table, actions, schema, properties, target.uri):
+        if not _write(table, actions, schema, properties, target.uri, target.generated_columns):
             return None
         table.update_incremental()
         checkpoint_if_due(target, table, before)
@@ -277,8 +280,11 @@ def _write(
     schema: pa.Schema,
     properties: CommitProperties,
     uri: str,
+    generated: Mapping[str, str],
 ) -> bool:
-    """One commit of `actions` with `properties` (the app transaction) on `table`'s snapshot.
+    """One commit of `actions` with `properties` (the app transaction) on `table`'s snapshot;
+    `generated`, the generated columns the staged files hold as the table computes them
+    (resources/delta/features.py `generated_refusal`).
 
     A batch that brings new columns widens the table's schema in that same commit
     (invariant 14): readers see the new files and the new columns together, or neither.
@@ -291,7 +297,7 @@ def _write(
     them as null, no row changes) and returns False: the caller re-reads and decides
     again, and then the replace fits the widened table as it is.
     """
-    refuse_unwritable(table, uri, voted=True)
+    refuse_unwritable(table, uri, voted=True, generated=generated)
     try:
         widened = table_widened(table, schema, uri)
     except RefusedBatchError as exc:

@@ -27,12 +27,18 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from ledger.core.batch import StagedFile
 from ledger.core.errors import ConfigError, InconsistencyError
 from ledger.core.protocol import OffsetRange
-from resources.config.partitioning import PartitionColumn, check_layout, names, with_generation
+from resources.config.partitioning import (
+    PartitionColumn,
+    check_layout,
+    generation_expressions,
+    names,
+    with_generation,
+)
 from resources.delta import log
 from resources.delta.commit import CommitOutcome, Try, add_actions, appending, commit_batch
 from resources.delta.compaction import Compaction, compact
 from resources.delta.features import refuse_replace, refuse_unwritable, replace_refusal
-from resources.delta.figures import TableLayout, TableStats
+from resources.delta.figures import TableLayout, TableStats, layout_of, stats_of
 from resources.delta.held import HeldVersions
 from resources.delta.kept import Answers, Kept
 from resources.delta.options import storage_options_for, store_failure
@@ -79,6 +85,9 @@ class DeltaTarget:
         #: the partition columns the config gives this table (a new table is created with
         #: them; an existing one must have them), or None: take the table's as they are
         self.partition_by = None if partition_by is None else tuple(partition_by)
+        #: the generated columns a publish of staged files writes right, by the expression
+        #: the stage computes them with: the config's partition columns (features.py)
+        self.generated_columns = generation_expressions(partition_by or ()) if generated else {}
         self.storage_options = storage_options_for(uri, storage_options or {})
         #: `kept`, `answers`: this thread's Kept and Answers (kept.py). Per thread: a delta-rs
         #: table is not safe to use from two threads at once, and one thread's update or
@@ -266,23 +275,13 @@ class DeltaTarget:
         """
         # time travel on a table of its own: the kept one stays at the latest version
         table = self.load() if version is None else self.open_afresh(version)
-        if table is None:
-            return None
-        actions = table.get_add_actions(flatten=True)
-        return TableStats(
-            version=table.version(),
-            row_count=int(sum(actions.column("num_records").to_pylist() or [0])),
-            app_version=table.transaction_version(app_id),
-        )
+        return None if table is None else stats_of(table, app_id)
 
     def layout(self) -> TableLayout | None:
         """The snapshot's file count and bytes, what compaction brings down; None while the
         table does not exist."""
         table = self.load()
-        if table is None:
-            return None
-        sizes = table.get_add_actions(flatten=True).column("size_bytes").to_pylist()
-        return TableLayout(files=len(sizes), bytes=int(sum(sizes)))
+        return None if table is None else layout_of(table)
 
     def compact(self, max_tries: int = 20) -> Compaction | None:
         """Merge the table's small files (delta-rs OPTIMIZE compact, safe beside commits:
@@ -299,8 +298,8 @@ class DeltaTarget:
         table = self.load()
         if table is None:
             return None
-        refuse_unwritable(table, self.uri, voted=False)
-        self._partition_columns(table)
+        self._partition_columns(table)  # the layout first: a generated column is one of it
+        refuse_unwritable(table, self.uri, voted=False, generated=self.generated_columns)
         return table_widened(table, schema, self.uri)
 
     def replace_refusal(self) -> str | None:
