@@ -161,6 +161,31 @@ def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batc
     assert_derived_match(config)
 
 
+def test_a_derived_output_with_a_generated_column_is_refused_before_the_vote(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """delta-rs's MERGE computes a generated column on an insert but refuses every update
+    of its source ("rows failed validation check"): the aggregate's second batch would wait
+    voted behind a store-like error, twenty tries at a time. Refused at the first, in one
+    line naming the column, before anything is committed anywhere."""
+    (per_app,) = [o for o in derived_outputs(tmp_path / "derived") if o["name"] == "views_per_app"]
+    aggregate = Path(per_app["table_uri"])
+    run_on(
+        spark,
+        aggregate,
+        "CREATE TABLE {table} (app STRING, views BIGINT, "
+        "doubled BIGINT GENERATED ALWAYS AS (views * 2)) USING DELTA",
+    )
+    config = pipeline_factory(2, transform=TRANSFORM, derived=[per_app])
+    kafka_client.produce_records(config.kafka.topic, user_events(0, 200, 2, malformed_every=20))
+
+    with pytest.raises(RefusedBatchError, match=r"generated column\(s\) doubled") as failure:
+        live_restart(config, spark)
+    assert "\n" not in str(failure.value)
+    assert DeltaTable(str(aggregate)).version() == 0  # the CREATE, nothing else
+    assert DeltaTarget(config.delta.table_uri).transaction_version(config.app_id) is None
+
+
 def change_feed(spark: Any, root: Path, on: bool) -> None:
     flag = "true" if on else "false"
     run_on(

@@ -242,7 +242,7 @@ class DeltaPublisher:
             target = derived_target(spec.name)
             table = delta.load() if target in schemas else None
             if table is not None:
-                refuse_unwritable(table, delta.uri, voted=False)
+                refuse_unwritable(table, delta.uri, voted=False, generated=delta.generated_columns)
                 _check_schema(table, table_schema(spec, schemas[target]), delta.uri, spec.name)
 
         self._each_derived(fits)
