@@ -162,8 +162,10 @@ def refuse_unwritable(
     `generated`: the generated columns exactly writes right in this table, each with its
     expression (resources/delta/table.py `generated_columns`; `generated_refusal`)."""
     reason = unwritable(table)
-    sentence = unwritable_sentence(uri, reason) if reason is not None else None
-    sentence = sentence or generated_refusal(table, uri, generated)
+    if reason is not None:
+        sentence: str | None = unwritable_sentence(uri, reason)
+    else:
+        sentence = generated_refusal(table, uri, generated)
     if sentence is None:
         return
     if voted:
