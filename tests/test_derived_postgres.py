@@ -571,3 +571,64 @@ def test_a_refused_or_unreachable_server_fails_the_start_in_one_line(
     assert "\n" not in message and "s3cret" not in message
     assert message.startswith("postgres output views_dashboard (views at postgresql")
     assert info.value.exit_code == 2  # type: ignore[attr-defined]
+
+
+# -- one table, two outputs ---------------------------------------------------------------
+
+
+def two_outputs_config(tmp_path: Path, first: dict[str, Any], second: dict[str, Any]) -> Any:
+    """A pipeline whose two PostgreSQL outputs differ by `first` and `second` (its broker
+    is never asked: the start check comes before any batch)."""
+    from resources.config.loading import parse_config
+
+    output = {"kind": "postgres", "group_by": ["app"], "measures": MEASURES}
+    return parse_config(
+        {
+            "pipeline": "pageviews",
+            "kafka": {"bootstrap_servers": "127.0.0.1:9", "topic": "pageviews"},
+            "delta": {"table_uri": str(tmp_path / "t"), "quarantine_uri": str(tmp_path / "q")},
+            "ledger": {"url": f"sqlite:///{tmp_path}/ledger.db"},
+            "derived": [
+                {**output, "name": "views_dashboard", **first},
+                {**output, "name": "views_report", **second},
+            ],
+        }
+    )
+
+
+@pytest.mark.parametrize("spelling", ["url query", "schema", "environment"])
+def test_two_outputs_on_one_table_under_two_spellings_are_refused_at_the_start(
+    postgres_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    """Two outputs on one table would each add every batch (their application ids and state
+    rows differ, so neither compare-and-set sees the other's): refused when the pipeline
+    starts, whichever way the URLs or the table are spelled, because the server is asked
+    where the table is. The config's check compares spellings and lets all three through."""
+    from jobs.wiring.pipeline import Pipeline
+
+    table = f"views_{uuid.uuid4().hex[:12]}"
+    other_url = f"{postgres_url}?connect_timeout=7"
+    first, second = {
+        "url query": ({"url": postgres_url, "table": table}, {"url": other_url, "table": table}),
+        "schema": (
+            {"url": postgres_url, "table": table},
+            {"url": other_url, "table": f"public.{table}"},
+        ),
+        "environment": (
+            {"url": {"env": "DASHBOARD_URL"}, "table": table},
+            {"url": {"env": "REPORT_URL"}, "table": table},
+        ),
+    }[spelling]
+    monkeypatch.setenv("DASHBOARD_URL", postgres_url)
+    monkeypatch.setenv("REPORT_URL", postgres_url)
+    config = two_outputs_config(tmp_path, first, second)
+    with pytest.raises(ConfigError) as info:
+        Pipeline(config)
+    message = str(info.value)
+    assert message.startswith(f"derived output views_report: table {second['table']} is table")
+    assert f"of output views_dashboard on the same server (public.{table}" in message
+    assert "\n" not in message and info.value.exit_code == 2
+    # two tables of one server start
+    apart = two_outputs_config(tmp_path, first, {**second, "table": f"{table}_report"})
+    with Pipeline(apart) as pipeline:
+        assert len(pipeline.publisher.postgres) == 2

@@ -38,6 +38,7 @@ from resources.config.pipeline_config import PipelineConfig
 from resources.delta.table import Compaction
 from resources.kafka.client import KafkaClient
 from resources.object_storage import storage
+from resources.postgres.target import refuse_one_table_twice
 from resources.spark.progress import ProgressSink
 
 
@@ -68,6 +69,8 @@ class Pipeline:
         # a PostgreSQL output's server that refuses us or does not answer fails here too
         for output in self.publisher.postgres.values():
             output.check_reachable()
+        # and two of them on one table, under two spellings of it or of its server
+        refuse_one_table_twice(self.publisher.postgres.values())
         self.spark = spark_factory or SharedSpark.for_config(config)
         self._backfills: dict[str, TwoPhaseCommit] = {}
         self._lock = threading.Lock()

@@ -6,14 +6,19 @@ vote) and the recomputation check's read of the table with the batch ids it hold
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 
-from ledger.core.errors import AuthenticationError, RefusedBatchError, UnreachableError
+from ledger.core.errors import (
+    AuthenticationError,
+    ConfigError,
+    RefusedBatchError,
+    UnreachableError,
+)
 from resources.config.derived_spec import PostgresOutput
 from resources.postgres.connection import _one_line, _where, create_output_engine
 from resources.postgres.state import _read_state, held_state
@@ -54,6 +59,34 @@ class PostgresTarget:
                 raise AuthenticationError(text) from exc
             raise UnreachableError(text) from exc
 
+    def location(self) -> tuple[str, ...]:
+        """Where the output's table is, as the server names it: the cluster, the database,
+        the schema and the table. A name without a schema resolves through this
+        connection's search_path: to the table's schema when it exists, else to the schema
+        its first batch's CREATE TABLE would put it in (`current_schema()`).
+
+        The cluster is its system identifier (`pg_control_system()`, which any role may
+        call on PostgreSQL 15; where a managed server refuses it, the postmaster's start
+        time, one per running server), so that two URLs of one server (127.0.0.1 and
+        localhost, a unix socket, two users, two environment variables holding one URL)
+        give one location."""
+        schema, _, name = self.spec.table.rpartition(".")
+        query = (
+            "SELECT (SELECT oid FROM pg_database WHERE datname = current_database())::text, "
+            "COALESCE(CAST(:schema AS text), (SELECT n.nspname FROM pg_class c JOIN "
+            "pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(:t)), "
+            "current_schema())"
+        )
+        try:
+            with self.engine.connect() as conn:
+                database, resolved = conn.execute(
+                    sa.text(query), {"schema": schema or None, "t": _table(self.spec)}
+                ).one()
+                cluster = _cluster(conn)
+        except OperationalError as exc:
+            raise UnreachableError(f"{self.where}: {_one_line(exc)}") from exc
+        return (cluster, database, str(resolved), name)
+
     def held_batch(self, app_id: str) -> int | None:
         return held_state(self.engine, self.spec, app_id)[0]
 
@@ -81,6 +114,41 @@ class PostgresTarget:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _cluster(conn: sa.Connection) -> str:
+    """The server's identity for `PostgresTarget.location`: its system identifier, or its
+    postmaster's start time where `pg_control_system()` is refused."""
+    try:
+        with conn.begin_nested():
+            found = conn.execute(sa.text("SELECT system_identifier FROM pg_control_system()"))
+            return f"system {found.scalar_one()}"
+    except DBAPIError:
+        started = conn.execute(sa.text("SELECT pg_postmaster_start_time()")).scalar_one()
+        return f"started {started.isoformat()}"
+
+
+def refuse_one_table_twice(targets: Iterable[PostgresTarget]) -> None:
+    """Refuse two PostgreSQL outputs of one pipeline on one table, however their URLs and
+    names are spelled (`PostgresTarget.location`, asked of the servers themselves).
+
+    Each output applies every batch under its own application id and state row, so the
+    compare-and-set of one never sees the other's: on one table, every batch's partial
+    would be added twice, and every check would pass. The config's check
+    (resources/config/pipeline_config.py) compares spellings only; this runs at the
+    pipeline's start, before anything is staged, with the connection `check_reachable`
+    made."""
+    seen: dict[tuple[str, ...], PostgresTarget] = {}
+    for target in targets:
+        where = target.location()
+        other = seen.setdefault(where, target)
+        if other is not target:
+            raise ConfigError(
+                f"derived output {target.spec.name}: table {target.spec.table} is table "
+                f"{other.spec.table} of output {other.spec.name} on the same server "
+                f"({where[2]}.{where[3]} in one database), and both would add every batch "
+                "to it: give each output a table of its own"
+            )
 
 
 def read_output(
