@@ -23,7 +23,7 @@ from deltalake import DeltaTable
 
 from jobs.examples.sample_data import pageviews
 from ledger.core.backfill import BackfillError
-from ledger.core.errors import InconsistencyError, RefusedBatchError
+from ledger.core.errors import ConfigError, InconsistencyError, RefusedBatchError
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.store.ledger_store import LedgerStore
 from resources.config.partitioning import PartitionColumn
@@ -288,3 +288,66 @@ def test_a_partition_column_the_table_generates_otherwise_is_refused(
     paris = [PartitionColumn(name="day", date_of="ts", time_zone="Europe/Paris")]
     with pytest.raises(RefusedBatchError, match="Europe/Paris"):
         DeltaTarget(str(ours), partition_by=paris).check_schema(TIMED)
+
+
+def voted_batches(config: Any) -> list[tuple[int, BatchState]]:
+    return [
+        (b.batch_id, b.state) for b in LedgerStore(config.ledger.url).batches(app_id=config.app_id)
+    ]
+
+
+def test_a_quarantine_partitioned_by_another_writer_is_refused_before_the_vote(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """exactly creates the quarantine unpartitioned and stages its files so; one created
+    partitioned by someone else took them until the first batch with a bad record, whose
+    commit then refused the file as staged for another layout, the batch held voted for a
+    layout no config can give. Refused at the first batch, before the vote, naming the
+    field to change; with another quarantine_uri the same records are taken once."""
+    config = pipeline_factory(2, transform=TRANSFORM)
+    run_on(
+        spark,
+        Path(config.delta.quarantine_uri),
+        "CREATE TABLE {table} (_kafka_topic STRING, _kafka_partition INT, "
+        "_kafka_offset BIGINT, _kafka_timestamp TIMESTAMP, _batch_id BIGINT, _error STRING, "
+        "_raw_value BINARY) USING DELTA PARTITIONED BY (_kafka_partition)",
+    )
+    kafka_client.produce_records(config.kafka.topic, user_events(0, 200, 2, malformed_every=20))
+
+    with pytest.raises(ConfigError, match=r"delta.quarantine_uri: .* \['_kafka_partition'\]") as e:
+        live_restart(config, spark)
+    assert "\n" not in str(e.value)
+    assert DeltaTable(config.delta.quarantine_uri).version() == 0  # the CREATE, nothing else
+    assert DeltaTarget(config.delta.table_uri).transaction_version(config.app_id) is None
+    assert BatchState.PREPARED not in {state for _, state in voted_batches(config)}
+
+    moved = config.delta.model_copy(update={"quarantine_uri": str(tmp_path / "quarantine2")})
+    live_restart(config.model_copy(update={"delta": moved}), spark)
+    table, quarantined = assert_exactly_once(
+        config.model_copy(update={"delta": moved}), kafka_client
+    )
+    assert quarantined > 0 and table + quarantined == 200
+
+
+def test_an_aggregate_whose_table_has_another_layout_is_refused_before_the_vote(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """An aggregate's MERGE refuses a table partitioned otherwise than its config says
+    (rows would land in the null partition); that check ran only at the commit, after the
+    vote, where the batch then waited voted. It runs before the vote too."""
+    (per_app,) = [o for o in derived_outputs(tmp_path / "derived") if o["name"] == "views_per_app"]
+    aggregate = Path(per_app["table_uri"])
+    run_on(
+        spark,
+        aggregate,
+        "CREATE TABLE {table} (app STRING, views BIGINT) USING DELTA PARTITIONED BY (app)",
+    )
+    config = pipeline_factory(2, transform=TRANSFORM, derived=[per_app])
+    kafka_client.produce_records(config.kafka.topic, user_events(0, 200, 2, malformed_every=20))
+
+    with pytest.raises(ConfigError, match=r"derived.views_per_app.partition_by: .*\['app'\]") as e:
+        live_restart(config, spark)
+    assert "\n" not in str(e.value)
+    assert DeltaTable(str(aggregate)).version() == 0
+    assert DeltaTarget(config.delta.table_uri).transaction_version(config.app_id) is None
+    assert BatchState.PREPARED not in {state for _, state in voted_batches(config)}

@@ -43,7 +43,7 @@ from resources.config.pipeline_config import PipelineConfig
 from resources.delta.features import refuse_unwritable
 from resources.delta.figures import TableLayout, TableStats
 from resources.delta.log import other_writers, topics_in_rows
-from resources.delta.merge import MergeOutcome, _check_schema
+from resources.delta.merge import MergeOutcome, _check_schema, check_aggregate_layout
 from resources.delta.schema import decode_schema
 from resources.delta.table import Compaction, DeltaTarget
 from resources.delta.writers import refuse_before_publish
@@ -53,6 +53,11 @@ from resources.postgres.target import PostgresTarget
 
 #: The batch metrics key of what each derived output's commit did (`merge_outcome`).
 DERIVED_METRICS = "derived"
+#: a quarantine's layout refusal: its field, and the one way out (it has no partition_by)
+QUARANTINE_LAYOUT = (
+    "delta.quarantine_uri",
+    "a quarantine is never partitioned, give a new quarantine_uri",
+)
 T = TypeVar("T")
 
 
@@ -90,7 +95,9 @@ class DeltaPublisher:
         options = config.delta.resolved_storage_options()
         return cls(
             DeltaTarget(config.delta.table_uri, options, config.delta.partition_by),
-            DeltaTarget(config.delta.quarantine_uri, options),
+            # exactly creates the quarantine unpartitioned and stages its files so: one
+            # partitioned by another writer is refused before the vote, not at the commit
+            DeltaTarget(config.delta.quarantine_uri, options, (), layout=QUARANTINE_LAYOUT),
             [
                 (spec, DeltaTarget(spec.table_uri, options, **partitioning(spec)))
                 for spec in config.derived
@@ -242,6 +249,8 @@ class DeltaPublisher:
             target = derived_target(spec.name)
             table = delta.load() if target in schemas else None
             if table is not None:
+                if isinstance(spec, AggregateOutput):
+                    check_aggregate_layout(table, delta.uri, spec)
                 refuse_unwritable(table, delta.uri, voted=False, generated=delta.generated_columns)
                 _check_schema(table, table_schema(spec, schemas[target]), delta.uri, spec.name)
 

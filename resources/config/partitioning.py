@@ -170,12 +170,13 @@ def check_layout(
     table_columns: Sequence[str],
     configured: Sequence[PartitionColumn] | None,
     field: str = "delta.partition_by",
+    remedy: str = "give its own, or a new table_uri",
 ) -> None:
     """Refuse a table whose partition columns are not the config's (None: not said).
 
     Delta cannot re-partition a table in place, and files staged for one layout added to a
     table of another would file rows under the wrong (or no) partition: the operator must
-    either give the table's layout or write a new table.
+    either give the table's layout or write a new table (`remedy` says which they can).
     """
     if configured is None:
         return
@@ -184,7 +185,7 @@ def check_layout(
         raise ConfigError(
             f"{field}: the table at {uri} is partitioned by "
             f"{list(table_columns) or 'nothing'}, the config says {wanted or 'nothing'}; "
-            "an existing table keeps its partitioning: give its own, or a new table_uri"
+            f"an existing table keeps its partitioning: {remedy}"
         )
 
 

@@ -129,9 +129,7 @@ def merge_aggregate(
     partial = with_window_dates(partial, spec.partition_by)
 
     def plan(table: DeltaTable, properties: CommitProperties) -> TableMerger:
-        # rows with no partition value would land in the null partition, silently
-        where = f"derived.{spec.name}.partition_by"
-        check_layout(target.uri, table.metadata().partition_columns, spec.partition_by, where)
+        check_aggregate_layout(table, target.uri, spec)
         held = held_partitions(partial, spec.partition_by, TARGET)
         merger = _merger(table, partial, spec.key_columns, properties, held)
         if count is not None:
@@ -364,6 +362,15 @@ def _record_only(table: DeltaTable, properties: CommitProperties) -> None:
         post_commithook_properties=NO_CHECKPOINT,
     )
     table.update_incremental()
+
+
+def check_aggregate_layout(table: DeltaTable, uri: str, spec: AggregateOutput) -> None:
+    """Refuse an aggregate's table partitioned otherwise than its config says: the MERGE's
+    rows with no partition value would land in the null partition, silently. Checked at
+    each MERGE and, by the publisher, before the vote, so a table another writer created is
+    refused before anything of the batch is held."""
+    where = f"derived.{spec.name}.partition_by"
+    check_layout(uri, table.metadata().partition_columns, spec.partition_by, where)
 
 
 def _check_schema(table: DeltaTable, schema: pa.Schema, uri: str, name: str) -> None:
