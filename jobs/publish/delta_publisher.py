@@ -97,7 +97,7 @@ class DeltaPublisher:
             DeltaTarget(config.delta.table_uri, options, config.delta.partition_by),
             # exactly creates the quarantine unpartitioned and stages its files so: one
             # partitioned by another writer is refused before the vote, not at the commit
-            DeltaTarget(config.delta.quarantine_uri, options, (), layout=QUARANTINE_LAYOUT),
+            DeltaTarget(config.delta.quarantine_uri, options, (), layout_words=QUARANTINE_LAYOUT),
             [
                 (spec, DeltaTarget(spec.table_uri, options, **partitioning(spec)))
                 for spec in config.derived

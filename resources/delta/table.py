@@ -77,12 +77,12 @@ class DeltaTarget:
         partition_by: Sequence[PartitionColumn] | None = None,
         *,
         generated: bool = True,
-        layout: tuple[str, str] = ("delta.partition_by", "give its own, or a new table_uri"),
+        layout_words: tuple[str, str] = ("delta.partition_by", "give its own, or a new table_uri"),
     ) -> None:
         self.uri = uri
         #: the config field a refused layout names, and what the operator can do about it
         #: (resources/config/partitioning.py `check_layout`)
-        self.layout = layout
+        self.layout_words = layout_words
         #: whether the partition columns are created as Delta generated columns: not for a
         #: table delta-rs MERGEs into (resources/delta/window_dates.py says why)
         self.generated = generated
@@ -316,7 +316,7 @@ class DeltaTarget:
         """The table's partition columns, once checked against the config's: a staged file
         is added under the table's own layout or not at all (resources/config/partitioning.py)."""
         columns = list(table.metadata().partition_columns)
-        check_layout(self.uri, columns, self.partition_by, *self.layout)
+        check_layout(self.uri, columns, self.partition_by, *self.layout_words)
         return columns
 
     def named_files(self) -> set[str]:
