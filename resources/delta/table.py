@@ -13,19 +13,17 @@ commits resources/delta/log.py's, compaction resources/delta/compaction.py's.
 from __future__ import annotations
 
 import contextlib
-import re
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
-from deltalake.exceptions import DeltaError, TableNotFoundError
+from deltalake.exceptions import DeltaError
 
 from ledger.core.batch import StagedFile
-from ledger.core.errors import ConfigError, InconsistencyError
+from ledger.core.errors import InconsistencyError
 from ledger.core.protocol import OffsetRange
 from resources.config.partitioning import (
     PartitionColumn,
@@ -41,23 +39,12 @@ from resources.delta.features import refuse_replace, refuse_unwritable, replace_
 from resources.delta.figures import TableLayout, TableStats, layout_of, stats_of
 from resources.delta.held import HeldVersions
 from resources.delta.kept import Answers, Kept
-from resources.delta.options import storage_options_for, store_failure
+from resources.delta.opening import open_table
+from resources.delta.options import storage_options_for
 from resources.delta.rewrite import remove_rows
 from resources.delta.schema import table_widened, with_legacy_features
 from resources.delta.writers import WritersSeen
 from resources.object_storage import storage
-
-#: What delta-rs says of a `_delta_log` it cannot read as a table's.
-_NOT_A_TABLE = re.compile(
-    r"Invalid Checkpoint|_last_checkpoint hint|No files in log segment|not a Delta table|"
-    r"No table metadata or protocol found"
-)
-#: What delta-rs says of a log whose entries hold no metadata: also what a reader sees of a
-#: table being created on a store that lists an object before its bytes are in (s3proxy's
-#: filesystem backend), so a fresh load reads such a log again for a while first.
-_NO_METADATA_YET = re.compile(r"No table metadata or protocol found")
-#: How long a fresh load waits for a log entry's content (`_NO_METADATA_YET`), in tries.
-_METADATA_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 
 #: Tries of a publish or a replace before its lost races are an error (commit_batch).
 _MAX_TRIES = 50
@@ -227,40 +214,11 @@ class DeltaTarget:
         self._local.kept = None
 
     def open_afresh(self, version: int | None = None) -> DeltaTable | None:
-        """A new table object, at `version` or the latest; None if there is no table."""
-        try:
-            table = self._read_log(version)
-            self._existed = True
-            return table
-        except TableNotFoundError:
-            return None
-        except OSError as exc:
-            raise store_failure(self.uri, exc) from exc
-        except DeltaError as exc:
-            # a log delta-rs cannot read as a table's (a checkpoint hint without its
-            # checkpoint, a log with no commit, entries without metadata): the config points
-            # at something that is not a Delta table, an operator's to fix, said with the
-            # folder it is about
-            if version is not None or _NOT_A_TABLE.search(str(exc)) is None:
-                raise  # a version gone from the log is no news about the folder
-            raise ConfigError(
-                f"`{self.uri}` is not a Delta table (delta-rs: {str(exc).splitlines()[0]}); "
-                "point the config at a Delta table's folder, or at a new or empty one"
-            ) from exc
-
-    def _read_log(self, version: int | None) -> DeltaTable:
-        """delta-rs's table at `version` or the latest; the latest read again for a while
-        when its log shows entries without metadata yet (`_NO_METADATA_YET`)."""
-        for wait in (*_METADATA_WAITS, None):
-            try:
-                return DeltaTable(
-                    self.uri, version=version, storage_options=self.storage_options or None
-                )
-            except DeltaError as exc:
-                if wait is None or version is not None or not _NO_METADATA_YET.search(str(exc)):
-                    raise
-                time.sleep(wait)
-        raise AssertionError("unreachable: the last try returns or raises")
+        """A new table object, at `version` or the latest; None if there is no table
+        (resources/delta/opening.py says what a failure to open means)."""
+        table = open_table(self.uri, self.storage_options, version)
+        self._existed = self._existed or table is not None
+        return table
 
     def _log_entry(self, version: int) -> str:
         return log.entry_uri(self.uri, version)
