@@ -19,7 +19,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from jobs.publish.derived_outputs import (
     behind,
@@ -31,12 +30,13 @@ from jobs.publish.derived_outputs import (
 )
 from jobs.publish.lanes import Lanes
 from jobs.publish.postgres_outputs import add_postgres_batches, apply_postgres, postgres_outcome
-from jobs.publish.raw_rows import offsets_filter, publish_rows
+from jobs.publish.raw_rows import publish_rows, rows_held_in
+from jobs.publish.voted_files import files_by_target
 from ledger.coordinator.crash import crashpoint
 from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
-from ledger.core.layout import BATCH_ID, QUARANTINE, TABLE, TOPIC, derived_target, is_derived
+from ledger.core.layout import QUARANTINE, TABLE, derived_target, is_derived
 from ledger.core.ports import PublishResult
 from resources.config.derived_spec import AggregateOutput, PostgresOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
@@ -204,25 +204,11 @@ class DeltaPublisher:
     def rows_held(self, batch: Batch, target: str, not_by: Collection[int] = ()) -> int | None:
         """Rows of the table `target` whose coordinates fall in the batch's ranges, leaving
         out rows written by the batches `not_by` (their `_batch_id`); None for a derived
-        output, whose rows are groups or latest records, not the batch's records.
-
-        Files are pruned by partition and offset only, the topic matched on the rows read
-        (jobs/publish/raw_rows.py says why).
-        """
+        output, whose rows are groups or latest records, not the batch's records
+        (jobs/publish/raw_rows.py `rows_held_in`)."""
         if is_derived(target):
             return None
-        table = dict(self._outputs())[target].load()
-        if table is None:
-            return 0
-        dataset = table.to_pyarrow_dataset()
-        held = 0
-        for topic in sorted({r.topic for r in batch.ranges if r.span}):
-            wanted = offsets_filter(r for r in batch.ranges if r.span and r.topic == topic)
-            if not_by and wanted is not None:
-                wanted = wanted & ~pc.field(BATCH_ID).isin(sorted(not_by))
-            rows = dataset.to_table(columns=[TOPIC], filter=wanted)
-            held += pc.sum(pc.equal(rows[TOPIC], topic).cast("int64")).as_py() or 0
-        return held
+        return rows_held_in(dict(self._outputs())[target].load(), batch, not_by)
 
     def file_size(self, target: str, path: str) -> int | None:
         """A staged file's size now (None if gone); `path` is relative to its table's root."""
@@ -351,21 +337,8 @@ class DeltaPublisher:
                 "PostgreSQL output (resources/config/derived_spec.py replace_refusal); it "
                 "should have been refused"
             )
-        by_target: dict[str, list[StagedFile]] = {t: [] for t, _d in self._outputs()}
-        by_target.update({t: [] for t in self.postgres})
-        for f in files:
-            if f.target not in by_target:
-                raise InconsistencyError(
-                    f"batch {batch.label} voted files for output {f.target}, which the "
-                    "config no longer has: restore the output to publish the batch"
-                )
-            by_target[f.target].append(f)
-        lacking = [t for t in self._order if t not in batch.schemas]
-        if lacking:
-            raise InconsistencyError(
-                f"batch {batch.label} voted before output(s) {', '.join(lacking)} were "
-                "configured, so it has no partial for them: remove them until it is published"
-            )
+        targets = [*(t for t, _d in self._outputs()), *self.postgres]
+        by_target = files_by_target(batch, targets, self._order, files)
         refuse_before_publish(self.table, batch.app_id, meta)
         if any(f.records for f in by_target[QUARANTINE]) or (replace and self.quarantine.load()):
             publish_rows(batch, QUARANTINE, self.quarantine, by_target[QUARANTINE], meta)

@@ -1,6 +1,6 @@
 """The raw table's rows: published (`publish_rows`, the data table's and the quarantine's),
 and found by their coordinates or keys with pyarrow: what the publisher counts to say which
-rows an output holds of a batch (`rows_held`), and what a replace's correction subtracts and
+rows an output holds of a batch (`rows_held_in`), and what a replace's correction subtracts and
 adds (jobs/publish/derived_outputs.py).
 
 Files are pruned by partition and offset only: a topic name longer than the statistics keep
@@ -10,16 +10,17 @@ topic filter (it compares with null), so the topic is matched on the rows read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from jobs.derived.replace import in_ranges
 from jobs.stage.staging import attempt_folder
 from ledger.core.batch import Batch, StagedFile
-from ledger.core.layout import OFFSET, PARTITION
+from ledger.core.layout import BATCH_ID, OFFSET, PARTITION, TOPIC
 from ledger.core.protocol import OffsetRange
 from resources.delta.commit import CommitOutcome
 from resources.delta.schema import decode_schema
@@ -62,6 +63,26 @@ def offsets_filter(ranges: Iterable[OffsetRange]) -> pc.Expression | None:
         )
         wanted = one if wanted is None else wanted | one
     return wanted
+
+
+def rows_held_in(table: DeltaTable | None, batch: Batch, not_by: Collection[int] = ()) -> int:
+    """Rows of `table` whose coordinates fall in the batch's ranges, leaving out rows
+    written by the batches `not_by` (their `_batch_id`); 0 without a table.
+
+    Files are pruned by partition and offset only (`offsets_filter`), the topic matched on
+    the rows read (the module's docstring says why).
+    """
+    if table is None:
+        return 0
+    dataset = table.to_pyarrow_dataset()
+    held = 0
+    for topic in sorted({r.topic for r in batch.ranges if r.span}):
+        wanted = offsets_filter(r for r in batch.ranges if r.span and r.topic == topic)
+        if not_by and wanted is not None:
+            wanted = wanted & ~pc.field(BATCH_ID).isin(sorted(not_by))
+        rows = dataset.to_table(columns=[TOPIC], filter=wanted)
+        held += pc.sum(pc.equal(rows[TOPIC], topic).cast("int64")).as_py() or 0
+    return held
 
 
 def rows_in_ranges(dataset: Any, ranges: Sequence[OffsetRange]) -> pa.Table:
