@@ -80,15 +80,50 @@ def behind_reason(
     """Why merging a batch of `app_id` into the output would leave it short for ever, or
     None: the raw table holds batches of `app_id` (up to `raw_holds`, its application
     transaction version; None for none) and the output none (its table is new or was
-    deleted)."""
-    if raw_holds is None or output.transaction_version(spec.app_id(app_id)) is not None:
+    deleted) or fewer (it was out of the config while batches committed)."""
+    held = output.transaction_version(spec.app_id(app_id))
+    rebuild = f"`exactly derived rebuild -c {CONFIG_PLACEHOLDER} {spec.name}`"
+    return behind_sentence(
+        f"derived output {spec.name} ({output.uri})",
+        app_id,
+        held,
+        raw_holds,
+        f"build it from the raw table first: {rebuild}",
+        f"delete its table and build it from the raw table: {rebuild}",
+    )
+
+
+def behind_sentence(
+    output: str,
+    app_id: str,
+    held: int | None,
+    raw_holds: int | None,
+    build: str,
+    rebuild: str,
+) -> str | None:
+    """Pure: why `output`, holding batch `held` of `app_id` (None: none), is behind the
+    raw table holding `raw_holds` (None: none), or None when it is not.
+
+    Every output is published before the raw table (invariant 12), so an output that was
+    in the config for every batch holds at least the raw table's last one. One that holds
+    none is new or lost its table (`build` says the way out); one that holds fewer was out
+    of the config while batches committed, or was restored from an older copy, and is
+    missing their rows (`rebuild`). Either, merged on, would stay short for ever while its
+    own version or compare-and-set reads as in order."""
+    if raw_holds is None or (held is not None and held >= raw_holds):
         return None
+    if held is None:
+        return (
+            f"{output} holds no batch of {app_id}, but the raw table holds batches up to "
+            f"{raw_holds}: the output is new on a pipeline with history, or its table was "
+            f"deleted, and merging from here would leave it short for ever; {build} "
+            "(batches wait until then, nothing is lost)"
+        )
     return (
-        f"derived output {spec.name} ({output.uri}) holds no batch of {app_id}, but the raw "
-        f"table holds batches up to {raw_holds}: the output is new on a pipeline with "
-        "history, or its table was deleted, and merging from here would leave it short for "
-        "ever; build it from the raw table first: `exactly derived rebuild -c "
-        f"{CONFIG_PLACEHOLDER} {spec.name}` (batches wait until then, nothing is lost)"
+        f"{output} holds batches of {app_id} up to {held}, but the raw table holds batches "
+        f"up to {raw_holds}: the output was out of the config while those committed (or was "
+        f"restored from an older copy), and merging from here would leave it short of them "
+        f"for ever; {rebuild} (batches wait until then, nothing is lost)"
     )
 
 

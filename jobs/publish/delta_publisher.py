@@ -29,7 +29,12 @@ from jobs.publish.derived_outputs import (
     table_schema,
 )
 from jobs.publish.lanes import Lanes
-from jobs.publish.postgres_outputs import add_postgres_batches, apply_postgres, postgres_outcome
+from jobs.publish.postgres_outputs import (
+    add_postgres_batches,
+    apply_postgres,
+    postgres_behind,
+    postgres_outcome,
+)
 from jobs.publish.raw_rows import publish_rows, rows_held_in
 from jobs.publish.voted_files import files_by_target
 from ledger.coordinator.crash import crashpoint
@@ -253,15 +258,20 @@ class DeltaPublisher:
         return [r for r in reasons if r is not None]
 
     def check_not_behind(self, app_ids: Collection[str]) -> None:
-        """Refuse to merge into a derived output that holds no batch of an application id
-        whose batches the raw table holds: a new output on a pipeline with history, or an
-        output whose table was deleted. Merged from here it would miss every earlier batch
-        for ever, silently (a MERGE into a missing table creates it); it must be built
-        from the raw table first (jobs/derived/rebuild.py). Checked before the vote, where the
-        refusal abandons the batch, and again at the commit, where it keeps a voted batch
-        waiting (invariant 5) for the rebuild."""
+        """Refuse to merge into a derived output that holds no batch, or fewer, of an
+        application id whose batches the raw table holds: a new output on a pipeline with
+        history, an output whose table was deleted, one out of the config while batches
+        committed. Merged from here it would miss those batches for ever, silently (a MERGE
+        into a missing table creates it, and a Delta output's version check only skips
+        what it holds); it must be built from the raw table first (jobs/derived/rebuild.py).
+        A PostgreSQL output is asked too: its compare-and-set would refuse such a batch,
+        but only at the commit. Checked before the vote, where the refusal abandons the
+        batch, and again at the commit, where it keeps a voted batch waiting (invariant 5)
+        for the rebuild."""
         holds = self._raw_holds(app_ids)
         reasons = self._each_derived(lambda spec, delta: behind(spec, delta, holds))
+        for pg in self.postgres.values():
+            reasons += [postgres_behind(pg, app_id, held) for app_id, held in holds.items()]
         for reason in reasons:
             if reason is not None:
                 raise RefusedBatchError(reason)

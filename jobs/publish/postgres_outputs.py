@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from jobs.derived.rebuild import behind_sentence
 from ledger.core.batch import Batch
 from ledger.core.errors import InconsistencyError
 from resources.delta.table import DeltaTarget
@@ -25,6 +26,26 @@ def held_state_of(pg: PostgresTarget, app_id: str) -> tuple[int | None, dict[str
     """The batch PostgreSQL output `pg` holds of the pipeline's `app_id`, and its commit
     info (resources/postgres/state.py `held_state`)."""
     return held_state(pg.engine, pg.spec, pg.spec.app_id(app_id))
+
+
+#: what to do about a PostgreSQL output behind the raw table: it has no rebuild yet
+NO_REBUILD = "a PostgreSQL output cannot be built from the raw table yet"
+
+
+def postgres_behind(pg: PostgresTarget, app_id: str, raw_holds: int | None) -> str | None:
+    """Why PostgreSQL output `pg` is behind the raw table on the pipeline's `app_id`
+    (jobs/derived/rebuild.py `behind_sentence`), or None. Asked before the vote, so such a
+    batch is refused before anything is held, where its compare-and-set would refuse it
+    only at the commit ("out of order"), the batch held voted with no way out."""
+    return behind_sentence(
+        f"postgres output {pg.spec.name} ({pg.spec.table})",
+        app_id,
+        pg.held_batch(pg.spec.app_id(app_id)),
+        raw_holds,
+        f"take it out of the config, as {NO_REBUILD}",
+        "restore its table and its exactly_output_state rows from a copy that holds the "
+        f"raw table's batches, or take it out of the config, as {NO_REBUILD}",
+    )
 
 
 def postgres_outcome(outcome: PostgresOutcome) -> dict[str, Any]:
@@ -112,7 +133,8 @@ def apply_postgres(
             raise InconsistencyError(
                 f"{pg.where}: the data table holds batch {batch.label} but the output "
                 f"holds {'none' if held is None else held} of {app_id}: it was reset "
-                "behind the pipeline (invariant 12); rebuild it from the raw table"
+                f"behind the pipeline (invariant 12), and {NO_REBUILD}: restore its table "
+                "and its exactly_output_state rows from a copy that holds this batch"
             )
         return PostgresOutcome(applied=False, held_batch_id=held, tries=0, seconds=0.0)
     partial = read_partial()
