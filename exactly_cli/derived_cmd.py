@@ -18,8 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=(
             "Builds the table of a derived output that holds no batch yet (new on a "
             "pipeline with history, or deleted) from one snapshot of the raw table, in one "
-            "commit that records the batches it holds; the pipeline's next batches merge on "
-            "top. An output that holds batches is refused."
+            "commit (one SQL transaction for a PostgreSQL output) that records the batches "
+            "it holds; the pipeline's next batches merge on top. An output that holds "
+            "batches is refused."
         ),
     )
     rebuild.add_argument("-c", "--config", required=True, help="pipeline config file (YAML)")
@@ -31,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     rebuild.add_argument("name", help="the derived output's name (config `derived:`)")
     rebuild.add_argument(
-        "--reason", default="", help="why; kept in the rebuild's Delta commit and the ledger"
+        "--reason", default="", help="why; kept with the rebuilt output and in the ledger"
     )
     rebuild.add_argument("--by", default=None, help="who asks (default: the OS user)")
     rebuild.set_defaults(func=cmd_rebuild)

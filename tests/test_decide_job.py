@@ -211,7 +211,7 @@ def test_a_derived_output_added_later_is_built_by_the_rebuild_job(
 
     unknown = rebuild("views")
     assert failure_sentence(unknown).startswith(
-        "Refused: derived output 'views' is not in pipeline pageviews's config (its Delta "
+        "Refused: derived output 'views' is not in pipeline pageviews's config (its derived "
         "outputs: views_per_app)"
     ), failure_sentence(unknown)
     refused = instance.get_run_by_id(unknown.run_id)

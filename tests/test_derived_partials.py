@@ -366,3 +366,47 @@ def test_records_of_two_topics_at_the_same_coordinates_are_ordered_by_topic_ever
     table = DeltaTable(spec.table_uri).to_pyarrow_table()
     assert {r["user"]: r["app"] for r in live_rows(table).to_pylist()} == got
     assert upsert_differences(recompute_latest(pa.concat_tables(applied), spec), table, spec) == []
+
+
+def test_a_rebuilt_postgres_output_is_typed_as_the_stage_s_partials(spark: SparkSession) -> None:
+    """A PostgreSQL output's columns are created from the first partial it gets, and every
+    later partial must have exactly those types (resources/postgres/target.py
+    `check_schema`). A rebuild creates them from its recomputation, whose Arrow sum of
+    decimal(10, 2) is decimal(38, 2) where Spark's partial has decimal(20, 2): typed so,
+    every later batch would be refused. The rebuild's rows are cast to Spark's analysis of
+    the partial over the raw table's schema, and come out as a staged partial does."""
+    from jobs.stage.staged_partials import partial_arrow_schema
+
+    spec = parse_output(
+        {
+            "kind": "postgres",
+            "name": "revenue",
+            "url": "postgresql+psycopg://nobody@127.0.0.1/none",
+            "table": "revenue",
+            "group_by": ["app"],
+            "window": {"column": "ts", "size": "1 minute"},
+            "measures": [
+                {"name": "orders", "fn": "count"},
+                {"name": "amount", "fn": "sum", "column": "amount"},
+                {"name": "items", "fn": "sum", "column": "items"},
+                {"name": "cheapest", "fn": "min", "column": "amount"},
+            ],
+        }
+    )
+    raw = pa.table(
+        {
+            "app": ["web", "web", None],
+            "ts": pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.UTC)] * 3, pa.timestamp("us", "UTC")),
+            "amount": pa.array([1, 2, 3], pa.decimal128(10, 2)),
+            "items": pa.array([1, 2, 3], pa.int32()),
+        }
+    )
+    kind = partial_arrow_schema(spark, spec, raw.schema)
+    staged = aggregate_partial(spark.createDataFrame(raw.to_pandas()), spec)
+    assert kind.names == staged.columns
+    assert kind.field("amount").type == pa.decimal128(20, 2)
+    assert kind.field("items").type == pa.int64()
+    assert kind.field("cheapest").type == pa.decimal128(10, 2)
+    assert recompute_aggregate(raw, spec).field("amount").type != kind.field("amount").type
+    rows = recompute_aggregate(raw, spec).select(kind.names).cast(kind)
+    assert rows.schema == kind and rows.num_rows == 2

@@ -640,29 +640,36 @@ def test_an_output_taken_out_of_the_config_and_put_back_is_refused_until_rebuilt
     assert_derived_match(config)
 
 
-def test_a_postgres_output_added_to_a_pipeline_with_history_is_refused_before_the_vote(
+def test_a_postgres_output_added_to_a_pipeline_with_history_is_refused_then_rebuilt(
     spark: Any, kafka_client: Any, pipeline_factory: Any, postgres_url: str, tmp_path: Path
 ) -> None:
     """A PostgreSQL output added to a pipeline with history was refused only at the commit,
     by its compare-and-set ("out of order"), the batch then held voted behind a refusal
-    that named no way out. Refused before the vote, like a Delta output's, naming why; taken
-    out of the config again, the pipeline goes on with every record once."""
-    from ledger.core.errors import RefusedBatchError
+    that named no way out. Refused before the vote, like a Delta output's, naming the
+    rebuild; rebuilt from the raw table (rows and state rows in one transaction, typed as
+    the stage's partials so the next batch's schema check passes), the next batches apply
+    on top and the output equals its recomputation. A second rebuild is refused, and so is
+    one into a table that holds rows another writer put there."""
+    import sqlalchemy as sa
+
+    from ledger.core.errors import DecisionError, RefusedBatchError
     from resources.config.derived_spec import PostgresOutput
     from resources.postgres.state import held_batch
-    from tests.fixtures.derived import TRANSFORM, postgres_output, user_events
+    from tests.fixtures.derived import TRANSFORM, assert_derived_match, postgres_output, user_events
 
     plain = pipeline_factory(2, max_records=60, transform=TRANSFORM)
     topic = plain.kafka.topic
     kafka_client.produce_records(topic, user_events(0, 100, 2, tombstone_every=0))
     run_until_caught_up(build(plain, spark_factory=lambda: spark))
     dashboard = postgres_output(postgres_url, f"views_{uuid.uuid4().hex[:12]}")
+    # a window too: its timestamps, like the count and the min, must be typed as a partial's
+    dashboard["window"] = {"column": "ts", "size": "1 minute"}
     config = with_derived(plain, [dashboard], tmp_path / "with-postgres.yaml")
     kafka_client.produce_records(topic, user_events(100, 50, 2, tombstone_every=0))
 
     with pytest.raises(RefusedBatchError, match=r"views_dashboard .* holds no batch of") as e:
         run_until_caught_up(build(config, spark_factory=lambda: spark))
-    assert "\n" not in str(e.value)
+    assert "\n" not in str(e.value) and "exactly derived rebuild" in str(e.value)
     store = LedgerStore(config.ledger.url)
     assert not store.batches(app_id=config.app_id, states=[BatchState.PREPARED])
     spec = next(d for d in config.derived if isinstance(d, PostgresOutput))
@@ -670,8 +677,30 @@ def test_a_postgres_output_added_to_a_pipeline_with_history_is_refused_before_th
     engine = pipeline.publisher.postgres[f"derived:{spec.name}"].engine
     assert held_batch(engine, spec, spec.app_id(config.app_id)) is None
 
-    run_until_caught_up(build(plain, spark_factory=lambda: spark))
-    assert assert_exactly_once(plain, kafka_client)[0] == 150
+    done = pipeline.rebuild_derived(spec.name, who="tester", reason="added later")
+    raw_holds = pipeline.publisher.table.transaction_version(config.app_id)
+    assert done.holds == {config.app_id: raw_holds} and done.rows > 0
+    assert held_batch(engine, spec, spec.app_id(config.app_id)) == raw_holds
+    assert_derived_match(config)  # equal to its recomputation before any batch merged
+    with pytest.raises(DecisionError, match=r"already holds batches"):
+        pipeline.rebuild_derived(spec.name, who="tester", reason="twice")
+
+    # its state rows lost (a copy restored without them): the rows are never added to
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("DELETE FROM exactly_output_state WHERE output = :o"), {"o": spec.table}
+        )
+    with pytest.raises(DecisionError, match=r"holds rows but no batch"):
+        pipeline.rebuild_derived(spec.name, who="tester", reason="state lost")
+    with engine.begin() as conn:
+        conn.execute(sa.text(f'DELETE FROM "{spec.table}"'))
+    again = pipeline.rebuild_derived(spec.name, who="tester", reason="emptied")
+    assert (again.holds, again.rows) == (done.holds, done.rows)
+
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert assert_exactly_once(config, kafka_client)[0] == 150
+    assert held_batch(engine, spec, spec.app_id(config.app_id)) > raw_holds
+    assert_derived_match(config)
 
 
 def test_partitions_added_to_a_topic_read_from_latest_lose_no_record(

@@ -52,11 +52,12 @@ from resources.delta.writer_stats import sound_writer_properties
 
 @dataclass(frozen=True)
 class Rebuilt:
-    """What a rebuild wrote: the output's table version, the raw table's version it was
-    computed from, the batch id it holds per application id, and its row count."""
+    """What a rebuild wrote: the output's table version (None for a PostgreSQL output, which
+    has none), the raw table's version it was computed from, the batch id it holds per
+    application id, and its row count."""
 
     name: str
-    version: int
+    version: int | None
     raw_version: int
     holds: dict[str, int]
     rows: int
@@ -65,8 +66,9 @@ class Rebuilt:
 def rebuilt_text(done: Rebuilt) -> str:
     """What a rebuild wrote, in one line for the operator."""
     holds = ", ".join(f"{a} up to batch {v}" for a, v in done.holds.items()) or "no batch"
+    where = "" if done.version is None else f" at version {done.version}"
     return (
-        f"rebuilt derived output {done.name}: {done.rows} rows at version {done.version}, "
+        f"rebuilt derived output {done.name}: {done.rows} rows{where}, "
         f"from raw table version {done.raw_version} ({holds})"
     )
 

@@ -15,10 +15,11 @@ import pyarrow as pa
 
 from jobs.derived.rebuild import behind_sentence
 from ledger.core.batch import Batch
-from ledger.core.errors import InconsistencyError
+from ledger.core.errors import CONFIG_PLACEHOLDER, InconsistencyError
 from resources.delta.table import DeltaTarget
 from resources.postgres.apply import PostgresOutcome, apply_partial
 from resources.postgres.state import held_state
+from resources.postgres.tables import STATE_TABLE
 from resources.postgres.target import PostgresTarget
 
 
@@ -28,23 +29,24 @@ def held_state_of(pg: PostgresTarget, app_id: str) -> tuple[int | None, dict[str
     return held_state(pg.engine, pg.spec, pg.spec.app_id(app_id))
 
 
-#: what to do about a PostgreSQL output behind the raw table: it has no rebuild yet
-NO_REBUILD = "a PostgreSQL output cannot be built from the raw table yet"
+def rebuild_command(pg: PostgresTarget) -> str:
+    """The command that builds `pg` from the raw table (jobs/derived/postgres_rebuild.py)."""
+    return f"`exactly derived rebuild -c {CONFIG_PLACEHOLDER} {pg.spec.name}`"
 
 
 def postgres_behind(pg: PostgresTarget, app_id: str, raw_holds: int | None) -> str | None:
     """Why PostgreSQL output `pg` is behind the raw table on the pipeline's `app_id`
     (jobs/derived/rebuild.py `behind_sentence`), or None. Asked before the vote, so such a
     batch is refused before anything is held, where its compare-and-set would refuse it
-    only at the commit ("out of order"), the batch held voted with no way out."""
+    only at the commit ("out of order"), the batch held voted."""
     return behind_sentence(
         f"postgres output {pg.spec.name} ({pg.spec.table})",
         app_id,
         pg.held_batch(pg.spec.app_id(app_id)),
         raw_holds,
-        f"take it out of the config, as {NO_REBUILD}",
-        "restore its table and its exactly_output_state rows from a copy that holds the "
-        f"raw table's batches, or take it out of the config, as {NO_REBUILD}",
+        f"build it from the raw table first: {rebuild_command(pg)}",
+        f"empty its table, delete its rows of {STATE_TABLE} (output = '{pg.spec.table}') "
+        f"and build it from the raw table: {rebuild_command(pg)}",
     )
 
 
@@ -133,8 +135,9 @@ def apply_postgres(
             raise InconsistencyError(
                 f"{pg.where}: the data table holds batch {batch.label} but the output "
                 f"holds {'none' if held is None else held} of {app_id}: it was reset "
-                f"behind the pipeline (invariant 12), and {NO_REBUILD}: restore its table "
-                "and its exactly_output_state rows from a copy that holds this batch"
+                "behind the pipeline (invariant 12): restore its table and its "
+                f"{STATE_TABLE} rows from a copy that holds this batch, or empty both and "
+                f"build it from the raw table, which holds it: {rebuild_command(pg)}"
             )
         return PostgresOutcome(applied=False, held_batch_id=held, tries=0, seconds=0.0)
     partial = read_partial()

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from jobs.derived.arrow_partials import partials_from_files
 from jobs.derived.partials import aggregate_partial, latest_per_key
@@ -51,6 +51,15 @@ def partial_schema(spark: SparkSession, spec: AnyOutput, rows: T.StructType) -> 
     if key not in _SCHEMAS:
         _SCHEMAS[key] = _spark_partial(spark.createDataFrame([], rows), spec).schema
     return _SCHEMAS[key]
+
+
+def partial_arrow_schema(spark: SparkSession, spec: AnyOutput, rows: pa.Schema) -> pa.Schema:
+    """`partial_schema` over rows of the Arrow schema `rows` (a raw table's), as Arrow: the
+    types a rebuild writes, so that the next batch's partial fits the table it made
+    (jobs/derived/postgres_rebuild.py)."""
+    fields = from_arrow_schema(rows).fields
+    struct = T.StructType([T.StructField(f.name, f.dataType, True) for f in fields])
+    return to_arrow_schema(partial_schema(spark, spec, struct), timezone="UTC")
 
 
 def stage_partials(

@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from functools import cached_property
 from types import TracebackType
 from typing import Any
 
+import pyarrow as pa
+
+from jobs.derived.postgres_rebuild import rebuild_postgres
 from jobs.derived.rebuild import Rebuilt, rebuild_output, rebuilt_text
 from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.sources.topics_source import offset_source_for
 from jobs.stage.spark_stager import SharedSpark, SparkStager
+from jobs.stage.staged_partials import partial_arrow_schema
 from ledger.coordinator.backfill import plan_backfill
 from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.release import release
@@ -33,12 +37,12 @@ from ledger.core.errors import DecisionError, InconsistencyError
 from ledger.core.ports import Incident
 from ledger.core.protocol import PUBLISHED
 from ledger.store.ledger_store import LedgerStore
-from resources.config.derived_spec import UpsertOutput
+from resources.config.derived_spec import AggregateOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
-from resources.delta.table import Compaction
+from resources.delta.table import Compaction, DeltaTarget
 from resources.kafka.client import KafkaClient
 from resources.object_storage import storage
-from resources.postgres.target import refuse_one_table_twice
+from resources.postgres.target import PostgresTarget, refuse_one_table_twice
 from resources.spark.progress import ProgressSink
 
 
@@ -125,38 +129,27 @@ class Pipeline:
     def rebuild_derived(
         self, name: str, *, empty: bool = False, who: str = "", reason: str = ""
     ) -> Rebuilt:
-        """Build derived output `name`'s table from the raw table (jobs/derived/rebuild.py),
-        as `exactly derived rebuild` and the `<pipeline>_rebuild` job both ask. Every refusal
-        (an unknown name, an output that holds batches, no raw table yet, an upsert over two
-        incarnations of a topic) is the operator's request refused: DecisionError, nothing
-        written. `who` and `reason` are kept in the rebuild's Delta commit."""
-        found = {spec.name: (spec, delta) for spec, delta in self.publisher.derived}
-        if name not in found:
-            known = ", ".join(sorted(found)) or "none"
+        """Build derived output `name` from the raw table (jobs/derived/rebuild.py for a
+        Delta output, jobs/derived/postgres_rebuild.py for a PostgreSQL one), as `exactly
+        derived rebuild` and the `<pipeline>_rebuild` job both ask. Every refusal (an
+        unknown name, an output that holds batches or rows, no raw table yet, an upsert
+        over two incarnations of a topic) is the operator's request refused:
+        DecisionError, nothing written. `who` and `reason` are kept with the rebuilt
+        output (its Delta commit, its state rows) and in the ledger."""
+        delta = {spec.name: (spec, delta) for spec, delta in self.publisher.derived}
+        postgres = {pg.spec.name: pg for pg in self.publisher.postgres.values()}
+        if name not in delta and name not in postgres:
+            known = ", ".join(sorted([*delta, *postgres])) or "none"
             raise DecisionError(
                 f"derived output {name!r} is not in pipeline {self.config.pipeline}'s config "
-                f"(its Delta outputs: {known})"
+                f"(its derived outputs: {known})"
             )
-        spec, delta = found[name]
-        topic_id_now = None
-        if isinstance(spec, UpsertOutput) and not empty:
-            # a full upsert rebuild must know each topic's incarnation now, for every topic
-            # the raw table holds rows of, read or not (jobs/derived/rebuild.py)
-            listed = set(self.kafka.topic_names())
-
-            def topic_id_now(topic: str) -> str | None:
-                return self.kafka.topic_id(topic) if topic in listed else None
-
+        decided = {"decided_by": who, "reason": reason}
         try:
-            done = rebuild_output(
-                spec,
-                delta,
-                self.publisher.table,
-                self.publisher.app_ids,
-                topic_id_now=topic_id_now,
-                empty=empty,
-                decided={"decided_by": who, "reason": reason},
-            )
+            if name in postgres:
+                done = self._rebuild_postgres(postgres[name], empty, decided)
+            else:
+                done = self._rebuild_delta(*delta[name], empty, decided)
         except InconsistencyError as exc:
             raise DecisionError(str(exc)) from exc
         self.store.record_action(
@@ -168,6 +161,50 @@ class Pipeline:
             outcome=rebuilt_text(done),
         )
         return done
+
+    def _rebuild_delta(
+        self,
+        spec: AggregateOutput | UpsertOutput,
+        delta: DeltaTarget,
+        empty: bool,
+        decided: Mapping[str, str],
+    ) -> Rebuilt:
+        topic_id_now = None
+        if isinstance(spec, UpsertOutput) and not empty:
+            # a full upsert rebuild must know each topic's incarnation now, for every topic
+            # the raw table holds rows of, read or not (jobs/derived/rebuild.py)
+            listed = set(self.kafka.topic_names())
+
+            def topic_id_now(topic: str) -> str | None:
+                return self.kafka.topic_id(topic) if topic in listed else None
+
+        return rebuild_output(
+            spec,
+            delta,
+            self.publisher.table,
+            self.publisher.app_ids,
+            topic_id_now=topic_id_now,
+            empty=empty,
+            decided=decided,
+        )
+
+    def _rebuild_postgres(
+        self, pg: PostgresTarget, empty: bool, decided: Mapping[str, str]
+    ) -> Rebuilt:
+        """The PostgreSQL rebuild, its rows typed by Spark's analysis of the stage's partial
+        over the raw table's schema (no job runs; the session is the pipeline's own)."""
+
+        def partial_schema(rows: pa.Schema) -> pa.Schema:
+            return partial_arrow_schema(self.spark(), pg.spec, rows)
+
+        return rebuild_postgres(
+            pg,
+            self.publisher.table,
+            self.publisher.app_ids,
+            partial_schema,
+            empty=empty,
+            decided=decided,
+        )
 
     def recover_asked(self, *, who: str, reason: str) -> tuple[list[Batch], OperatorAction]:
         """`recover`, asked for by an operator (`exactly recover`, the `<pipeline>_recover`

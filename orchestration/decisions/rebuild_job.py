@@ -62,7 +62,8 @@ def build_rebuild_job(config: PipelineConfig) -> dg.JobDefinition:
                 metadata={
                     "rebuilt_by": who,
                     "reason": config.reason,
-                    "table_version": done.version,
+                    # a PostgreSQL output has no table version
+                    **({} if done.version is None else {"table_version": done.version}),
                     "raw_table_version": done.raw_version,
                     "rows": done.rows,
                     "holds": ", ".join(f"{a}/{v}" for a, v in done.holds.items()) or "none",

@@ -88,6 +88,12 @@ def upsert_sql(spec: PostgresOutput, columns: list[str]) -> str:
     )
 
 
+def upsert_parameters(partial: pa.Table) -> list[dict[str, Any]]:
+    """The partial's rows as `upsert_sql`'s parameters, one dict per row."""
+    columns = partial.column_names
+    return [{f"p{i}": row[c] for i, c in enumerate(columns)} for row in partial.to_pylist()]
+
+
 @dataclass(frozen=True)
 class _Change:
     """What every try of one apply writes: the partial's rows by the upsert, the batch id
@@ -116,7 +122,7 @@ def _prepare(
 ) -> _Change:
     """The change every try of one apply writes, with a token fresh for this call."""
     columns = partial.column_names
-    rows = [{f"p{i}": row[c] for i, c in enumerate(columns)} for row in partial.to_pylist()]
+    rows = upsert_parameters(partial)
     info = {METADATA_KEY: {**(metadata or {}), "app_id": app_id, "batch_id": batch_id}}
     return _Change(
         app_id=app_id,
