@@ -28,8 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 import pyarrow as pa
 
 from jobs.derived.invariants import recompute_aggregate
-from jobs.derived.rebuild import Rebuilt
-from ledger.core.errors import RefusedBatchError
+from jobs.derived.rebuild import Rebuilt, raw_snapshot
 from resources.delta.table import DeltaTarget
 from resources.postgres.rebuilt import write_rebuilt
 from resources.postgres.target import PostgresTarget
@@ -49,14 +48,8 @@ def rebuild_postgres(
     Arrow schema over the raw table's (jobs/stage/staged_partials.py
     `partial_arrow_schema`). `decided` (who, why) is kept on the state rows."""
     spec = pg.spec
-    snapshot = raw.load()
-    if snapshot is None:
-        raise RefusedBatchError(
-            f"derived output {spec.name}: the raw table {raw.uri} does not exist yet, so "
-            "there is nothing to build from; the output fills from the first batch"
-        )
+    snapshot, holds = raw_snapshot(spec.name, raw, app_ids)
     raw_version = snapshot.version()
-    holds = {a: v for a in app_ids if (v := snapshot.transaction_version(a)) is not None}
     dataset = snapshot.to_pyarrow_dataset()
     kind = partial_schema(dataset.schema)
     rows = dataset.schema.empty_table() if empty else dataset.to_table()

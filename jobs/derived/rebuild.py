@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
-from deltalake import CommitProperties, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from jobs.derived.invariants import latest_records, raw_table_rows, recompute_aggregate
 from ledger.core.errors import CONFIG_PLACEHOLDER, InconsistencyError, RefusedBatchError
@@ -159,14 +159,8 @@ def rebuild_output(
             "rebuild only builds an output that holds none. To rebuild it anyway, stop the "
             "pipeline and delete the table first"
         )
-    snapshot = raw.load()
-    if snapshot is None:
-        raise RefusedBatchError(
-            f"derived output {spec.name}: the raw table {raw.uri} does not exist yet, so "
-            "there is nothing to build from; the output fills from the first batch"
-        )
+    snapshot, holds = raw_snapshot(spec.name, raw, app_ids)
     raw_version = snapshot.version()
-    holds = {a: v for a in app_ids if (v := snapshot.transaction_version(a)) is not None}
     if empty:
         rows = snapshot.to_pyarrow_dataset().schema.empty_table()
     else:
@@ -203,6 +197,21 @@ def rebuild_output(
     after = output.load()
     assert after is not None
     return Rebuilt(spec.name, after.version(), raw_version, holds, table.num_rows)
+
+
+def raw_snapshot(
+    name: str, raw: DeltaTarget, app_ids: Sequence[str]
+) -> tuple[DeltaTable, dict[str, int]]:
+    """The raw table's snapshot a rebuild of output `name` reads, and the batch it holds of
+    each of `app_ids` (those it holds any of); refused while there is no raw table."""
+    snapshot = raw.load()
+    if snapshot is None:
+        raise RefusedBatchError(
+            f"derived output {name}: the raw table {raw.uri} does not exist yet, so "
+            "there is nothing to build from; the output fills from the first batch"
+        )
+    holds = {a: v for a in app_ids if (v := snapshot.transaction_version(a)) is not None}
+    return snapshot, holds
 
 
 def _check_one_incarnation(
