@@ -243,6 +243,30 @@ def test_an_output_table_dropped_behind_the_pipeline_is_refused_not_created_empt
     assert held_batch(engine, spec, APP) == 1
 
 
+def test_an_output_table_dropped_behind_the_pipeline_is_refused_before_the_vote(
+    output: tuple[Engine, PostgresOutput],
+) -> None:
+    """The drop was refused only at the commit (above): the check before the vote took a
+    missing table for one not created yet, so the next batch voted and was held PREPARED
+    behind the refusal. Refused before the vote, naming the rebuild."""
+    from ledger.core.errors import RefusedBatchError
+    from resources.postgres.target import PostgresTarget
+
+    engine, spec = output
+    first = partial(spec, 1)
+    assert apply_partial(engine, spec, APP, 1, None, first).applied
+    target = PostgresTarget(spec, "/unused")
+    try:
+        target.check_schema(first.schema)  # the table as it is takes the partial
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TABLE {pg_tables._table(spec)}"))
+        with pytest.raises(RefusedBatchError, match="was dropped") as refused:
+            target.check_schema(first.schema)
+    finally:
+        target.dispose()
+    assert "exactly derived rebuild" in str(refused.value) and "\n" not in str(refused.value)
+
+
 def test_without_the_check_a_re_drive_doubles_the_counts(
     output: tuple[Engine, PostgresOutput], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import OperationalError
 
 from ledger.core.errors import (
+    CONFIG_PLACEHOLDER,
     ConfigError,
     InconsistencyError,
     RefusedBatchError,
@@ -170,12 +171,21 @@ def _ensure_output_table(
 
 
 def _refuse_a_dropped_table(conn: Connection, spec: PostgresOutput, where: str) -> None:
-    """Refuse to create an output table whose state row holds a batch: the table was
-    dropped (or never restored with its state) behind the pipeline, and created anew it
-    would take the next batch's partial alone, every group's earlier counts gone while the
-    compare-and-set, which reads the state, is satisfied."""
+    """Refuse to create an output table whose state row holds a batch (`dropped_table`)."""
+    reason = dropped_table(conn, spec, where)
+    if reason is not None:
+        raise InconsistencyError(reason)
+
+
+def dropped_table(conn: Connection, spec: PostgresOutput, where: str) -> str | None:
+    """Why the output table is missing while its state row holds a batch, or None: the
+    table was dropped (or never restored with its state) behind the pipeline, and created
+    anew it would take the next batch's partial alone, every group's earlier counts gone
+    while the compare-and-set, which reads the state, is satisfied."""
     if conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": _table(spec)}).scalar():
-        return
+        return None
+    if not conn.execute(sa.text("SELECT to_regclass(:t)"), {"t": _state(spec)}).scalar():
+        return None
     held = conn.execute(
         sa.text(
             f"SELECT app_id, batch_id FROM {_state(spec)} "
@@ -183,13 +193,15 @@ def _refuse_a_dropped_table(conn: Connection, spec: PostgresOutput, where: str) 
         ),
         {"o": spec.table},
     ).first()
-    if held is not None:
-        raise InconsistencyError(
-            f"{where}: the output table was dropped, but its state holds batch "
-            f"{held.batch_id} of {held.app_id}: restore the table with its rows (a "
-            "PostgreSQL output cannot be rebuilt from the raw table yet), or take the output "
-            "out of the config"
-        )
+    if held is None:
+        return None
+    return (
+        f"{where}: the output table was dropped, but its state holds batch "
+        f"{held.batch_id} of {held.app_id}: restore the table with its rows, or delete its "
+        f"rows of {STATE_TABLE} (output = '{spec.table}') and build it from the raw table: "
+        f"`exactly derived rebuild -c {CONFIG_PLACEHOLDER} {spec.name}` (batches wait until "
+        "then, nothing is lost)"
+    )
 
 
 def _columns_of(conn: Connection, spec: PostgresOutput) -> dict[str, str]:

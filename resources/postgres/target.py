@@ -28,6 +28,7 @@ from resources.postgres.tables import (
     _quote,
     _state,
     _table,
+    dropped_table,
     ensure_tables,
 )
 
@@ -91,8 +92,8 @@ class PostgresTarget:
         return held_state(self.engine, self.spec, app_id)[0]
 
     def check_schema(self, schema: pa.Schema) -> None:
-        """Refuse a partial the existing table cannot take (invariant 14), before the vote;
-        read only: a table not created yet takes any partial."""
+        """Refuse a partial the existing table cannot take (invariant 14), and a table
+        dropped behind the pipeline (`dropped_table`), before the vote; read only."""
         where = self.where
         columns = _expected_columns(self.spec, schema, where)
         try:
@@ -101,6 +102,11 @@ class PostgresTarget:
                     sa.text("SELECT to_regclass(:t)"), {"t": _table(self.spec)}
                 ).scalar_one()
                 if exists is None:
+                    # a table not created yet takes any partial; one dropped under a state
+                    # that holds batches is refused here, not only when its batch commits
+                    dropped = dropped_table(conn, self.spec, where)
+                    if dropped is not None:
+                        raise RefusedBatchError(dropped)
                     return
                 have = _columns_of(conn, self.spec)
         except OperationalError as exc:
