@@ -131,6 +131,45 @@ def test_start_on_a_taken_port_names_the_port(tmp_path: Path) -> None:
     assert broker_jvms(tmp_path / "kafka") == []
 
 
+def test_free_ports_are_picked_below_the_range_outgoing_connections_take() -> None:
+    """The kernel's pick (bind to port 0) is an ephemeral port, which any outgoing
+    connection may take before the server binds it; free_port picks below that range, a
+    different port each time, each one bindable, also with `random` seeded alike."""
+    import random
+
+    from resources.jvm.process import LISTEN_PORTS_FROM, _ephemeral_start
+
+    random.seed(7)
+    picked = [free_port() for _ in range(20)]
+    assert all(LISTEN_PORTS_FROM <= p < _ephemeral_start() for p in picked), picked
+    assert len(set(picked)) > 15
+    for port in picked[:3]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_taken_after_the_check_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A port checked free can be taken before the JVM binds it, seconds later (an outgoing
+    connection's ephemeral port, another server): the broker then exits, and the error
+    quoted the last lines of its log, its shutdown, not the bind that failed. The port is
+    taken here after the check (the check made a no-op), by a real listening socket."""
+    from resources.kafka.embedded_broker import PortTakenError
+
+    monkeypatch.setattr(EmbeddedBroker, "_require_free_port", lambda *_args: None)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        broker = EmbeddedBroker(tmp_path / "kafka", port=port)
+        with pytest.raises(PortTakenError, match=f"could not listen on 127.0.0.1:{port}") as e:
+            broker.start(timeout=START_TIMEOUT)
+    assert "\n" not in str(e.value) and "broker.log" in str(e.value)
+    assert not broker.status().running
+    assert broker_jvms(tmp_path / "kafka") == []
+
+
 # -- client against the session broker ----------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -45,8 +46,37 @@ def java_executable() -> str:
 # -- ports --------------------------------------------------------------------------------------
 
 
+#: Where `free_port` picks from: up to the kernel's ephemeral range (`_ephemeral_start`).
+LISTEN_PORTS_FROM = 20000
+#: Its own random source: a test that seeds `random` must not make two processes pick alike.
+_PICKS = random.SystemRandom()
+
+
+def _ephemeral_start() -> int:
+    """The first port the kernel gives outgoing connections (Linux's default: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = HOST) -> int:
-    """A port nothing listens on right now (the kernel's pick; another process may race us)."""
+    """A port nothing listens on right now, for a server started next (another process may
+    still race us to it).
+
+    Picked at random below the ephemeral range: the kernel's own pick (bind to port 0) is a
+    port of that range, which any process's outgoing connection may take in the seconds
+    before the JVM binds it (a broker of the suite exited so, "Address already in use").
+    The kernel's pick only when no port below is free."""
+    high = _ephemeral_start()
+    for _try in range(50 if high > LISTEN_PORTS_FROM else 0):
+        port = _PICKS.randrange(LISTEN_PORTS_FROM, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import re
 import subprocess
 import time
 from collections.abc import Iterator
@@ -104,6 +105,25 @@ class AlreadyRunningError(ExactlyError):
             f"(pid {status.pid}, data dir {status.data_dir})"
         )
         self.status = status
+
+
+class PortTakenError(UnreachableError):
+    """A listener's port was free when checked and taken before the JVM bound it: a race
+    with another process (an outgoing connection's ephemeral port, another server), which
+    a start on another port (or the same one, later) wins."""
+
+
+#: How the JVM says a listener could not bind (kafka.network.SocketServer).
+_BIND_FAILED = re.compile(r"failed to bind to ([0-9.]+):(\d+): Address already in use")
+
+
+def bind_failure(lines: list[str]) -> str | None:
+    """The `host:port` a listener could not bind, from the JVM's log lines, or None."""
+    for line in lines:
+        found = _BIND_FAILED.search(line)
+        if found is not None:
+            return f"{found.group(1)}:{found.group(2)}"
+    return None
 
 
 class EmbeddedBroker:
@@ -284,6 +304,13 @@ class EmbeddedBroker:
             code = self._process.poll()
             if code is not None:
                 self.pid_path.unlink(missing_ok=True)
+                taken = bind_failure(log_lines_since(self.log_path, log_offset) or [])
+                if taken is not None:
+                    raise PortTakenError(
+                        f"broker for {self.data_dir} could not listen on {taken}: the port "
+                        "was free when checked and taken before the broker bound it; start "
+                        f"it again, or choose another port (its log: {self.log_path})"
+                    )
                 raise UnreachableError(
                     f"broker for {self.data_dir} exited with code {code} before answering on "
                     f"{self.bootstrap}; {self._log_tail(log_offset)}"
