@@ -26,6 +26,7 @@ from resources.config.derived_spec import (
     WINDOW_END,
     WINDOW_START,
     AggregateOutput,
+    PostgresOutput,
     UpsertOutput,
 )
 
@@ -45,14 +46,20 @@ def _window_starts(times: pa.ChunkedArray, size_us: int) -> tuple[pa.Array, pa.A
     return start.cast(kind), end.cast(kind)
 
 
+def aggregate_columns(spec: AggregateOutput | PostgresOutput) -> set[str]:
+    """The raw columns an aggregate reads: its keys, its measures' and its window's
+    columns, and the two that leave rows out (`_error`, `_deleted`)."""
+    used = {*spec.group_by, *(m.column for m in spec.measures if m.column), "_error", DELETED}
+    return used | ({spec.window.column} if spec.window is not None else set())
+
+
 def recompute_aggregate(raw_rows: pa.Table, spec: AggregateOutput) -> pa.Table:
     """The aggregate `spec` describes, over `raw_rows` in one pass: the table's rows (or the
     stage's, whose quarantined rows, with an `_error`, are left out as `aggregate_partial`
     leaves them out). Columns as the aggregate table's: group-by, window, measures."""
     # only the columns the aggregate reads: each filter below copies every column it keeps,
     # and a raw row's payload (a URL, a body) is most of its bytes
-    used = {*spec.group_by, *(m.column for m in spec.measures if m.column), "_error", DELETED}
-    used |= {spec.window.column} if spec.window is not None else set()
+    used = aggregate_columns(spec)
     rows = raw_rows.select([c for c in raw_rows.column_names if c in used])
     if "_error" in rows.column_names:
         rows = rows.filter(pc.is_null(rows["_error"]))

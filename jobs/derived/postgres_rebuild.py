@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 
-from jobs.derived.invariants import recompute_aggregate
+from jobs.derived.invariants import aggregate_columns, recompute_aggregate
 from jobs.derived.rebuild import Rebuilt, raw_snapshot
 from resources.delta.table import DeltaTarget
 from resources.postgres.rebuilt import write_rebuilt
@@ -46,13 +46,15 @@ def rebuild_postgres(
     """Write PostgreSQL output `pg` from one snapshot of the raw table (module docstring);
     with `empty`, no row but the same batch ids. `partial_schema` gives the partial's
     Arrow schema over the raw table's (jobs/stage/staged_partials.py
-    `partial_arrow_schema`). `decided` (who, why) is kept on the state rows."""
+    `aggregate_arrow_schema`). `decided` (who, why) is kept on the state rows."""
     spec = pg.spec
     snapshot, holds = raw_snapshot(spec.name, raw, app_ids)
     raw_version = snapshot.version()
     dataset = snapshot.to_pyarrow_dataset()
     kind = partial_schema(dataset.schema)
-    rows = dataset.schema.empty_table() if empty else dataset.to_table()
+    # only the columns the aggregate reads: a raw row's payload is most of its bytes
+    read = [c for c in dataset.schema.names if c in aggregate_columns(spec)]
+    rows = dataset.schema.empty_table() if empty else dataset.to_table(columns=read)
     table = recompute_aggregate(rows, spec).select(kind.names).cast(kind)  # type: ignore[arg-type]
     info = {"rebuild": spec.name, "raw_version": raw_version, **(decided or {})}
     write_rebuilt(

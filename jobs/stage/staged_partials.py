@@ -15,7 +15,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-from jobs.derived.arrow_partials import partials_from_files
+from jobs.derived.arrow_partials import Aggregation, partials_from_files
+from jobs.derived.invariants import aggregate_columns
 from jobs.derived.partials import aggregate_partial, latest_per_key
 from jobs.stage import parquet_files
 from jobs.stage.partition_columns import read_back
@@ -53,11 +54,15 @@ def partial_schema(spark: SparkSession, spec: AnyOutput, rows: T.StructType) -> 
     return _SCHEMAS[key]
 
 
-def partial_arrow_schema(spark: SparkSession, spec: AnyOutput, rows: pa.Schema) -> pa.Schema:
-    """`partial_schema` over rows of the Arrow schema `rows` (a raw table's), as Arrow: the
-    types a rebuild writes, so that the next batch's partial fits the table it made
-    (jobs/derived/postgres_rebuild.py)."""
-    fields = from_arrow_schema(rows).fields
+def aggregate_arrow_schema(spark: SparkSession, spec: Aggregation, rows: pa.Schema) -> pa.Schema:
+    """`partial_schema` of an aggregate over rows of the Arrow schema `rows` (a raw
+    table's), as Arrow: the types a rebuild writes, so that the next batch's partial fits
+    the table it made (jobs/derived/postgres_rebuild.py). Only the columns the aggregate
+    reads are given to Spark: another column of a type Spark cannot take from Arrow must
+    not fail a rebuild it plays no part in."""
+    used = aggregate_columns(spec)
+    read = pa.schema([rows.field(name) for name in rows.names if name in used])
+    fields = from_arrow_schema(read).fields
     struct = T.StructType([T.StructField(f.name, f.dataType, True) for f in fields])
     return to_arrow_schema(partial_schema(spark, spec, struct), timezone="UTC")
 

@@ -24,7 +24,7 @@ from jobs.derived.rebuild import Rebuilt, rebuild_output, rebuilt_text
 from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.sources.topics_source import offset_source_for
 from jobs.stage.spark_stager import SharedSpark, SparkStager
-from jobs.stage.staged_partials import partial_arrow_schema
+from jobs.stage.staged_partials import aggregate_arrow_schema
 from ledger.coordinator.backfill import plan_backfill
 from ledger.coordinator.decisions import record_decision
 from ledger.coordinator.release import release
@@ -195,7 +195,7 @@ class Pipeline:
         over the raw table's schema (no job runs; the session is the pipeline's own)."""
 
         def partial_schema(rows: pa.Schema) -> pa.Schema:
-            return partial_arrow_schema(self.spark(), pg.spec, rows)
+            return aggregate_arrow_schema(self.spark(), pg.spec, rows)
 
         return rebuild_postgres(
             pg,
