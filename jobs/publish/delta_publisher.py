@@ -36,6 +36,7 @@ from jobs.publish.postgres_outputs import (
     postgres_outcome,
 )
 from jobs.publish.raw_rows import publish_rows, rows_held_in
+from jobs.publish.restore_check import restore_refusal
 from jobs.publish.voted_files import files_by_target
 from ledger.coordinator.crash import crashpoint
 from ledger.core.backfill import backfill_app_id
@@ -213,7 +214,7 @@ class DeltaPublisher:
         (jobs/publish/raw_rows.py `rows_held_in`)."""
         if is_derived(target):
             return None
-        return rows_held_in(dict(self._outputs())[target].load(), batch, not_by)
+        return rows_held_in(dict(self._outputs())[target].load(), batch.ranges, not_by)
 
     def file_size(self, target: str, path: str) -> int | None:
         """A staged file's size now (None if gone); `path` is relative to its table's root."""
@@ -229,9 +230,11 @@ class DeltaPublisher:
         batch that happens to hold a bad record. A table not created yet takes any schema.
         A derived output's partial must fit its table as it is (resources/delta/merge.py's rule,
         which the MERGE applies again: no new columns yet), and the output must not be
-        behind the raw table (`check_not_behind`).
+        behind the raw table (`check_not_behind`). The raw table and the quarantine must
+        not have been restored behind the pipeline (jobs/publish/restore_check.py).
         """
         self.check_not_behind(self.app_ids)
+        self._refuse_restored()
         for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
             if target in schemas:
                 delta.check_schema(decode_schema(schemas[target]))
@@ -249,6 +252,17 @@ class DeltaPublisher:
         for target, pg in self.postgres.items():
             if target in schemas:
                 pg.check_schema(decode_schema(schemas[target]))
+
+    def _refuse_restored(self, *, voted: bool = False) -> None:
+        """Refuse while the quarantine or the data table is restored behind the pipeline
+        (jobs/publish/restore_check.py): before the vote, abandoning the batch; before a
+        voted batch's first commit, where it waits (resources/delta/features.py's rule)."""
+        for delta in (self.quarantine, self.table):
+            if (restored := restore_refusal(delta, self.app_ids)) is None:
+                continue
+            if voted:
+                raise InconsistencyError(f"{restored}; the batch voted before it, and waits")
+            raise RefusedBatchError(restored)
 
     def replace_refusals(self) -> list[str]:
         """Why the raw table or the quarantine as they are now cannot take a replace (one
@@ -350,6 +364,7 @@ class DeltaPublisher:
         targets = [*(t for t, _d in self._outputs()), *self.postgres]
         by_target = files_by_target(batch, targets, self._order, files)
         refuse_before_publish(self.table, batch.app_id, meta)
+        self._refuse_restored(voted=True)
         if any(f.records for f in by_target[QUARANTINE]) or (replace and self.quarantine.load()):
             publish_rows(batch, QUARANTINE, self.quarantine, by_target[QUARANTINE], meta)
         merged = self._merge_derived(batch, by_target, meta)

@@ -65,8 +65,10 @@ def offsets_filter(ranges: Iterable[OffsetRange]) -> pc.Expression | None:
     return wanted
 
 
-def rows_held_in(table: DeltaTable | None, batch: Batch, not_by: Collection[int] = ()) -> int:
-    """Rows of `table` whose coordinates fall in the batch's ranges, leaving out rows
+def rows_held_in(
+    table: DeltaTable | None, ranges: Sequence[OffsetRange], not_by: Collection[int] = ()
+) -> int:
+    """Rows of `table` whose coordinates fall in `ranges` (a batch's), leaving out rows
     written by the batches `not_by` (their `_batch_id`); 0 without a table.
 
     Files are pruned by partition and offset only (`offsets_filter`), the topic matched on
@@ -76,8 +78,8 @@ def rows_held_in(table: DeltaTable | None, batch: Batch, not_by: Collection[int]
         return 0
     dataset = table.to_pyarrow_dataset()
     held = 0
-    for topic in sorted({r.topic for r in batch.ranges if r.span}):
-        wanted = offsets_filter(r for r in batch.ranges if r.span and r.topic == topic)
+    for topic in sorted({r.topic for r in ranges if r.span}):
+        wanted = offsets_filter(r for r in ranges if r.span and r.topic == topic)
         if not_by and wanted is not None:
             wanted = wanted & ~pc.field(BATCH_ID).isin(sorted(not_by))
         rows = dataset.to_table(columns=[TOPIC], filter=wanted)

@@ -1,0 +1,74 @@
+"""Refusing to publish on top of a table restored behind the pipeline (resources/delta/restores.py
+says what a RESTORE leaves: the table's application transactions claim batches whose rows
+it no longer holds).
+
+A batch a restore took out is back once the table holds rows in its offset ranges again:
+the restore undone (restored to the version just before it), or its rows published again.
+Until then every batch is refused before the vote (nothing is held, nothing is lost: the
+records are still in Kafka and the positions are where the lost batches left them), with
+the one action that brings the rows back, and a batch that voted before the restore is
+refused at its commit and waits, voted: committed on top of the restored table, its rows
+would be taken out again by that very action, which restores the version before the
+restore. A batch that added no row to the table (every
+record quarantined) cannot be told apart from one restored away, and is not asked about.
+Only the raw table and the quarantine are asked: their rows carry the batch's coordinates;
+a derived output restored shows in its recomputation check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from deltalake import DeltaTable
+
+from jobs.publish.raw_rows import rows_held_in
+from ledger.core.protocol import OffsetRange
+from resources.delta.table import DeltaTarget
+
+
+def restore_refusal(target: DeltaTarget, own: Collection[str]) -> str | None:
+    """Why `target` cannot take a batch now, restored behind the pipeline of application
+    ids `own` with batches of it still missing, or None."""
+    table = target.load()
+    if table is None:
+        return None
+    for restore in target.restores.through(table, target.uri, own):
+        if restore.at in target.restores.resolved:
+            continue
+        gone = [meta for meta in restore.removed if _gone(table, meta)]
+        if not gone:
+            target.restores.resolved.add(restore.at)
+            continue
+        labels = ", ".join(f"{m['app_id']}/{m['batch_id']}" for m in gone)
+        return (
+            f"table {target.uri} was restored at log version {restore.at} (to version "
+            f"{restore.to}), which took out the rows of batch(es) {labels} while its "
+            "application transactions still say it holds them: publishing on would lose "
+            f"their records for good. Restore it to version {restore.at - 1}, the version "
+            "just before that restore, to bring them back (delta-spark: RESTORE TABLE ... "
+            f"TO VERSION AS OF {restore.at - 1}){_after(table, restore.at)}; batches wait "
+            "until then, nothing is lost"
+        )
+    return None
+
+
+def _after(table: DeltaTable, at: int) -> str:
+    """What restoring to the version before `at` would also undo: the commits after the
+    restore (another writer's, a compaction; the pipeline's own are refused), said so the
+    operator decides knowing it; empty when the restore is the newest commit."""
+    newest = table.version()
+    if newest <= at:
+        return ""
+    return (
+        f"; that also undoes log version(s) {at + 1} to {newest}, committed after the "
+        "restore by another writer: write their rows again afterwards"
+    )
+
+
+def _gone(table: DeltaTable, meta: Mapping[str, Any]) -> bool:
+    """Whether a batch that added rows to the table has none left in its offset ranges."""
+    if meta.get("rows_added") == 0:
+        return False
+    ranges = [OffsetRange.from_dict(r) for r in meta.get("ranges") or ()]
+    return rows_held_in(table, ranges) == 0

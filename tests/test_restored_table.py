@@ -1,0 +1,149 @@
+"""A raw table restored behind the pipeline (Delta RESTORE), against the real broker, Spark
+and delta-rs: the restore keeps the application transactions of the commits it takes out,
+so the table claims batches whose rows it no longer holds (resources/delta/restores.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from jobs.examples.sample_data import pageviews
+from jobs.wiring.pipeline import build
+from ledger.core.errors import InconsistencyError, RefusedBatchError
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
+from tests.fixtures.pipeline import assert_exactly_once
+
+
+def run_until_caught_up(tpc: Any) -> None:
+    tpc.recover_and_commit()
+    while tpc.run_batch() is not None:
+        pass
+
+
+def test_a_raw_table_restored_behind_the_pipeline_is_refused_until_the_restore_is_undone(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """Restored to the version of its first batch, the table still said it held the later
+    ones, the next batch committed on top, and their records were lost for good (the
+    exactly-once check found them missing). Refused before the vote, naming the batches
+    and the version to restore to; restored back, the pipeline goes on, every record once."""
+    config = pipeline_factory(2, max_records=40)
+    topic = config.kafka.topic
+    kafka_client.produce(topic, pageviews(120))
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    table = DeltaTable(config.delta.table_uri)
+    first = min(e["version"] for e in table.history() if e.get("operation") != "CREATE TABLE")
+    table.restore(first)  # the batches after the first are taken out
+    restored_at = DeltaTable(config.delta.table_uri).version()
+    kafka_client.produce(topic, pageviews(30, start=120))
+
+    with pytest.raises(RefusedBatchError, match=f"restored at log version {restored_at}") as e:
+        run_until_caught_up(build(config, spark_factory=lambda: spark))
+    said = str(e.value)
+    assert "\n" not in said and f"Restore it to version {restored_at - 1}" in said
+    assert f"{config.app_id}/2" in said and f"{config.app_id}/3" in said
+    store = LedgerStore(config.ledger.url)
+    assert not store.batches(app_id=config.app_id, states=[BatchState.PREPARED])
+
+    DeltaTable(config.delta.table_uri).restore(restored_at - 1)
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert assert_exactly_once(config, kafka_client)[0] == 150
+
+
+def _commit(uri: str, batch_id: int, rows: int, partition: int = 0) -> None:
+    """One exactly-like batch commit of `rows` rows at offsets from 10 * batch_id."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction, write_deltalake
+
+    start = 10 * batch_id
+    table = pa.table(
+        {
+            "_kafka_topic": pa.array(["t"] * rows, pa.string()),
+            "_kafka_partition": pa.array([partition] * rows, pa.int32()),
+            "_kafka_offset": pa.array(range(start, start + rows), pa.int64()),
+            "_batch_id": pa.array([batch_id] * rows, pa.int64()),
+        }
+    )
+    ranges = [{"topic": "t", "partition": partition, "start": start, "end": start + rows}]
+    meta = {"exactly": {"app_id": "app", "batch_id": batch_id, "ranges": ranges}}
+    write_deltalake(
+        uri,
+        table,
+        mode="append",
+        commit_properties=CommitProperties(
+            app_transactions=[Transaction("app", batch_id)], custom_metadata=meta
+        ),
+    )
+
+
+def test_a_restore_names_the_batches_it_took_out_and_not_those_with_no_rows(
+    tmp_path: Any,
+) -> None:
+    """delta-rs's own RESTORE on a table of exactly-like commits: the batches after the
+    version restored to are named, not one that added no row (all its records were
+    quarantined: nothing of it could be taken out), and the refusal ends once the restore
+    is undone; a second restore is found by the same DeltaTarget, reading on."""
+    from jobs.publish.restore_check import restore_refusal
+    from resources.delta.table import DeltaTarget
+
+    uri = str(tmp_path / "raw")
+    _commit(uri, 1, 3)
+    _commit(uri, 2, 3)
+    _commit(uri, 3, 0)  # every record quarantined
+    _commit(uri, 4, 2)
+    target = DeltaTarget(uri)
+    assert restore_refusal(target, ["app"]) is None
+    DeltaTable(uri).restore(0)
+    said = restore_refusal(target, ["app"])
+    assert said is not None and "restored at log version 4" in said
+    assert "batch(es) app/2, app/4 " in said and "app/3" not in said
+    DeltaTable(uri).restore(3)  # undone: the version just before the restore
+    assert restore_refusal(target, ["app"]) is None
+    _commit(uri, 5, 2)
+    DeltaTable(uri).restore(5)  # takes out batch 5 only
+    again = restore_refusal(target, ["app"])
+    assert again is not None and "batch(es) app/5 " in again
+    assert restore_refusal(DeltaTarget(uri), ["app"]) == again  # a new process finds it too
+    assert "also undoes" not in again
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    other = DeltaTable(uri).to_pyarrow_table().slice(0, 1)
+    write_deltalake(uri, pa.Table.from_batches(other.to_batches()), mode="append")
+    later = restore_refusal(target, ["app"])  # another writer committed after the restore
+    assert later is not None and "also undoes log version(s) 8 to 8" in later
+
+
+def test_a_table_restored_between_the_vote_and_the_commit_keeps_the_batch_waiting(
+    spark: Any, kafka_client: Any, pipeline_factory: Any
+) -> None:
+    """A batch voted before the restore and committed after it put its rows on top of the
+    restored table: the batches restored away were lost, and restoring to the version just
+    before the restore (the refusal's way out) then took the new batch out as well. The
+    commit is refused the same way, the batch waits voted, and commits once it is undone."""
+    config = pipeline_factory(2, max_records=40)
+    topic = config.kafka.topic
+    kafka_client.produce(topic, pageviews(120))
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    kafka_client.produce(topic, pageviews(30, start=120))
+    tpc = build(config, spark_factory=lambda: spark)
+    voted = tpc.pre_commit(*tpc.invoke(tpc.begin()))  # type: ignore[arg-type]
+    table = DeltaTable(config.delta.table_uri)
+    first = min(e["version"] for e in table.history() if e.get("operation") != "CREATE TABLE")
+    table.restore(first)
+    restored_at = DeltaTable(config.delta.table_uri).version()
+
+    with pytest.raises(InconsistencyError, match=f"restored at log version {restored_at}") as e:
+        tpc.commit(voted)
+    assert not isinstance(e.value, RefusedBatchError) and "waits" in str(e.value)
+    assert DeltaTable(config.delta.table_uri).version() == restored_at  # nothing on top
+    store = LedgerStore(config.ledger.url)
+    waiting = store.batches(app_id=config.app_id, states=[BatchState.PREPARED])
+    assert [b.batch_id for b in waiting] == [voted.batch_id]
+
+    DeltaTable(config.delta.table_uri).restore(restored_at - 1)
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    assert assert_exactly_once(config, kafka_client)[0] == 150
