@@ -147,3 +147,22 @@ def test_a_table_restored_between_the_vote_and_the_commit_keeps_the_batch_waitin
     DeltaTable(config.delta.table_uri).restore(restored_at - 1)
     run_until_caught_up(build(config, spark_factory=lambda: spark))
     assert assert_exactly_once(config, kafka_client)[0] == 150
+
+
+def test_a_derived_rebuild_from_a_restored_raw_table_is_refused(tmp_path: Any) -> None:
+    """`exactly derived rebuild` read the restored raw table as it was and wrote the output
+    short of the batches restored away, at the raw table's transaction versions: once the
+    restore was undone, the output said it held those batches without their rows, for good.
+    Refused in the same words as a batch, and built once the restore is undone."""
+    from jobs.derived.rebuild import raw_snapshot
+    from resources.delta.table import DeltaTarget
+
+    uri = str(tmp_path / "raw")
+    for batch_id in (1, 2, 3):
+        _commit(uri, batch_id, 3)
+    DeltaTable(uri).restore(1)
+    with pytest.raises(RefusedBatchError, match=r"restored at log version 3 .* app/3 "):
+        raw_snapshot("views", DeltaTarget(uri), ["app"])
+    DeltaTable(uri).restore(2)
+    snapshot, holds = raw_snapshot("views", DeltaTarget(uri), ["app"])
+    assert holds == {"app": 3} and snapshot.to_pyarrow_table().num_rows == 9

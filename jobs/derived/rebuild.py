@@ -42,6 +42,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from jobs.derived.invariants import latest_records, raw_table_rows, recompute_aggregate
+from jobs.publish.restore_check import restore_refusal
 from ledger.core.errors import CONFIG_PLACEHOLDER, InconsistencyError, RefusedBatchError
 from resources.config.derived_spec import DELETED, AggregateOutput, UpsertOutput
 from resources.delta.log import METADATA_KEY
@@ -203,13 +204,18 @@ def raw_snapshot(
     name: str, raw: DeltaTarget, app_ids: Sequence[str]
 ) -> tuple[DeltaTable, dict[str, int]]:
     """The raw table's snapshot a rebuild of output `name` reads, and the batch it holds of
-    each of `app_ids` (those it holds any of); refused while there is no raw table."""
+    each of `app_ids` (those it holds any of); refused while there is no raw table, and
+    while it is restored behind the pipeline (jobs/publish/restore_check.py): its
+    transaction versions then claim batches whose rows it lacks, and the output would be
+    written short of them, holding them by its own versions for good."""
     snapshot = raw.load()
     if snapshot is None:
         raise RefusedBatchError(
             f"derived output {name}: the raw table {raw.uri} does not exist yet, so "
             "there is nothing to build from; the output fills from the first batch"
         )
+    if (restored := restore_refusal(raw, app_ids)) is not None:
+        raise RefusedBatchError(f"derived output {name} cannot be built: {restored}")
     holds = {a: v for a in app_ids if (v := snapshot.transaction_version(a)) is not None}
     return snapshot, holds
 
