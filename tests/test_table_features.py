@@ -161,6 +161,44 @@ def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batc
     assert_derived_match(config)
 
 
+def test_an_append_only_derived_output_is_refused_at_the_commit_and_before_the_vote(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """An aggregate's MERGE updates the rows of the keys a batch counts again, and delta-rs
+    refuses those removes in an append-only table (`delta.appendOnly`): the commit took that
+    for lost races, twenty tries at a time, and the batch waited voted behind an error that
+    read like the store's. Refused in one line naming the property: at the commit of a
+    batch that voted before it was set (it waits, voted), and before the vote after it."""
+    (per_app,) = [o for o in derived_outputs(tmp_path / "derived") if o["name"] == "views_per_app"]
+    config = pipeline_factory(2, transform=TRANSFORM, derived=[per_app])
+    topic = config.kafka.topic
+    kafka_client.produce_records(topic, user_events(0, 200, 2, malformed_every=20))
+    live_restart(config, spark)  # batch 1: every table exists
+    kafka_client.produce_records(topic, user_events(200, 100, 2, malformed_every=20))
+    crash_run(config, "after_prepare")
+    aggregate = Path(per_app["table_uri"])
+    change_feed(spark, aggregate, True, "delta.appendOnly")
+    version = DeltaTable(str(aggregate)).version()
+
+    with pytest.raises(InconsistencyError, match=r"append-only \(delta.appendOnly") as waits:
+        live_restart(config, spark)
+    assert "\n" not in str(waits.value) and not isinstance(waits.value, RefusedBatchError)
+    assert DeltaTable(str(aggregate)).version() == version
+    assert DeltaTarget(config.delta.table_uri).transaction_version(config.app_id) == 1
+
+    change_feed(spark, aggregate, False, "delta.appendOnly")
+    live_restart(config, spark)  # batch 2 commits
+    change_feed(spark, aggregate, True, "delta.appendOnly")
+    kafka_client.produce_records(topic, user_events(300, 100, 2, malformed_every=20))
+    with pytest.raises(RefusedBatchError, match=r"append-only \(delta.appendOnly"):
+        live_restart(config, spark)
+    change_feed(spark, aggregate, False, "delta.appendOnly")
+    live_restart(config, spark)
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 400
+    assert_derived_match(config)
+
+
 def test_a_derived_output_with_a_generated_column_is_refused_before_the_vote(
     spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:
@@ -186,17 +224,20 @@ def test_a_derived_output_with_a_generated_column_is_refused_before_the_vote(
     assert DeltaTarget(config.delta.table_uri).transaction_version(config.app_id) is None
 
 
-def change_feed(spark: Any, root: Path, on: bool) -> None:
+def change_feed(spark: Any, root: Path, on: bool, key: str = "delta.enableChangeDataFeed") -> None:
     flag = "true" if on else "false"
-    run_on(
-        spark,
-        root,
-        f"ALTER TABLE {{table}} SET TBLPROPERTIES ('delta.enableChangeDataFeed' = '{flag}')",
-    )
+    run_on(spark, root, f"ALTER TABLE {{table}} SET TBLPROPERTIES ('{key}' = '{flag}')")
 
 
+@pytest.mark.parametrize(
+    ("key", "words"),
+    [
+        ("delta.enableChangeDataFeed", r"change data feed on \(delta.enableChangeDataFeed"),
+        ("delta.appendOnly", r"append-only \(delta.appendOnly"),
+    ],
+)
 def test_a_replace_into_a_table_with_change_data_feed_is_refused_before_and_after_its_vote(
-    spark: Any, kafka_client: Any, pipeline_factory: Any
+    spark: Any, kafka_client: Any, pipeline_factory: Any, key: str, words: str
 ) -> None:
     """A replace rewrites each file holding a replaced row without it, and delta-rs writes no
     change data for that commit: a change-feed reader (delta-spark's readChangeFeed) derives
@@ -204,31 +245,34 @@ def test_a_replace_into_a_table_with_change_data_feed_is_refused_before_and_afte
     deleted and inserted again, a second copy for anyone who applies the inserts. Appends
     (live batches, fills) stay right under it. So a replace is refused in one line naming
     it: when it is planned, and, for one that voted before the feed was turned on, at its
-    commit (it waits, voted, until the feed is off)."""
+    commit (it waits, voted, until the feed is off). An append-only table
+    (`delta.appendOnly`) the same: delta-rs refused the replace's removes at the commit,
+    which the commit took for twenty lost races, and a voted replace failed every start
+    with an error that read like the store's."""
     config = pipeline_factory(1, max_records=100)
     topic, path = config.kafka.topic, str(config_path(config))
     kafka_client.produce(topic, pageviews(100), partition=0)
     live_until_caught_up(config, spark)  # batch 1: one file holding offsets [0, 100)
     root = Path(config.delta.table_uri)
-    change_feed(spark, root, on=True)
+    change_feed(spark, root, True, key)
     version = DeltaTable(str(root)).version()
 
-    with pytest.raises(BackfillError, match=r"change data feed on \(delta.enableChangeDataFeed"):
+    with pytest.raises(BackfillError, match=words):
         backfill(config, spark, "replace", OffsetRange(topic, 0, 10, 20))
     assert DeltaTable(str(root)).version() == version
 
-    change_feed(spark, root, on=False)
+    change_feed(spark, root, False, key)
     args = ["--partition", "0", "--from", "10", "--to", "20", "--mode", "replace"]
     crashed = cli("backfill", "-c", path, *args, "--transform", V2, env=crash_env("after_prepare"))
     assert crashed.returncode == 137, crashed.stdout + crashed.stderr
-    change_feed(spark, root, on=True)
+    change_feed(spark, root, True, key)
     version = DeltaTable(str(root)).version()
-    with pytest.raises(InconsistencyError, match="change data feed") as refused:
+    with pytest.raises(InconsistencyError, match=words) as refused:
         plain_run(config, spark)
     assert "\n" not in str(refused.value)
     assert DeltaTable(str(root)).version() == version
 
-    change_feed(spark, root, on=False)
+    change_feed(spark, root, False, key)
     plain_run(config, spark)
     replaced = {o for (_p, o), app in apps_by_coordinate(config).items() if app != app.lower()}
     assert replaced == set(range(10, 20))

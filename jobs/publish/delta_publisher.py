@@ -68,8 +68,7 @@ T = TypeVar("T")
 
 
 class DeltaPublisher:
-    """The data table, its quarantine table and its derived outputs, published batch by
-    batch."""
+    """The data table, its quarantine and its derived outputs, published batch by batch."""
 
     def __init__(
         self,
@@ -245,7 +244,8 @@ class DeltaPublisher:
             if table is not None:
                 if isinstance(spec, AggregateOutput):
                     check_aggregate_layout(table, delta.uri, spec)
-                refuse_unwritable(table, delta.uri, voted=False, generated=delta.generated_columns)
+                generated = delta.generated_columns
+                refuse_unwritable(table, delta.uri, voted=False, generated=generated, merged=True)
                 _check_schema(table, table_schema(spec, schemas[target]), delta.uri, spec.name)
 
         self._each_derived(fits)

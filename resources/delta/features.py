@@ -30,7 +30,10 @@ is refused, in one line naming what to turn off, when it has:
   ones those two leave in the protocol once turned off (features are never removed), and
   change data feed (appends need nothing more of a writer).
 
-A replace is the one commit change data feed does not take (`replace_refusal`): it
+A replace is the one commit an append-only table (`delta.appendOnly`) does not take: its
+removes, which delta-rs refuses there at the commit (the commit loop took that for lost
+races), and which a reader of an append-only table (a streaming one) trusts never to see.
+It is also the one commit change data feed does not take (`replace_refusal`): it
 rewrites each file holding a replaced row without it, delta-rs writes no change data for
 that commit, and a change-feed reader then derives the commit's changes from its files:
 every other row of a rewritten file reads as deleted and inserted again (a 10-row replace
@@ -96,9 +99,16 @@ def unwritable_sentence(uri: str, reason: str) -> str:
 
 def replace_refusal(table: DeltaTable, uri: str) -> str | None:
     """Why a replace cannot commit into `table` (at `uri`) as it is, in one sentence, or
-    None: change data feed on (see the module docstring)."""
-    flag = table.metadata().configuration.get("delta.enableChangeDataFeed", "false")
-    if flag.strip().lower() != "true":
+    None: append-only, or change data feed on (see the module docstring)."""
+    configuration = table.metadata().configuration
+    if _on(configuration, "delta.appendOnly"):
+        return (
+            f"Delta table {uri} is append-only (delta.appendOnly): a replace removes the "
+            "rows it replaces, which delta-rs refuses there and which readers of an "
+            "append-only table rely on never happening; turn it off for the replace "
+            "(delta-spark ALTER TABLE ... SET TBLPROPERTIES ('delta.appendOnly' = 'false'))"
+        )
+    if not _on(configuration, "delta.enableChangeDataFeed"):
         return None
     return (
         f"Delta table {uri} has change data feed on (delta.enableChangeDataFeed): a replace "
@@ -110,14 +120,19 @@ def replace_refusal(table: DeltaTable, uri: str) -> str | None:
     )
 
 
+def _on(configuration: Mapping[str, str], key: str) -> bool:
+    """Whether a boolean table property is set to true (Delta reads it case-blind)."""
+    return str(configuration.get(key, "false")).strip().lower() == "true"
+
+
 def refuse_replace(table: DeltaTable, uri: str) -> None:
     """At a voted replace's commit: InconsistencyError (the batch waits, voted) if
     `replace_refusal` refuses `table`."""
     reason = replace_refusal(table, uri)
     if reason is not None:
         raise InconsistencyError(
-            f"{reason}; nothing was committed: the replace voted before the feed was turned "
-            "on, so it waits, voted: recover it once the feed is off"
+            f"{reason}; nothing was committed: the replace voted before that was turned on, "
+            "so it waits, voted: recover it once it is off"
         )
 
 
@@ -154,14 +169,28 @@ def generated_refusal(table: DeltaTable, uri: str, generated: Mapping[str, str])
 
 
 def refuse_unwritable(
-    table: DeltaTable, uri: str, *, voted: bool, generated: Mapping[str, str]
+    table: DeltaTable,
+    uri: str,
+    *,
+    voted: bool,
+    generated: Mapping[str, str],
+    merged: bool = False,
 ) -> None:
     """Refuse `table` (at `uri`) if it has what exactly cannot honour: before the vote a
     RefusedBatchError, which abandons the batch; after it an InconsistencyError, which
     leaves the voted batch waiting until the table is fixed and the batch recovered.
     `generated`: the generated columns exactly writes right in this table, each with its
-    expression (resources/delta/table.py `generated_columns`; `generated_refusal`)."""
+    expression (resources/delta/table.py `generated_columns`; `generated_refusal`).
+    `merged`: a derived output, written by MERGE, whose updates remove rows, which an
+    append-only table refuses (delta-rs at the commit, where the commit loop took it for
+    lost races); the raw table and the quarantine only append, but for a replace
+    (`replace_refusal`)."""
     reason = unwritable(table)
+    if reason is None and merged and _on(table.metadata().configuration, "delta.appendOnly"):
+        reason = (
+            "append-only (delta.appendOnly = true), where the MERGE's updates of the rows it "
+            "holds are refused"
+        )
     if reason is not None:
         sentence: str | None = unwritable_sentence(uri, reason)
     else:

@@ -307,7 +307,9 @@ def _apply(
 
     def planned(table: DeltaTable, _try: int) -> Try:
         before = table.version()
-        refuse_unwritable(table, target.uri, voted=True, generated=target.generated_columns)
+        refuse_unwritable(
+            table, target.uri, voted=True, generated=target.generated_columns, merged=True
+        )
         _check_schema(table, schema, target.uri, name)
         if before_commit is not None:
             before_commit()
