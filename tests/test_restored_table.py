@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
 from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
@@ -53,10 +53,21 @@ def test_a_raw_table_restored_behind_the_pipeline_is_refused_until_the_restore_i
     assert assert_exactly_once(config, kafka_client)[0] == 150
 
 
+def _options(uri: str) -> dict[str, str]:
+    """delta-rs's options for `uri` as the product opens it (S3: the process's access)."""
+    from resources.delta.options import storage_options_for
+
+    return storage_options_for(uri, {})
+
+
+def _restore(uri: str, version: int) -> None:
+    DeltaTable(uri, storage_options=_options(uri)).restore(version)
+
+
 def _commit(uri: str, batch_id: int, rows: int, partition: int = 0) -> None:
     """One exactly-like batch commit of `rows` rows at offsets from 10 * batch_id."""
     import pyarrow as pa
-    from deltalake import CommitProperties, Transaction, write_deltalake
+    from deltalake import CommitProperties, Transaction
 
     start = 10 * batch_id
     table = pa.table(
@@ -73,15 +84,24 @@ def _commit(uri: str, batch_id: int, rows: int, partition: int = 0) -> None:
         uri,
         table,
         mode="append",
+        storage_options=_options(uri),
         commit_properties=CommitProperties(
             app_transactions=[Transaction("app", batch_id)], custom_metadata=meta
         ),
     )
 
 
-def test_a_restore_names_the_batches_it_took_out_and_not_those_with_no_rows(
-    tmp_path: Any,
-) -> None:
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.wide)])
+def root(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    """Where the tables go: a local folder, or a bucket of the loopback S3 server (the log
+    read through boto3, the rows through pyarrow, the commits through delta-rs)."""
+    if request.param == "local":
+        return str(tmp_path)
+    request.getfixturevalue("s3_env")
+    return f"s3://{request.getfixturevalue('s3_bucket')}"
+
+
+def test_a_restore_names_the_batches_it_took_out_and_not_those_with_no_rows(root: str) -> None:
     """delta-rs's own RESTORE on a table of exactly-like commits: the batches after the
     version restored to are named, not one that added no row (all its records were
     quarantined: nothing of it could be taken out), and the refusal ends once the restore
@@ -89,30 +109,28 @@ def test_a_restore_names_the_batches_it_took_out_and_not_those_with_no_rows(
     from jobs.publish.restore_check import restore_refusal
     from resources.delta.table import DeltaTarget
 
-    uri = str(tmp_path / "raw")
+    uri = f"{root}/raw"
     _commit(uri, 1, 3)
     _commit(uri, 2, 3)
     _commit(uri, 3, 0)  # every record quarantined
     _commit(uri, 4, 2)
-    target = DeltaTarget(uri)
+    target = DeltaTarget(uri, _options(uri))
     assert restore_refusal(target, ["app"]) is None
-    DeltaTable(uri).restore(0)
+    _restore(uri, 0)
     said = restore_refusal(target, ["app"])
     assert said is not None and "restored at log version 4" in said
     assert "batch(es) app/2, app/4 " in said and "app/3" not in said
-    DeltaTable(uri).restore(3)  # undone: the version just before the restore
+    _restore(uri, 3)  # undone: the version just before the restore
     assert restore_refusal(target, ["app"]) is None
     _commit(uri, 5, 2)
-    DeltaTable(uri).restore(5)  # takes out batch 5 only
+    _restore(uri, 5)  # takes out batch 5 only
     again = restore_refusal(target, ["app"])
     assert again is not None and "batch(es) app/5 " in again
-    assert restore_refusal(DeltaTarget(uri), ["app"]) == again  # a new process finds it too
+    fresh = DeltaTarget(uri, _options(uri))  # a new process finds it too
+    assert restore_refusal(fresh, ["app"]) == again
     assert "also undoes" not in again
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
-    other = DeltaTable(uri).to_pyarrow_table().slice(0, 1)
-    write_deltalake(uri, pa.Table.from_batches(other.to_batches()), mode="append")
+    other = DeltaTable(uri, storage_options=_options(uri)).to_pyarrow_table().slice(0, 1)
+    write_deltalake(uri, other, mode="append", storage_options=_options(uri))
     later = restore_refusal(target, ["app"])  # another writer committed after the restore
     assert later is not None and "also undoes log version(s) 8 to 8" in later
 
@@ -149,7 +167,7 @@ def test_a_table_restored_between_the_vote_and_the_commit_keeps_the_batch_waitin
     assert assert_exactly_once(config, kafka_client)[0] == 150
 
 
-def test_a_derived_rebuild_from_a_restored_raw_table_is_refused(tmp_path: Any) -> None:
+def test_a_derived_rebuild_from_a_restored_raw_table_is_refused(root: str) -> None:
     """`exactly derived rebuild` read the restored raw table as it was and wrote the output
     short of the batches restored away, at the raw table's transaction versions: once the
     restore was undone, the output said it held those batches without their rows, for good.
@@ -157,12 +175,12 @@ def test_a_derived_rebuild_from_a_restored_raw_table_is_refused(tmp_path: Any) -
     from jobs.derived.rebuild import raw_snapshot
     from resources.delta.table import DeltaTarget
 
-    uri = str(tmp_path / "raw")
+    uri = f"{root}/raw"
     for batch_id in (1, 2, 3):
         _commit(uri, batch_id, 3)
-    DeltaTable(uri).restore(1)
+    _restore(uri, 1)
     with pytest.raises(RefusedBatchError, match=r"restored at log version 3 .* app/3 "):
-        raw_snapshot("views", DeltaTarget(uri), ["app"])
-    DeltaTable(uri).restore(2)
-    snapshot, holds = raw_snapshot("views", DeltaTarget(uri), ["app"])
+        raw_snapshot("views", DeltaTarget(uri, _options(uri)), ["app"])
+    _restore(uri, 2)
+    snapshot, holds = raw_snapshot("views", DeltaTarget(uri, _options(uri)), ["app"])
     assert holds == {"app": 3} and snapshot.to_pyarrow_table().num_rows == 9
