@@ -184,3 +184,25 @@ def test_a_derived_rebuild_from_a_restored_raw_table_is_refused(root: str) -> No
     _restore(uri, 2)
     snapshot, holds = raw_snapshot("views", DeltaTarget(uri, _options(uri)), ["app"])
     assert holds == {"app": 3} and snapshot.to_pyarrow_table().num_rows == 9
+
+
+def test_a_restore_back_to_a_restored_version_is_refused_again(root: str) -> None:
+    """Undone, a restore is remembered as resolved; restoring the table to the version
+    that first restore wrote takes its batches out again, while the new restore's own
+    window (between its target and itself) holds no batch: only the undo. Seen by the
+    same DeltaTarget, it was taken as harmless and the next batch committed on top."""
+    from jobs.publish.restore_check import restore_refusal
+    from resources.delta.table import DeltaTarget
+
+    uri = f"{root}/raw"
+    for batch_id in (1, 2, 3):
+        _commit(uri, batch_id, 3)
+    target = DeltaTarget(uri, _options(uri))
+    _restore(uri, 0)  # version 3: batches 2 and 3 out
+    assert restore_refusal(target, ["app"]) is not None
+    _restore(uri, 2)  # version 4: undone
+    assert restore_refusal(target, ["app"]) is None
+    _restore(uri, 3)  # version 5: the state of version 3 again
+    again = restore_refusal(target, ["app"])
+    assert again is not None and "app/2, app/3 " in again
+    assert restore_refusal(DeltaTarget(uri, _options(uri)), ["app"]) is not None

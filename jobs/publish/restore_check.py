@@ -55,14 +55,14 @@ def restore_refusal(target: DeltaTarget, own: Collection[str]) -> str | None:
 
 def _after(table: DeltaTable, at: int) -> str:
     """What restoring to the version before `at` would also undo: the commits after the
-    restore (another writer's, a compaction; the pipeline's own are refused), said so the
-    operator decides knowing it; empty when the restore is the newest commit."""
+    restore (another writer's, a compaction, a later restore; the pipeline's own are
+    refused), said so the operator decides knowing it; empty when the restore is newest."""
     newest = table.version()
     if newest <= at:
         return ""
     return (
-        f"; that also undoes log version(s) {at + 1} to {newest}, committed after the "
-        "restore by another writer: write their rows again afterwards"
+        f"; that also undoes log version(s) {at + 1} to {newest}, committed after it "
+        "(rows another writer added there must be written again)"
     )
 
 

@@ -60,7 +60,9 @@ class RestoresSeen:
     table_id: str | None = None
     upto: int = -1
     found: list[Restore] = field(default_factory=list)
-    #: the log versions of restores whose batches are all back (jobs/publish/restore_check.py)
+    #: the log versions of restores whose batches are all back (jobs/publish/restore_check.py),
+    #: until the next restore is read: one back to a version a resolved restore wrote takes
+    #: that restore's batches out again, with none committed in its own window
     resolved: set[int] = field(default_factory=set)
 
     def through(self, table: DeltaTable, uri: str, own: Collection[str]) -> list[Restore]:
@@ -71,10 +73,13 @@ class RestoresSeen:
             self.table_id, self.upto, self.found, self.resolved = table_id, -1, [], set()
         first = self.upto < 0
         oldest = max(self.upto, version - FIRST_READ_ENTRIES) if first else self.upto
+        known = len(self.found)
         try:
             self._read(uri, own, version, oldest, first)
         except OSError as exc:
             raise store_failure(uri, exc) from exc
+        if len(self.found) > known:
+            self.resolved.clear()
         self.upto = version
         return self.found
 
