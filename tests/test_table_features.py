@@ -125,13 +125,11 @@ def test_check_constraints_are_refused_and_allowed_again_once_dropped(
     assert publish(target, root, 2, 1, OffsetRange(TOPIC, 0, 20, 30)).published
 
 
-def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batch(
+def aggregate_voted_behind(
     spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
-) -> None:
-    """The same guard at a derived output's MERGE: batch 2 voted, then an operator adds a
-    CHECK constraint to the aggregate's table. Recovery refuses in one line naming it and
-    commits nothing (the raw table is published after every derived output), the batch
-    waits voted; once the constraint is dropped the next start finishes it, once."""
+) -> tuple[Any, Path]:
+    """A pipeline with the views_per_app aggregate: batch 1 committed everywhere, batch 2
+    voted and killed before its commit. The config and the aggregate's table."""
     (per_app,) = [o for o in derived_outputs(tmp_path / "derived") if o["name"] == "views_per_app"]
     config = pipeline_factory(2, transform=TRANSFORM, derived=[per_app])
     topic = config.kafka.topic
@@ -139,7 +137,17 @@ def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batc
     live_restart(config, spark)  # batch 1: every table exists
     kafka_client.produce_records(topic, user_events(200, 100, 2, malformed_every=20))
     crash_run(config, "after_prepare")
-    aggregate = Path(per_app["table_uri"])
+    return config, Path(per_app["table_uri"])
+
+
+def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batch(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
+) -> None:
+    """The same guard at a derived output's MERGE: batch 2 voted, then an operator adds a
+    CHECK constraint to the aggregate's table. Recovery refuses in one line naming it and
+    commits nothing (the raw table is published after every derived output), the batch
+    waits voted; once the constraint is dropped the next start finishes it, once."""
+    config, aggregate = aggregate_voted_behind(spark, kafka_client, pipeline_factory, tmp_path)
     version = DeltaTable(str(aggregate)).version()
     run_on(spark, aggregate, "ALTER TABLE {table} ADD CONSTRAINT counted CHECK (views > 0)")
 
@@ -169,14 +177,7 @@ def test_an_append_only_derived_output_is_refused_at_the_commit_and_before_the_v
     for lost races, twenty tries at a time, and the batch waited voted behind an error that
     read like the store's. Refused in one line naming the property: at the commit of a
     batch that voted before it was set (it waits, voted), and before the vote after it."""
-    (per_app,) = [o for o in derived_outputs(tmp_path / "derived") if o["name"] == "views_per_app"]
-    config = pipeline_factory(2, transform=TRANSFORM, derived=[per_app])
-    topic = config.kafka.topic
-    kafka_client.produce_records(topic, user_events(0, 200, 2, malformed_every=20))
-    live_restart(config, spark)  # batch 1: every table exists
-    kafka_client.produce_records(topic, user_events(200, 100, 2, malformed_every=20))
-    crash_run(config, "after_prepare")
-    aggregate = Path(per_app["table_uri"])
+    config, aggregate = aggregate_voted_behind(spark, kafka_client, pipeline_factory, tmp_path)
     change_feed(spark, aggregate, True, "delta.appendOnly")
     version = DeltaTable(str(aggregate)).version()
 
@@ -189,7 +190,7 @@ def test_an_append_only_derived_output_is_refused_at_the_commit_and_before_the_v
     change_feed(spark, aggregate, False, "delta.appendOnly")
     live_restart(config, spark)  # batch 2 commits
     change_feed(spark, aggregate, True, "delta.appendOnly")
-    kafka_client.produce_records(topic, user_events(300, 100, 2, malformed_every=20))
+    kafka_client.produce_records(config.kafka.topic, user_events(300, 100, 2, malformed_every=20))
     with pytest.raises(RefusedBatchError, match=r"append-only \(delta.appendOnly"):
         live_restart(config, spark)
     change_feed(spark, aggregate, False, "delta.appendOnly")
