@@ -234,7 +234,8 @@ def change_feed(spark: Any, root: Path, on: bool, key: str = "delta.enableChange
     ("key", "words"),
     [
         ("delta.enableChangeDataFeed", r"change data feed on \(delta.enableChangeDataFeed"),
-        ("delta.appendOnly", r"append-only \(delta.appendOnly"),
+        # the same two refusals (replace_refusal); the property itself below, in make test
+        pytest.param("delta.appendOnly", r"append-only \(delta.appendOnly", marks=pytest.mark.wide),
     ],
 )
 def test_a_replace_into_a_table_with_change_data_feed_is_refused_before_and_after_its_vote(
@@ -278,6 +279,33 @@ def test_a_replace_into_a_table_with_change_data_feed_is_refused_before_and_afte
     replaced = {o for (_p, o), app in apps_by_coordinate(config).items() if app != app.lower()}
     assert replaced == set(range(10, 20))
     assert sum(assert_exactly_once(config, kafka_client)) == 100
+
+
+@pytest.mark.parametrize(
+    ("configuration", "refused"),
+    [
+        ({}, None),
+        ({"delta.appendOnly": "false"}, None),
+        ({"delta.appendOnly": "true"}, "is append-only (delta.appendOnly)"),
+        ({"delta.appendOnly": "TRUE"}, "is append-only (delta.appendOnly)"),
+        ({"delta.enableChangeDataFeed": "true"}, "has change data feed on"),
+    ],
+)
+def test_a_replace_is_refused_by_the_table_s_properties(
+    tmp_path: Path, configuration: dict[str, str], refused: str | None
+) -> None:
+    """What a replace cannot commit into, read from the table's own properties as any
+    writer may have set them (here delta-rs, at the table's creation)."""
+    from deltalake import write_deltalake
+
+    root = str(tmp_path / "table")
+    rows = pa.table({"a": pa.array([1], pa.int64())})
+    write_deltalake(root, rows, configuration=configuration or None)
+    said = DeltaTarget(root).replace_refusal()
+    if refused is None:
+        assert said is None
+    else:
+        assert said is not None and refused in said and "\n" not in said
 
 
 TIMED = pa.schema([*SCHEMA, ("ts", pa.timestamp("us", tz="UTC")), ("day", pa.date32())])
