@@ -36,7 +36,7 @@ from jobs.publish.postgres_outputs import (
     postgres_outcome,
 )
 from jobs.publish.raw_rows import publish_rows, rows_held_in
-from jobs.publish.restore_check import restore_refusal
+from jobs.publish.restore_check import refuse_restored
 from jobs.publish.voted_files import files_by_target
 from ledger.coordinator.crash import crashpoint
 from ledger.core.backfill import backfill_app_id
@@ -233,10 +233,11 @@ class DeltaPublisher:
         not have been restored behind the pipeline (jobs/publish/restore_check.py).
         """
         self.check_not_behind(self.app_ids)
-        self._refuse_restored()
         for target, delta in ((QUARANTINE, self.quarantine), (TABLE, self.table)):
+            table = delta.load()  # once for both checks
+            refuse_restored(delta, self.app_ids, table)
             if target in schemas:
-                delta.check_schema(decode_schema(schemas[target]))
+                delta.check_schema(decode_schema(schemas[target]), table)
 
         def fits(spec: AggregateOutput | UpsertOutput, delta: DeltaTarget) -> None:
             target = derived_target(spec.name)
@@ -252,17 +253,6 @@ class DeltaPublisher:
         for target, pg in self.postgres.items():
             if target in schemas:
                 pg.check_schema(decode_schema(schemas[target]))
-
-    def _refuse_restored(self, *, voted: bool = False) -> None:
-        """Refuse while the quarantine or the data table is restored behind the pipeline
-        (jobs/publish/restore_check.py): before the vote, abandoning the batch; before a
-        voted batch's first commit, where it waits (resources/delta/features.py's rule)."""
-        for delta in (self.quarantine, self.table):
-            if (restored := restore_refusal(delta, self.app_ids)) is None:
-                continue
-            if voted:
-                raise InconsistencyError(f"{restored}; the batch voted before it, and waits")
-            raise RefusedBatchError(restored)
 
     def replace_refusals(self) -> list[str]:
         """Why the raw table or the quarantine as they are now cannot take a replace (one
@@ -342,7 +332,8 @@ class DeltaPublisher:
         """Quarantine first, then the derived Delta outputs at once (each on its own thread:
         `_merge_derived`), then the PostgreSQL outputs in config order, the data table last;
         refused before any of them when the data table holds another pipeline's batches of
-        its topics and none of this one's (resources/delta/writers.py).
+        its topics and none of this one's (resources/delta/writers.py), and while it or the
+        quarantine is restored behind the pipeline (jobs/publish/restore_check.py).
 
         The data table's log is what says a batch is complete (invariant 7); publishing the
         other outputs first means a batch found there has its quarantined records and its
@@ -364,7 +355,8 @@ class DeltaPublisher:
         targets = [*(t for t, _d in self._outputs()), *self.postgres]
         by_target = files_by_target(batch, targets, self._order, files)
         refuse_before_publish(self.table, batch.app_id, meta)
-        self._refuse_restored(voted=True)
+        for delta in (self.quarantine, self.table):
+            refuse_restored(delta, self.app_ids, voted=True)
         if any(f.records for f in by_target[QUARANTINE]) or (replace and self.quarantine.load()):
             publish_rows(batch, QUARANTINE, self.quarantine, by_target[QUARANTINE], meta)
         merged = self._merge_derived(batch, by_target, meta)

@@ -23,14 +23,18 @@ from typing import Any
 from deltalake import DeltaTable
 
 from jobs.publish.raw_rows import rows_held_in
+from ledger.core.errors import InconsistencyError, RefusedBatchError
 from ledger.core.protocol import OffsetRange
 from resources.delta.table import DeltaTarget
 
 
-def restore_refusal(target: DeltaTarget, own: Collection[str]) -> str | None:
+def restore_refusal(
+    target: DeltaTarget, own: Collection[str], table: DeltaTable | None = None
+) -> str | None:
     """Why `target` cannot take a batch now, restored behind the pipeline of application
-    ids `own` with batches of it still missing, or None."""
-    table = target.load()
+    ids `own` with batches of it still missing, or None. `table`: its snapshot as the
+    caller just loaded it (a load costs two requests on S3), else loaded here."""
+    table = target.load() if table is None else table
     if table is None:
         return None
     for restore in target.restores.through(table, target.uri, own):
@@ -51,6 +55,24 @@ def restore_refusal(target: DeltaTarget, own: Collection[str]) -> str | None:
             "until then, nothing is lost"
         )
     return None
+
+
+def refuse_restored(
+    target: DeltaTarget,
+    own: Collection[str],
+    table: DeltaTable | None = None,
+    *,
+    voted: bool = False,
+) -> None:
+    """Refuse while `target` (the quarantine or the data table) is restored behind the
+    pipeline (`restore_refusal`): before the vote a RefusedBatchError, which abandons the
+    batch; before a voted batch's first commit an InconsistencyError, and it waits, voted
+    (resources/delta/features.py's rule)."""
+    if (restored := restore_refusal(target, own, table)) is None:
+        return
+    if voted:
+        raise InconsistencyError(f"{restored}; the batch voted before it, and waits")
+    raise RefusedBatchError(restored)
 
 
 def _after(table: DeltaTable, at: int) -> str:

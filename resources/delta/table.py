@@ -252,14 +252,17 @@ class DeltaTarget:
         resources/delta/compaction.py); None without a table."""
         return compact(self, max_tries)
 
-    def check_schema(self, schema: pa.Schema) -> DeltaSchema | None:
+    def check_schema(
+        self, schema: pa.Schema, table: DeltaTable | None = None
+    ) -> DeltaSchema | None:
         """Refuse (RefusedBatchError) a staged schema this table cannot take (invariant 14),
         or a table whose features exactly cannot honour (resources/delta/features.py).
+        `table`: the snapshot the caller just loaded, else loaded here.
 
         Returns the widened schema the batch's commit will carry, or None when the batch
         fits as it is or the table does not exist yet (its first commit creates it).
         """
-        table = self.load()
+        table = self.load() if table is None else table
         if table is None:
             return None
         self._partition_columns(table)  # the layout first: a generated column is one of it
