@@ -354,9 +354,9 @@ class DeltaPublisher:
             )
         targets = [*(t for t, _d in self._outputs()), *self.postgres]
         by_target = files_by_target(batch, targets, self._order, files)
-        refuse_before_publish(self.table, batch.app_id, meta)
-        for delta in (self.quarantine, self.table):
-            refuse_restored(delta, self.app_ids, voted=True)
+        raw = refuse_before_publish(self.table, batch.app_id, meta)
+        refuse_restored(self.quarantine, self.app_ids, voted=True)
+        refuse_restored(self.table, self.app_ids, raw, voted=True)
         if any(f.records for f in by_target[QUARANTINE]) or (replace and self.quarantine.load()):
             publish_rows(batch, QUARANTINE, self.quarantine, by_target[QUARANTINE], meta)
         merged = self._merge_derived(batch, by_target, meta)

@@ -94,14 +94,18 @@ class _Target(Protocol):
     def load(self) -> DeltaTable | None: ...
 
 
-def refuse_before_publish(target: _Target, app_id: str, metadata: Mapping[str, Any]) -> None:
+def refuse_before_publish(
+    target: _Target, app_id: str, metadata: Mapping[str, Any]
+) -> DeltaTable | None:
     """`refuse_other_writers` on the data table (`target`) before any output of the batch
     is published: the others go first (jobs/publish/delta_publisher.py), and a PostgreSQL
     output has no log to ask, so without this it took a copy's partial before the data
-    table refused the copy. The data table's own commit asks again, without the window."""
+    table refused the copy. The data table's own commit asks again, without the window.
+    Returns the snapshot it read, for the publisher's other checks before any output."""
     table = target.load()
     if table is not None and table.transaction_version(app_id) is None:
         refuse_other_writers(target.writers, table, target.uri, app_id, metadata)
+    return table
 
 
 def _siblings(app_id: str, pipeline: str) -> set[str]:
