@@ -206,3 +206,99 @@ def test_a_restore_back_to_a_restored_version_is_refused_again(root: str) -> Non
     again = restore_refusal(target, ["app"])
     assert again is not None and "app/2, app/3 " in again
     assert restore_refusal(DeltaTarget(uri, _options(uri)), ["app"]) is not None
+
+
+def _merge_like(uri: str, batch_id: int, rows: int = 1) -> None:
+    """A derived output's commit of one batch (app id `app.derived.v`), `rows` rows of
+    groups; 0 rows: a commit recording the version alone, as a MERGE with nothing to do."""
+    import pyarrow as pa
+    from deltalake import CommitProperties, Transaction
+
+    meta = {"exactly": {"app_id": "app.derived.v", "batch_id": batch_id, "ranges": []}}
+    properties = CommitProperties(
+        app_transactions=[Transaction("app.derived.v", batch_id)], custom_metadata=meta
+    )
+    data = pa.table({"g": pa.array([f"k{batch_id}"] * rows, pa.string())})
+    if rows:
+        write_deltalake(
+            uri, data, mode="append", storage_options=_options(uri), commit_properties=properties
+        )
+    else:
+        table = DeltaTable(uri, storage_options=_options(uri))
+        table.create_write_transaction([], "append", table.schema(), commit_properties=properties)
+
+
+def test_a_derived_table_s_restores_are_told_from_its_log(root: str) -> None:
+    """A derived output's rows carry no coordinates, so which of its batch merges its
+    state holds is told from the log: a restore takes out the merges it jumps over; an
+    undo (a restore to the version before) puts them back; a restore back to the version
+    the first one wrote takes them out again; a merge that changed nothing loses nothing."""
+    from resources.delta.restores import LogWalk
+
+    uri = f"{root}/views"
+    for batch_id in (1, 2):
+        _merge_like(uri, batch_id)  # versions 0, 1
+    _merge_like(uri, 3, rows=0)  # version 2: recorded alone
+    _merge_like(uri, 4)  # version 3
+    walk, own = LogWalk(), {"app.derived.v"}
+
+    def taken() -> Any:
+        return walk.taken_out(DeltaTable(uri, storage_options=_options(uri)), uri, own)
+
+    assert taken() is None
+    _restore(uri, 0)  # version 4: out go 2 and 4 (3 changed nothing)
+    first = taken()
+    assert first is not None and (first.at, first.to) == (4, 0)
+    assert [m["batch_id"] for m in first.removed] == [4, 2]
+    assert walk.taken_out(DeltaTable(uri, storage_options=_options(uri)), uri, {"other"}) is None
+    _restore(uri, 3)  # version 5: undone
+    assert taken() is None
+    _restore(uri, 4)  # version 6: the first restore's state again
+    again = taken()
+    assert again is not None and [m["batch_id"] for m in again.removed] == [4, 2]
+    assert LogWalk().taken_out(DeltaTable(uri, storage_options=_options(uri)), uri, own) == again
+    _restore(uri, 5)  # version 7: undone again
+    assert taken() is None
+
+
+def test_a_derived_output_restored_behind_its_batches_is_refused_until_undone(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Any
+) -> None:
+    """The aggregate's table restored to its first batch's version kept the application
+    transactions of the later merges: the next batches merged on top, and its counts
+    stayed short of the raw table's for good (its recomputation differed). Refused
+    before the vote naming the batches, the way back, and the rebuild; undone, the
+    pipeline goes on and the output matches its recomputation."""
+    from tests.fixtures.derived import (
+        TRANSFORM,
+        assert_derived_match,
+        derived_outputs,
+        user_events,
+    )
+
+    (per_app,) = [o for o in derived_outputs(tmp_path / "derived") if o["name"] == "views_per_app"]
+    config = pipeline_factory(2, max_records=60, transform=TRANSFORM, derived=[per_app])
+    topic = config.kafka.topic
+    kafka_client.produce_records(topic, user_events(0, 240, 2, malformed_every=20))
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    aggregate = per_app["table_uri"]
+    history = DeltaTable(aggregate).history()
+    first = min(e["version"] for e in history if e.get("operation") != "CREATE TABLE")
+    DeltaTable(aggregate).restore(first)
+    restored_at = DeltaTable(aggregate).version()
+    kafka_client.produce_records(topic, user_events(240, 60, 2, malformed_every=20))
+
+    with pytest.raises(
+        RefusedBatchError, match=f"views_per_app .* restored at log version {restored_at}"
+    ) as e:
+        run_until_caught_up(build(config, spark_factory=lambda: spark))
+    said = str(e.value)
+    assert "\n" not in said and f"TO VERSION AS OF {restored_at - 1}" in said
+    assert f"{config.app_id}.derived.views_per_app/2" in said and "derived rebuild" in said
+    assert DeltaTable(aggregate).version() == restored_at
+
+    DeltaTable(aggregate).restore(restored_at - 1)
+    run_until_caught_up(build(config, spark_factory=lambda: spark))
+    table, quarantined = assert_exactly_once(config, kafka_client)
+    assert table + quarantined == 300
+    assert_derived_match(config)

@@ -11,7 +11,7 @@ docs/derived-tables.md#replace-correction.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from jobs.derived.rebuild import behind_reason
 from jobs.derived.replace import correction_partial, upsert_replacement
 from jobs.publish.raw_rows import rows_in_ranges, rows_of_keys, staged_rows
 from ledger.core.batch import Batch, StagedFile
-from ledger.core.errors import InconsistencyError
+from ledger.core.errors import CONFIG_PLACEHOLDER, InconsistencyError
 from ledger.core.layout import derived_target
 from resources.config.derived_spec import (
     ABSENT,
@@ -67,12 +67,47 @@ def behind(
     raw_holds: Mapping[str, int | None],
 ) -> str | None:
     """Why the output is behind the raw table on one of the application ids of `raw_holds`
-    (each id's last batch in the raw table, None for none), or None."""
+    (each id's last batch in the raw table, None for none), or restored behind its own
+    history (`restored_reason`), or None."""
     for app_id, held in raw_holds.items():
         reason = behind_reason(spec, delta, held, app_id)
         if reason is not None:
             return reason
-    return None
+    return restored_reason(spec, delta, raw_holds)
+
+
+def restored_reason(
+    spec: AggregateOutput | UpsertOutput, delta: DeltaTarget, app_ids: Iterable[str]
+) -> str | None:
+    """Why the output cannot take a batch while a RESTORE of its table took out merges of
+    the pipeline's batches (of `app_ids`) that its history does not hold again, or None.
+
+    A RESTORE keeps the application transactions of the commits it takes out (delta-rs
+    1.6, delta-spark 4.4), so the output's versions would go on claiming those batches
+    while its groups or latest records lack them, and merging on would leave it short of
+    them for good, past what its version check can see. Told from the log alone
+    (resources/delta/restores.py `LogWalk`): a derived table's rows carry no coordinates."""
+    table = delta.load()
+    if table is None:
+        return None
+    taken = delta.log_walk.taken_out(table, delta.uri, {spec.app_id(a) for a in app_ids})
+    if taken is None:
+        return None
+    what = (
+        "which batches it took out cannot be told (it names no version)"
+        if taken.to < 0
+        else "which took out its merges of batch(es) "
+        + ", ".join(f"{m['app_id']}/{m['batch_id']}" for m in reversed(taken.removed))
+    )
+    rebuild = f"`exactly derived rebuild -c {CONFIG_PLACEHOLDER} {spec.name}`"
+    return (
+        f"derived output {spec.name} ({delta.uri}) was restored at log version {taken.at} "
+        f"(to version {taken.to}), {what}, while its application transactions still say it "
+        "holds them: merging on would leave it short of them for good. Restore it to "
+        f"version {taken.at - 1}, the version just before that restore (delta-spark: "
+        f"RESTORE TABLE ... TO VERSION AS OF {taken.at - 1}), or delete its table and "
+        f"build it from the raw table: {rebuild}"
+    )
 
 
 def table_schema(spec: AggregateOutput | UpsertOutput, encoded: str) -> pa.Schema:

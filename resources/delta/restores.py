@@ -133,3 +133,98 @@ def _rows_added(entry: bytes | None) -> int | None:
                 return None
             rows += int(stats["numRecords"])
     return rows
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A restore on the table's current history that took out commits of the pipeline's
+    batches: its log version, the version it restored to (-1: it does not say, so which
+    batches it took out cannot be told), and their commit metadata, newest first."""
+
+    at: int
+    to: int
+    removed: tuple[dict[str, Any], ...]
+
+
+@dataclass
+class LogWalk:
+    """Which of the pipeline's batch commits a table's current state holds, told from its
+    log alone, for a table whose rows do not carry the batch's coordinates (a derived
+    output: groups or latest records). One process keeps the entries it read, by version:
+    an entry never changes while the table is the same (its metadata id).
+
+    The state at a version is the state before it plus its commit, except for a RESTORE,
+    whose state is the state of the version it restored to. So the walk goes down from the
+    newest version, and at a RESTORE jumps to the version it restored to: every batch
+    commit it jumps over (strictly between the two) is not in the state, whatever came
+    after (an undo is a restore to the version before, whose jump lands below the first
+    restore; a restore back to a version the first restore wrote jumps onto that restore,
+    which jumps over its batches again). A commit is at one version only, so the jumps
+    decide alone. The walk stops after `OWN_COMMITS_BACK` of the pipeline's commits it
+    lands on (a restore below them was met by the process that committed them), or after
+    `FIRST_READ_ENTRIES` entries, or at an entry gone to retention."""
+
+    table_id: str | None = None
+    entries: dict[int, tuple[int | None, dict[str, Any] | None]] = field(default_factory=dict)
+
+    def taken_out(self, table: DeltaTable, uri: str, own: Collection[str]) -> Taken | None:
+        """The newest restore on `table`'s current history that took out commits of the
+        application ids `own`, or None."""
+        if table.metadata().id != self.table_id:
+            self.table_id, self.entries = table.metadata().id, {}
+        try:
+            return self._walk(uri, own, table.version())
+        except OSError as exc:
+            raise store_failure(uri, exc) from exc
+
+    def _walk(self, uri: str, own: Collection[str], version: int) -> Taken | None:
+        at, landed, read = version, 0, 0
+        while at >= 0 and read < FIRST_READ_ENTRIES:
+            entry = self._entry(uri, at)
+            read += 1
+            if entry is None:
+                return None
+            restored_to, meta = entry
+            if restored_to is None:
+                if meta is not None and meta.get("app_id") in own:
+                    landed += 1
+                    if landed >= OWN_COMMITS_BACK:
+                        return None
+                at -= 1
+                continue
+            if restored_to < 0:
+                return Taken(at, -1, ())
+            removed = []
+            for skipped in range(at - 1, max(restored_to, at - FIRST_READ_ENTRIES - 1), -1):
+                found = self._entry(uri, skipped)
+                if found is not None and found[1] is not None and found[1].get("app_id") in own:
+                    removed.append(found[1])
+            if removed:
+                return Taken(at, restored_to, tuple(removed))
+            at = restored_to
+        return None
+
+    def _entry(self, uri: str, version: int) -> tuple[int | None, dict[str, Any] | None] | None:
+        """(the version a RESTORE restored to, else None; exactly's batch metadata, if
+        any) of the entry at `version`; None when it is gone."""
+        if version not in self.entries:
+            raw = storage.read_bytes(entry_uri(uri, version))
+            if raw is None:
+                return None
+            info = commit_info(raw)
+            restored = _restored_to(info) if info.get("operation") == "RESTORE" else None
+            meta = exactly_metadata(info)
+            # a batch commit that changed no row (a MERGE with nothing to do records its
+            # version alone) loses nothing when it is jumped over
+            counts = meta is not None and "batch_id" in meta and _changes_rows(raw)
+            self.entries[version] = (restored, meta if counts else None)
+        return self.entries[version]
+
+
+def _changes_rows(entry: bytes) -> bool:
+    """Whether a log entry adds or removes a data file."""
+    for line in entry.splitlines():
+        action = json.loads(line)
+        if "add" in action or "remove" in action:
+            return True
+    return False

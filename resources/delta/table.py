@@ -41,7 +41,7 @@ from resources.delta.held import HeldVersions
 from resources.delta.kept import Answers, Kept
 from resources.delta.opening import open_table
 from resources.delta.options import storage_options_for
-from resources.delta.restores import RestoresSeen
+from resources.delta.restores import LogWalk, RestoresSeen
 from resources.delta.rewrite import remove_rows
 from resources.delta.schema import table_widened, with_legacy_features
 from resources.delta.writers import WritersSeen
@@ -94,6 +94,7 @@ class DeltaTarget:
         self.held = HeldVersions(uri)  # what commits check the table has not gone back on
         self.writers = WritersSeen()  # who else commits there, as read so far (writers.py)
         self.restores = RestoresSeen()  # the restores of its log, as read so far (restores.py)
+        self.log_walk = LogWalk()  # its batch commits a restore took out (restores.py)
 
     def load(self) -> DeltaTable | None:
         """The table's latest snapshot, None if there is no table.
