@@ -9,10 +9,11 @@ records are still in Kafka and the positions are where the lost batches left the
 the one action that brings the rows back, and a batch that voted before the restore is
 refused at its commit and waits, voted: committed on top of the restored table, its rows
 would be taken out again by that very action, which restores the version before the
-restore. A batch that added no row to the table (every
-record quarantined) cannot be told apart from one restored away, and is not asked about.
-Only the raw table and the quarantine are asked: their rows carry the batch's coordinates;
-a derived output restored shows in its recomputation check.
+restore. A batch that added no row to the table (every record quarantined) cannot be told
+apart from one restored away, and is not asked about. The raw table and the quarantine are
+asked here, by their rows, which carry the batch's coordinates (so a restore that names no
+version, delta-spark's TO TIMESTAMP AS OF, is told too); a derived output's rows do not, and
+its log alone tells (jobs/publish/derived_outputs.py `restored_reason`).
 """
 
 from __future__ import annotations
