@@ -169,6 +169,7 @@ def test_a_derived_output_given_a_check_constraint_after_the_vote_holds_its_batc
     assert_derived_match(config)
 
 
+@pytest.mark.wide  # the wiring is the CHECK-constraint case's above; the rule, unit, below
 def test_an_append_only_derived_output_is_refused_at_the_commit_and_before_the_vote(
     spark: Any, kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:
@@ -306,6 +307,32 @@ def test_a_replace_is_refused_by_the_table_s_properties(
         assert said is None
     else:
         assert said is not None and refused in said and "\n" not in said
+
+
+@pytest.mark.parametrize("merged", [True, False])
+def test_an_append_only_table_is_refused_to_a_merge_and_taken_by_appends(
+    tmp_path: Path, merged: bool
+) -> None:
+    """delta-rs refuses a MERGE's updates in an append-only table at the commit (the commit
+    loop took that for lost races): a derived output's table, which a MERGE writes, is
+    refused in one line before the vote and at the commit; the raw table and the quarantine
+    only append, and take it."""
+    from deltalake import write_deltalake
+
+    from resources.delta.features import refuse_unwritable
+
+    root = str(tmp_path / "table")
+    write_deltalake(root, pa.table({"a": [1]}), configuration={"delta.appendOnly": "true"})
+    table = DeltaTable(root)
+    if not merged:
+        refuse_unwritable(table, root, voted=False, generated={}, merged=False)
+        return
+    with pytest.raises(RefusedBatchError, match=r"append-only \(delta.appendOnly") as before:
+        refuse_unwritable(table, root, voted=False, generated={}, merged=True)
+    with pytest.raises(InconsistencyError, match="waits, voted") as after:
+        refuse_unwritable(table, root, voted=True, generated={}, merged=True)
+    assert not isinstance(after.value, RefusedBatchError)
+    assert "\n" not in str(before.value) + str(after.value)
 
 
 TIMED = pa.schema([*SCHEMA, ("ts", pa.timestamp("us", tz="UTC")), ("day", pa.date32())])
