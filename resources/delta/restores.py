@@ -43,9 +43,11 @@ FIRST_READ_ENTRIES = 500
 
 @dataclass(frozen=True)
 class Restore:
-    """A RESTORE commit: its log version, the version it restored to, and the pipeline's
-    batches it may have taken out (their commit metadata, with `table_version` and
-    `rows_added`, the rows the commit added by its statistics), oldest first."""
+    """A RESTORE commit: its log version, the version it restored to (-1: it does not
+    say), and the pipeline's batches it may have taken out, by their commit metadata:
+    `RestoresSeen` gives every one in its window, oldest first, each with `table_version`
+    and `rows_added` (the rows the commit added by its statistics); `LogWalk` those whose
+    rows changed, newest first (none when the version is not said)."""
 
     at: int
     to: int
@@ -135,17 +137,6 @@ def _rows_added(entry: bytes | None) -> int | None:
     return rows
 
 
-@dataclass(frozen=True)
-class Taken:
-    """A restore on the table's current history that took out commits of the pipeline's
-    batches: its log version, the version it restored to (-1: it does not say, so which
-    batches it took out cannot be told), and their commit metadata, newest first."""
-
-    at: int
-    to: int
-    removed: tuple[dict[str, Any], ...]
-
-
 @dataclass
 class LogWalk:
     """Which of the pipeline's batch commits a table's current state holds, told from its
@@ -167,7 +158,7 @@ class LogWalk:
     table_id: str | None = None
     entries: dict[int, tuple[int | None, dict[str, Any] | None]] = field(default_factory=dict)
 
-    def taken_out(self, table: DeltaTable, uri: str, own: Collection[str]) -> Taken | None:
+    def taken_out(self, table: DeltaTable, uri: str, own: Collection[str]) -> Restore | None:
         """The newest restore on `table`'s current history that took out commits of the
         application ids `own`, or None."""
         if table.metadata().id != self.table_id:
@@ -177,7 +168,7 @@ class LogWalk:
         except OSError as exc:
             raise store_failure(uri, exc) from exc
 
-    def _walk(self, uri: str, own: Collection[str], version: int) -> Taken | None:
+    def _walk(self, uri: str, own: Collection[str], version: int) -> Restore | None:
         at, landed, read = version, 0, 0
         while at >= 0 and read < FIRST_READ_ENTRIES:
             entry = self._entry(uri, at)
@@ -193,14 +184,14 @@ class LogWalk:
                 at -= 1
                 continue
             if restored_to < 0:
-                return Taken(at, -1, ())
+                return Restore(at, -1, ())
             removed = []
             for skipped in range(at - 1, max(restored_to, at - FIRST_READ_ENTRIES - 1), -1):
                 found = self._entry(uri, skipped)
                 if found is not None and found[1] is not None and found[1].get("app_id") in own:
                     removed.append(found[1])
             if removed:
-                return Taken(at, restored_to, tuple(removed))
+                return Restore(at, restored_to, tuple(removed))
             at = restored_to
         return None
 
