@@ -97,9 +97,10 @@ def test_an_unreachable_ledger_database_is_one_line_naming_it(tmp_path: Path) ->
 @pytest.mark.integration  # starts no server, but waits out the Kafka client's real timeout (~30 s)
 def test_unreachable_broker_is_one_line_naming_it(tmp_path: Path) -> None:
     bootstrap = f"127.0.0.1:{free_port()}"
-    path = write_config(tmp_path, kafka__bootstrap_servers=bootstrap)
+    # the run waits `kafka.timeout_seconds` for an answer (30 s by default) and says so
+    path = write_config(tmp_path, kafka__bootstrap_servers=bootstrap, kafka__timeout_seconds=4)
     line = one_error_line(exactly("run", "-c", str(path)))
-    assert bootstrap in line
+    assert f"Kafka at {bootstrap} did not answer within 4s" in line, line
     # nothing was planned: the ledger holds no batch
     ledger = exactly("ledger", "-c", str(path), "--json")
     assert json.loads(ledger.stdout) == []

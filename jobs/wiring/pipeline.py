@@ -67,7 +67,11 @@ class Pipeline:
         # a bucket that is missing or refuses us fails here, not after a batch was staged
         storage.check_buckets([config.delta.table_uri, config.delta.quarantine_uri])
         self.store = LedgerStore(config.ledger.url)
-        self.kafka = KafkaClient(config.kafka.bootstrap_servers, config.kafka.resolved_options())
+        self.kafka = KafkaClient(
+            config.kafka.bootstrap_servers,
+            config.kafka.resolved_options(),
+            timeout=config.kafka.timeout_seconds,
+        )
         self.source = offset_source_for(self.kafka, config.kafka, config.group_id)
         self.publisher = DeltaPublisher.for_config(config)
         # a PostgreSQL output's server that refuses us or does not answer fails here too

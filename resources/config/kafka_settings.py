@@ -160,6 +160,10 @@ class KafkaSettings(_Strict):
     #: fill backfill); a partition added to the topic later starts at its earliest either
     #: way (ledger/core/protocol.py plan_ranges)
     starting_offsets: Literal["earliest", "latest"] = "earliest"
+    #: how long a call to the cluster (planning's reads of positions, the offset commit)
+    #: waits for an answer before the run stops in one line, the batch left to the next
+    #: run: long enough to ride out a broker's restart or a leader election
+    timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
     security: KafkaSecurity = Field(default_factory=KafkaSecurity)
     #: raw librdkafka settings for the confluent clients, over `security`'s; never logged;
     #: a value may be `{env: NAME}`, read from that variable when the client is made

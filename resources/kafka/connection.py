@@ -167,8 +167,8 @@ class KafkaConnection:
         unreachable = isinstance(error, KafkaError) and error.code() in _UNREACHABLE_CODES
         if unreachable:
             return UnreachableError(
-                f"Kafka at {self.bootstrap_servers} did not answer while {operation}: "
-                f"{self._reason(error)}"
+                f"Kafka at {self.bootstrap_servers} did not answer within {self.timeout:g}s "
+                f"while {operation}: {self._reason(error)}"
             )
         return ExactlyError(
             f"Kafka at {self.bootstrap_servers}: {operation} failed: {self._reason(error)}"
