@@ -54,6 +54,8 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
 def remote(connect_server: ConnectServer) -> Iterator[Any]:
     """A remote session of its own; stopping it returns the process to classic mode."""
     session = build_session(connect_server.url)
+    # delta-spark rebuilds a table's state in 50 tasks by default; the tests' tables are tiny
+    session.conf.set("spark.databricks.delta.snapshotPartitions", "2")
     try:
         yield session
     finally:
