@@ -91,6 +91,10 @@ def only_server(env: dict[str, str]) -> Server:
     return running[0]
 
 
+#: `make test-wide`: make test's shared-server cases are the server killed under a stage
+#: (a dead server replaced by the next run, and the operator's status and stop) and the
+#: racing starts (processes that find a live server start none).
+@pytest.mark.wide
 def test_runs_in_separate_processes_share_one_server_and_a_dead_one_is_replaced(
     shared_config: PipelineConfig, kafka_client: KafkaClient, state: dict[str, str]
 ) -> None:
@@ -189,6 +193,14 @@ def test_a_server_killed_under_a_stage_fails_the_run_in_one_line_and_nothing_sta
         store.dispose()
     run(shared_config, state, "--until-caught-up")
     assert sum(assert_exactly_once(shared_config, kafka_client)) == 100 + STAGED_RECORDS
+
+    # the run after the death started another server; the operator's view and stop
+    replaced = only_server(state)
+    assert replaced.pid != server.pid
+    status = cli(["spark-server", "status"], state)
+    assert f"pid {replaced.pid}" in status and "running" in status
+    assert "stopped 1 shared Spark server(s)" in cli(["spark-server", "stop"], state)
+    assert not replaced.is_ours()
 
 
 @pytest.mark.integration
