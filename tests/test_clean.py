@@ -647,6 +647,10 @@ def test_clean_after_a_crash_keeps_the_prepared_batch_and_recovery_commits_it(
     assert table + quarantined == 600
 
 
+#: `make test-wide`: that a vote whose staged files are gone is staged again and committed
+#: once is tests/test_restage_pipeline.py's (a lost file); here an operator's VACUUM is the
+#: cause, and every file of both outputs is gone.
+@pytest.mark.wide
 def test_vacuum_with_zero_retention_while_a_batch_is_prepared(
     spark: Any, kafka_client: Any, pipeline_factory: Any
 ) -> None:

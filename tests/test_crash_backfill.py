@@ -55,19 +55,26 @@ S = BatchState
 #: A fill commits as a live batch does (tests/test_crash.py crashes that at every point) and
 #: as a replace does from its vote on, but for the removal: so `make test` crashes a fill
 #: before its commit and at its first derived output, and `make test-wide` at the commit's
-#: points the replace's cases below and the live batch's cover in `make test`.
+#: points the replace's cases below and the live batch's cover in `make test` (the
+#: PostgreSQL output's two points: tests/test_crash.py's derived cases).
+#: Before its vote, `make test` crashes a fill once in each state a crash leaves it in:
+#: PLANNED with nothing staged (after_plan), PLANNED half staged (during_stage), STAGED
+#: (after_stage); before_stage leaves what after_plan leaves, and is `make test-wide`'s.
 STAGE_SIDE = ("after_plan", "before_stage", "during_stage", "after_stage")
-FILL_COMMIT_SIDE = (
+FILL_WIDE = (
+    "before_stage",
     FIRST_DERIVED_ONLY,
     "between_table_commits",
     "after_delta_commit",
     "after_committed",
     "recovery_after_delta_commit",
+    "postgres_before_commit",
+    "postgres_after_commit",
 )
 SOAK_ONLY = [pytest.mark.soak, pytest.mark.skipif(not full_size(), reason="runs in make soak")]
 BACKFILL_CASES = [
     *(
-        pytest.param("fill", p, marks=pytest.mark.wide) if p in FILL_COMMIT_SIDE else ("fill", p)
+        pytest.param("fill", p, marks=pytest.mark.wide) if p in FILL_WIDE else ("fill", p)
         for p in [*LEFT_IN, FIRST_DERIVED_ONLY]
         if p != "after_derived_commit"  # which outputs hold it is the threads': FIRST_DERIVED_ONLY
     ),
