@@ -32,13 +32,16 @@ HOURLY = {
 
 @pytest.mark.parametrize(
     ("point", "lose_ledger"),
+    # `make test`: before the vote, between the derived outputs' commits, and between the
+    # two tables' commits with the ledger lost (each ledger once); `make test-wide` the rest
+    # (their points are tests/test_crash.py's in `make test` on an unpartitioned table)
     [
         ("during_stage", False),
-        ("after_prepare", False),
+        pytest.param("after_prepare", False, marks=pytest.mark.wide),
         ("between_derived_commits", False),
-        ("between_table_commits", False),
+        pytest.param("between_table_commits", False, marks=pytest.mark.wide),
         ("between_table_commits", True),
-        ("after_delta_commit", True),
+        pytest.param("after_delta_commit", True, marks=pytest.mark.wide),
     ],
 )
 def test_a_crash_leaves_each_row_once_in_its_partition_and_the_aggregate_right(
