@@ -49,9 +49,9 @@ S = BatchState
 #: reached by the fill only.
 #: A replace stages as a fill does (the same backfill plan and stage, checked at each of these
 #: points by the fill); it differs in its commit, which removes the rows it replaces. So
-#: `make test` crashes a replace at the points from its vote on, and `make soak` at these
-#: too, as every crash point of a live batch runs in `make test` and a fill's in `make test`
-#: or `make test-wide` (below).
+#: `make test` crashes a replace at the points from its vote on (but REPLACE_WIDE's), and
+#: `make soak` at these too, as every crash point of a live batch runs in `make test` and a
+#: fill's in `make test` or `make test-wide` (below).
 #: A fill commits as a live batch does (tests/test_crash.py crashes that at every point) and
 #: as a replace does from its vote on, but for the removal: so `make test` crashes a fill
 #: before its commit and at its first derived output, and `make test-wide` at the commit's
@@ -71,6 +71,17 @@ FILL_WIDE = (
     "postgres_before_commit",
     "postgres_after_commit",
 )
+#: A replace's points from its vote on are in `make test` but these, `make test-wide`'s:
+#: between its tables' commits and with its first derived output committed, a replace is
+#: crashed in `make test` by tests/test_derived_replace_pipeline.py (the same pipeline and
+#: range, finished by the next replace); committed, and in the recovery's own commit, the
+#: live batch is (tests/test_crash.py), whose recovery is the same.
+REPLACE_WIDE = (
+    "between_table_commits",
+    FIRST_DERIVED_ONLY,
+    "after_committed",
+    "recovery_after_delta_commit",
+)
 SOAK_ONLY = [pytest.mark.soak, pytest.mark.skipif(not full_size(), reason="runs in make soak")]
 BACKFILL_CASES = [
     *(
@@ -79,7 +90,11 @@ BACKFILL_CASES = [
         if p != "after_derived_commit"  # which outputs hold it is the threads': FIRST_DERIVED_ONLY
     ),
     *(
-        pytest.param("replace", p, marks=SOAK_ONLY) if p in STAGE_SIDE else ("replace", p)
+        pytest.param("replace", p, marks=SOAK_ONLY)
+        if p in STAGE_SIDE
+        else pytest.param("replace", p, marks=pytest.mark.wide)
+        if p in REPLACE_WIDE
+        else ("replace", p)
         for p in [*LEFT_IN, FIRST_DERIVED_ONLY]
         if not p.startswith("postgres_") and p != "after_derived_commit"
     ),
