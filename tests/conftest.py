@@ -14,7 +14,8 @@ SASL_SSL, the Dagster UI); every crash point, every storage fault whose retry mu
 content, and every one-line failure. A case marked `wide` (`make test-wide`) repeats a
 behaviour `make test` already checks, on another deployment or format or at the same point
 of another batch kind: the kill soak on cluster + S3 + PostgreSQL, the Avro kill soaks, a
-fill's commit-side crash points (a replace's and a live batch's are in `make test`), one
+fill's commit-side crash points (a replace's and a live batch's are in `make test`), the
+backfill and partitioned crash points whose state another case in `make test` leaves, one
 more pair of a point-by-ledger matrix, the race's control without conditional writes. Each
 mark says, where it is set, which case in `make test` checks the same behaviour.
 """
