@@ -347,11 +347,21 @@ def test_cli_create_topic_is_idempotent(kafka_broker: str, kafka_client: KafkaCl
 
 def test_cli_create_topic_on_unreachable_kafka_prints_one_line() -> None:
     bootstrap = f"127.0.0.1:{free_port()}"  # bound and closed again: nothing listens
-    result = run_cli("kafka", "create-topic", "t", "--partitions", "3", "--bootstrap", bootstrap)
+    result = run_cli(
+        "kafka",
+        "create-topic",
+        "t",
+        "--partitions",
+        "3",
+        "--bootstrap",
+        bootstrap,
+        "--timeout",
+        "2",
+    )
     assert result.returncode == 2
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"exactly: error: Kafka at {bootstrap} did not answer within 10s")
+    assert lines[0].startswith(f"exactly: error: Kafka at {bootstrap} did not answer within 2s")
     assert "Connection refused" in lines[0]
     assert result.stdout == ""
 
