@@ -178,6 +178,10 @@ def merge_batches(uri: str, batch_ids: list[int]) -> None:
             table.alter.set_table_properties({"delta.checkpointInterval": "2"})
 
 
+#: `make test-wide`: a derived output's MERGE checkpoints through the same
+#: `checkpoint_if_due` as a batch's commit (resources/delta/merge.py), whose bound on a store
+#: that does not answer is the case above in `make test`.
+@pytest.mark.wide
 def test_a_store_down_for_a_derived_output_s_checkpoint_holds_neither_its_merge_nor_the_process(
     store: Store,
 ) -> None:

@@ -71,7 +71,12 @@ def run_batch(jobs: PipelineDefinitions, instance: dg.DagsterInstance, request: 
 # -- a run that dies before the vote -------------------------------------------------------
 
 
-@pytest.mark.parametrize("point", ["after_plan", "after_stage"])
+@pytest.mark.parametrize(
+    # `make test-wide`: after_plan, whose PLANNED batch the tick abandons as it abandons
+    # after_stage's STAGED one, with the staged files left for the cleaner besides
+    "point",
+    [pytest.param("after_plan", marks=pytest.mark.wide), "after_stage"],
+)
 def test_the_schedule_abandons_the_batch_of_a_run_that_died_before_the_vote(
     spark: Any,
     kafka_client: Any,
