@@ -46,7 +46,7 @@ from resources.config.loading import load_config
 
 config = load_config(sys.argv[1])
 spark = SharedSpark.for_config(config)()
-# delta-spark rebuilds each table's state in 50 tasks by default: 9 s per tiny table here
+# tests/fixtures/spark_conf.py TINY_TABLES_CONF (this child imports nothing from tests/)
 spark.conf.set("spark.databricks.delta.snapshotPartitions", "2")
 found = {}
 for name, uri in (("table", config.delta.table_uri), ("quarantine", config.delta.quarantine_uri)):

@@ -30,6 +30,7 @@ from resources.spark.connect_server import (
     start_on_a_free_port,
 )
 from resources.spark.session import build_session, stop_session
+from tests.fixtures.spark_conf import TINY_TABLES_CONF
 from tests.test_spark_kafka_delta import assert_reads_exact_ranges
 
 pytestmark = pytest.mark.integration
@@ -54,8 +55,8 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
 def remote(connect_server: ConnectServer) -> Iterator[Any]:
     """A remote session of its own; stopping it returns the process to classic mode."""
     session = build_session(connect_server.url)
-    # delta-spark rebuilds a table's state in 50 tasks by default; the tests' tables are tiny
-    session.conf.set("spark.databricks.delta.snapshotPartitions", "2")
+    for key, value in TINY_TABLES_CONF.items():
+        session.conf.set(key, value)
     try:
         yield session
     finally:
