@@ -22,9 +22,17 @@ import pytest
 import yaml
 
 from jobs.examples.sample_data import pageviews
+from ledger.core.protocol import BatchState
+from ledger.store.ledger_store import LedgerStore
 from orchestration.pipeline_definitions import pipeline_definitions
 from orchestration.tags import REJECTED_TAG
-from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
+from tests.fixtures.paused import let_go, run_paused_at
+from tests.fixtures.pipeline import (
+    assert_exactly_once,
+    config_path,
+    coordinates,
+    shared_spark_env,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -149,6 +157,40 @@ def test_a_read_only_table_folder_is_one_line_naming_it_and_nothing_is_lost_once
     )
     assert again.returncode == 0, again.stdout + again.stderr
     assert sum(assert_exactly_once(config, kafka_client)) == 100
+
+
+def test_a_ledger_disk_full_after_the_delta_commit_is_one_line_and_the_next_run_records_it(
+    kafka_client: Any, pipeline_factory: Any, tmpfs: Path, tmp_path: Path
+) -> None:
+    """The ledger's SQLite file on a disk that fills while a batch commits: its Delta commit
+    lands, then the ledger cannot record it. One line naming the ledger and the full disk,
+    exit code 2; once space is back the next run finds the batch in the table's log (its
+    transaction id), records it, and reads on from its end: every record once."""
+    config = pipeline_factory(1, ledger_url=f"sqlite:///{tmpfs / 'ledger.db'}")
+    state = tmp_path / "state"
+    kafka_client.produce(config.kafka.topic, pageviews(100), partition=0)
+    pauses = tmp_path / "pauses"
+    held = run_paused_at(config, pauses, "after_delta_commit")
+    filler = fill(tmpfs)
+    code, output = let_go(held, pauses, "after_delta_commit")
+    lines = [ln for ln in output.strip().splitlines() if "pause point" not in ln]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in output, output[-3000:]
+    assert lines[0].startswith(f"exactly: error: ledger database sqlite:///{tmpfs}"), lines
+    assert "full" in lines[0], lines
+    assert sum(coordinates(config.delta.table_uri).values()) == 100  # published, unrecorded
+
+    filler.unlink()
+    again = cli(
+        "run", "-c", str(config_path(config)), "--until-caught-up", state_dir=state, shared=True
+    )
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sum(assert_exactly_once(config, kafka_client)) == 100
+    store = LedgerStore(config.ledger.url)
+    try:
+        states = [b.state for b in store.batches(app_id=config.app_id)]
+    finally:
+        store.dispose()
+    assert states == [BatchState.ACKED], states
 
 
 def test_spark_out_of_memory_is_one_line_naming_it_and_its_log_and_nothing_is_lost(
