@@ -49,3 +49,39 @@ def test_a_column_call_makes_only_py4j_own_round_trips(
     F.col("value")
     # py4j's own: the functions class, its method, the call (13 with debugging on)
     assert len(round_trips) <= 3, round_trips
+
+
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+
+
+def test_a_delta_spark_read_rebuilds_a_table_s_state_in_the_default_s_tasks(
+    spark: Any, tmp_path: Any
+) -> None:
+    """delta-spark replays a table's log in `snapshotPartitions` tasks, 50 unless set: on
+    two cores that was most of `exactly demo`'s read-back. The product's default must be a
+    setting delta-spark honours: the state's stage runs that many tasks, not 50."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from resources.spark.session import DEFAULT_CONF
+
+    uri = str(tmp_path / "table")
+    for n in range(3):  # a log of a few commits, as a pipeline's table has
+        write_deltalake(uri, pa.table({"n": [n]}), mode="append")
+    session = spark.newSession()  # the fixture's own tiny-tables setting replaced
+    session.conf.set(SNAPSHOT_PARTITIONS, DEFAULT_CONF[SNAPSHOT_PARTITIONS])
+    context = spark.sparkContext
+    context.setJobGroup("state", "a table's state rebuilt")
+    try:
+        assert session.read.format("delta").load(uri).count() == 3
+    finally:
+        context.setJobGroup("", "")
+    tracker = context.statusTracker()
+    stages = [
+        tracker.getStageInfo(stage)
+        for job in tracker.getJobIdsForGroup("state")
+        for stage in (tracker.getJobInfo(job).stageIds if tracker.getJobInfo(job) else [])
+    ]
+    tasks = sorted({s.numTasks for s in stages if s is not None})
+    assert int(DEFAULT_CONF[SNAPSHOT_PARTITIONS]) in tasks, tasks
+    assert max(tasks) < 50, tasks
