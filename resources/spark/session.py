@@ -60,11 +60,7 @@ DEFAULT_CONF: Mapping[str, str] = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.databricks.delta.schema.autoMerge.enabled": "false",
-    # delta-spark rebuilds a table's state (its log replayed) in this many tasks, 50 by
-    # default: on two cores, 50 tasks for a table of a few files were most of `exactly
-    # demo`'s read-back (four tables: 35-45 s, against 18-21 s in 4 tasks). exactly writes
-    # with delta-rs and reads with delta-spark for the demo, compaction and VACUUM; a
-    # cluster reading large tables sets its own in the config's spark.conf.
+    # a table's state (log replay) in 4 tasks, not 50: the demo's read-back, 35-45 s -> 18-21 s
     "spark.databricks.delta.snapshotPartitions": "4",
     # Kafka reads are bounded by explicit offsets; never wait on a consumer group.
     "spark.sql.streaming.kafka.useDeprecatedOffsetFetching": "false",
