@@ -4,7 +4,9 @@ the two ways in, a read connection and a write transaction.
 A base of its own so that each concern of the store (ledger/store/planning.py, fencing.py,
 decisions.py, rebuild.py) is a class on it, and `LedgerStore` (ledger/store/ledger_store.py)
 the union of them. A database that does not answer is an UnreachableError naming it (never
-its password), whichever read or write found out.
+its password), whichever read or write found out; one that answers but cannot write (its
+disk full, its file on a read-only mount) is said as the tables' folders are
+(resources/failures/causes.py): the cause first, then what to do.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from ledger.core.errors import UnreachableError
 from ledger.store.schema import create_ledger_engine, ensure_schema
+from ledger.store.write_failures import ledger_failure
 
 
 class LedgerConnection:
@@ -39,7 +42,7 @@ class LedgerConnection:
         try:
             yield
         except OperationalError as exc:
-            raise UnreachableError(f"ledger database {self.safe_url}: {exc.orig}") from exc
+            raise UnreachableError(ledger_failure(self.safe_url, exc.orig)) from exc
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:

@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ledger.core.errors import ConfigError, UnreachableError
+from ledger.store.write_failures import ledger_failure
 
 if TYPE_CHECKING:
     from alembic.script import ScriptDirectory
@@ -205,7 +206,7 @@ def ensure_schema(engine: Engine) -> None:
         # two processes created the schema at once; the other one won, which is fine
         return
     except OperationalError as exc:
-        raise UnreachableError(f"ledger database {safe_url} is unreachable: {exc.orig}") from exc
+        raise UnreachableError(ledger_failure(safe_url, exc.orig, " is unreachable:")) from exc
 
 
 def _newer(safe_url: str, version: object) -> ConfigError:

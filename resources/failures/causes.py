@@ -180,8 +180,8 @@ _ERRNO_CAUSES = {
 
 #: Texts that name a cause, most specific first; the first that matches anywhere in the
 #: chain wins. Java's, Hadoop's, delta-rs's (Rust's `os error N`) and librdkafka's. (The
-#: ledger's own full or read-only SQLite file is said by ledger/store/connection.py, naming the
-# ledger.)
+#: ledger's own full or read-only database is said by ledger/store/write_failures.py, in
+#: these words, naming the ledger.)
 _TEXT_CAUSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     (
         NO_SPACE,
