@@ -27,17 +27,14 @@ from jobs.wiring.pipeline import Pipeline, build
 from ledger.core.errors import DataLossError, FencedError
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
-from tests.fixtures.pipeline import assert_exactly_once, config_path, coordinates
+from tests.fixtures.pipeline import (
+    assert_exactly_once,
+    config_path,
+    coordinates,
+    run_until_caught_up,
+)
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
-
-
-def run_until_caught_up(tpc: Any) -> list[Any]:
-    tpc.recover_and_commit()
-    reports = []
-    while (report := tpc.run_batch()) is not None:
-        reports.append(report)
-    return reports
 
 
 @pytest.mark.parametrize(

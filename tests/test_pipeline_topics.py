@@ -26,7 +26,12 @@ from jobs.examples.sample_data import pageviews
 from jobs.wiring.pipeline import build
 from ledger.store.ledger_store import LedgerStore
 from resources.config.pipeline_config import PipelineConfig
-from tests.fixtures.pipeline import crash_run, produced_coordinates, shared_spark_env
+from tests.fixtures.pipeline import (
+    crash_run,
+    produced_coordinates,
+    run_until_caught_up,
+    shared_spark_env,
+)
 from tests.fixtures.topic_admin import delete_topic, recreate_topic
 from tests.fixtures.topics_config import several_topics_config
 
@@ -62,14 +67,6 @@ def assert_exactly_once_on(config: PipelineConfig, client: Any, topics: list[str
         f"missing {sorted(produced - set(both))[:10]} extra {sorted(set(both) - produced)[:10]}"
     )
     return len(produced)
-
-
-def run_until_caught_up(tpc: Any) -> list[Any]:
-    tpc.recover_and_commit()
-    reports = []
-    while (report := tpc.run_batch()) is not None:
-        reports.append(report)
-    return reports
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

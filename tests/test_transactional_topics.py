@@ -23,7 +23,7 @@ from jobs.examples.sample_data import MALFORMED, pageviews
 from jobs.wiring.pipeline import build
 from ledger.core.protocol import BatchState
 from ledger.store.ledger_store import LedgerStore
-from tests.fixtures.pipeline import assert_exactly_once, coordinates
+from tests.fixtures.pipeline import assert_exactly_once, coordinates, run_until_caught_up
 
 pytestmark = pytest.mark.integration
 
@@ -48,14 +48,6 @@ class Transactions:
             self.producer.commit_transaction(60)
         elif commit is False:
             self.producer.abort_transaction(60)
-
-
-def run_until_caught_up(pipeline: Any) -> list[Any]:
-    pipeline.recover_and_commit()
-    reports = []
-    while (report := pipeline.run_batch()) is not None:
-        reports.append(report)
-    return reports
 
 
 def test_a_transactional_topic_lands_committed_records_once_and_no_aborted_one(
