@@ -80,10 +80,14 @@ FILL_WIDE = (
 #: between its tables' commits and with its first derived output committed, a replace is
 #: crashed in `make test` by tests/test_derived_replace_pipeline.py (the same pipeline and
 #: range, finished by the next replace); committed, and in the recovery's own commit, the
-#: live batch is (tests/test_crash.py), whose recovery is the same.
+#: live batch is (tests/test_crash.py), whose recovery is the same. After its Delta commit
+#: (every output and both tables committed, the ledger not told): the live batch's
+#: after_delta_commit records such a commit from the logs, and a replace rebuilt from them
+#: (`replace+rebuilt`) is between_derived_commits's, with the ledger lost.
 REPLACE_WIDE = (
     "between_table_commits",
     FIRST_DERIVED_ONLY,
+    "after_delta_commit",
     "after_committed",
     "recovery_after_delta_commit",
 )

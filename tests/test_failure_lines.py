@@ -138,6 +138,8 @@ def test_a_full_disk_is_one_line_naming_it_and_nothing_is_lost_once_space_return
     assert sum(assert_exactly_once(config, kafka_client)) == 100
 
 
+@pytest.mark.wide  # its line: the Dagster case below (the same describe_failure); its
+# recovery: the full disk's above (the batch taken up again once the cause is gone)
 def test_a_read_only_table_folder_is_one_line_naming_it_and_nothing_is_lost_once_writable(
     kafka_client: Any, pipeline_factory: Any, tmpfs: Path, tmp_path: Path
 ) -> None:
