@@ -199,6 +199,26 @@ def test_a_ledger_disk_full_after_the_delta_commit_is_one_line_and_the_next_run_
     assert states == [BatchState.ACKED], states
 
 
+def test_a_ledger_on_a_read_only_folder_is_one_line_naming_it(
+    pipeline_factory: Any, tmpfs: Path, tmp_path: Path
+) -> None:
+    """SQLite cannot even open a WAL ledger on a read-only mount ("unable to open database
+    file"): the line says why, from the folder, not that the database is unreachable."""
+    config = pipeline_factory(1, ledger_url=f"sqlite:///{tmpfs / 'ledger.db'}")
+    state = tmp_path / "state"
+    opened = cli("ledger", "-c", str(config_path(config)), state_dir=state)
+    assert opened.returncode == 0, opened.stdout + opened.stderr
+    assert _mount("-o", "remount,ro", str(tmpfs)).returncode == 0
+
+    line = assert_one_clean_line(cli("run", "-c", str(config_path(config)), state_dir=state))
+    assert line.startswith(
+        f"exactly: error: read-only file system: ledger database sqlite:///{tmpfs}/ledger.db ("
+    ), line
+    assert line.endswith(
+        "; make it writable, then run again (nothing is lost: the batch is taken up again)"
+    ), line
+
+
 def test_spark_out_of_memory_is_one_line_naming_it_and_its_log_and_nothing_is_lost(
     kafka_client: Any, pipeline_factory: Any, tmp_path: Path
 ) -> None:

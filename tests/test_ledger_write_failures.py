@@ -64,3 +64,13 @@ def test_a_read_only_sqlite_ledger_is_said_so_by_the_store(tmp_path: Path) -> No
     assert str(raised.value).endswith(f"; make it writable, {AGAIN}")
     assert isinstance(raised.value.__cause__, OperationalError)
     assert isinstance(raised.value.__cause__.orig, sqlite3.OperationalError)
+
+
+def test_sqlite_s_unable_to_open_keeps_its_words_where_the_folder_is_not_the_cause(
+    tmp_path: Path,
+) -> None:
+    """A missing folder (the disk the ledger was on is gone) or a writable one with room:
+    SQLite's own words stand (a read-only mount's is tests/test_failure_lines.py's)."""
+    said = "unable to open database file"
+    for file in (tmp_path / "gone" / "ledger.db", tmp_path / "ledger.db"):
+        assert ledger_failure(URL, said, file=file) == f"ledger database {URL}: {said}"

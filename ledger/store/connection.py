@@ -19,7 +19,7 @@ from sqlalchemy.exc import OperationalError
 
 from ledger.core.errors import UnreachableError
 from ledger.store.schema import create_ledger_engine, ensure_schema
-from ledger.store.write_failures import ledger_failure
+from ledger.store.write_failures import ledger_failure, sqlite_file
 
 
 class LedgerConnection:
@@ -42,7 +42,8 @@ class LedgerConnection:
         try:
             yield
         except OperationalError as exc:
-            raise UnreachableError(ledger_failure(self.safe_url, exc.orig)) from exc
+            where = sqlite_file(self.engine.url)
+            raise UnreachableError(ledger_failure(self.safe_url, exc.orig, file=where)) from exc
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ledger.core.errors import ConfigError, UnreachableError
-from ledger.store.write_failures import ledger_failure
+from ledger.store.write_failures import ledger_failure, sqlite_file
 
 if TYPE_CHECKING:
     from alembic.script import ScriptDirectory
@@ -206,7 +206,9 @@ def ensure_schema(engine: Engine) -> None:
         # two processes created the schema at once; the other one won, which is fine
         return
     except OperationalError as exc:
-        raise UnreachableError(ledger_failure(safe_url, exc.orig, " is unreachable:")) from exc
+        where = sqlite_file(engine.url)
+        line = ledger_failure(safe_url, exc.orig, " is unreachable:", where)
+        raise UnreachableError(line) from exc
 
 
 def _newer(safe_url: str, version: object) -> ConfigError:

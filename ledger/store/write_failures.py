@@ -5,7 +5,11 @@ the cause first, then what to do), and not as "unreachable": waiting alone will 
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
+
+from sqlalchemy.engine import URL
 
 #: What SQLite and PostgreSQL say when the ledger cannot write, and the line's cause and
 #: advice for it (the words resources/failures/causes.py uses for the tables' folders).
@@ -23,16 +27,53 @@ _CANNOT_WRITE: tuple[tuple[re.Pattern[str], str, str], ...] = (
 )
 
 
-def ledger_failure(safe_url: str, error: object, fallback: str = ":") -> str:
+#: SQLite's words when it cannot open its file, whatever the reason: a missing folder, a
+#: read-only one (a WAL ledger writes beside its file to open it), one this user cannot write
+_CANNOT_OPEN = re.compile(r"unable to open database file", re.I)
+_NOT_WRITABLE = ("permission denied", "give this user access there")
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file of a SQLite ledger's URL; None for any other database (or a URI form)."""
+    database = url.database or ""
+    if not url.drivername.startswith("sqlite") or not database or database.startswith("file:"):
+        return None
+    return None if database == ":memory:" else Path(database)
+
+
+def _folder_cause(file: Path) -> tuple[str, str] | None:
+    """Why SQLite cannot open `file`, from its folder: read-only, not writable or full;
+    None when the folder is missing or none of these holds (SQLite's words then stand)."""
+    folder = file.parent
+    try:
+        stat = os.statvfs(folder)
+    except OSError:
+        return None
+    if stat.f_flag & os.ST_RDONLY:
+        return _CANNOT_WRITE[1][1:]
+    if not os.access(folder, os.W_OK):
+        return _NOT_WRITABLE
+    if stat.f_bavail == 0:
+        return _CANNOT_WRITE[0][1:]
+    return None
+
+
+def ledger_failure(
+    safe_url: str, error: object, fallback: str = ":", file: Path | None = None
+) -> str:
     """The line for a ledger database's OperationalError `error`: a disk that is full or
     read-only is named as such, with what to do (nothing is lost: a batch whose commit the
-    ledger could not record is found in the tables' logs by the next start); anything else
-    is the database's own words after `ledger database <url><fallback>`."""
+    ledger could not record is found in the tables' logs by the next start); so is a SQLite
+    `file` its folder does not let SQLite open. Anything else is the database's own words
+    after `ledger database <url><fallback>`."""
     text = " ".join(str(error).split())
-    for pattern, cause, advice in _CANNOT_WRITE:
-        if pattern.search(text):
-            return (
-                f"{cause}: ledger database {safe_url} ({text}); {advice}, then run again "
-                "(nothing is lost: the batch is taken up again)"
-            )
+    found = next(((c, a) for p, c, a in _CANNOT_WRITE if p.search(text)), None)
+    if found is None and file is not None and _CANNOT_OPEN.search(text):
+        found = _folder_cause(file)
+    if found is not None:
+        cause, advice = found
+        return (
+            f"{cause}: ledger database {safe_url} ({text}); {advice}, then run again "
+            "(nothing is lost: the batch is taken up again)"
+        )
     return f"ledger database {safe_url}{fallback} {error}"
