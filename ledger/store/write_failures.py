@@ -5,23 +5,24 @@ the cause first, then what to do), and not as "unreachable": waiting alone will 
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from sqlalchemy.engine import URL
+
+from ledger.host.folders import NO_SPACE, NOT_WRITABLE, READ_ONLY, folder_problem
 
 #: What SQLite and PostgreSQL say when the ledger cannot write, and the line's cause and
 #: advice for it (the words resources/failures/causes.py uses for the tables' folders).
 _CANNOT_WRITE: tuple[tuple[re.Pattern[str], str, str], ...] = (
     (
         re.compile(r"database or disk is full|No space left on device|Disk quota exceeded", re.I),
-        "no space left on device",
+        NO_SPACE,
         "free space there",
     ),
     (
         re.compile(r"attempt to write a readonly database|Read-only file system", re.I),
-        "read-only file system",
+        READ_ONLY,
         "make it writable",
     ),
 )
@@ -30,7 +31,12 @@ _CANNOT_WRITE: tuple[tuple[re.Pattern[str], str, str], ...] = (
 #: SQLite's words when it cannot open its file, whatever the reason: a missing folder, a
 #: read-only one (a WAL ledger writes beside its file to open it), one this user cannot write
 _CANNOT_OPEN = re.compile(r"unable to open database file", re.I)
-_NOT_WRITABLE = ("permission denied", "give this user access there")
+#: What the line asks of the operator, by the cause the folder shows.
+_ADVICE = {
+    NO_SPACE: "free space there",
+    READ_ONLY: "make it writable",
+    NOT_WRITABLE: "give this user access there",
+}
 
 
 def sqlite_file(url: URL) -> Path | None:
@@ -42,20 +48,12 @@ def sqlite_file(url: URL) -> Path | None:
 
 
 def _folder_cause(file: Path) -> tuple[str, str] | None:
-    """Why SQLite cannot open `file`, from its folder: read-only, not writable or full;
-    None when the folder is missing or none of these holds (SQLite's words then stand)."""
-    folder = file.parent
-    try:
-        stat = os.statvfs(folder)
-    except OSError:
+    """Why SQLite cannot open `file`, from its folder (ledger/host/folders.py), with what to
+    do; None when the folder is missing or shows no cause (SQLite's words then stand)."""
+    if not file.parent.is_dir():
         return None
-    if stat.f_flag & os.ST_RDONLY:
-        return _CANNOT_WRITE[1][1:]
-    if not os.access(folder, os.W_OK):
-        return _NOT_WRITABLE
-    if stat.f_bavail == 0:
-        return _CANNOT_WRITE[0][1:]
-    return None
+    cause = folder_problem(file.parent)
+    return (cause, _ADVICE[cause]) if cause is not None else None
 
 
 def ledger_failure(

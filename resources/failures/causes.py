@@ -21,12 +21,13 @@ created.
 from __future__ import annotations
 
 import errno
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ledger.host.folders import NO_SPACE, NOT_WRITABLE, READ_ONLY, folder_problem
 
 if TYPE_CHECKING:
     from resources.config.pipeline_config import PipelineConfig
@@ -38,9 +39,7 @@ UNREADABLE = "its text cannot be read: the JVM that raised it is gone"
 #: The longest part of an error's text a line quotes.
 QUOTED_CHARS = 300
 
-NO_SPACE = "no space left on device"
-READ_ONLY = "read-only file system"
-NOT_WRITABLE = "permission denied"
+#: (NO_SPACE, READ_ONLY and NOT_WRITABLE are the host's folder probe's: ledger/host/folders.py)
 CANNOT_CREATE = "cannot create folder"
 NOT_DELTA = "not a Delta table"
 SPARK_OOM = "Spark ran out of memory"
@@ -369,14 +368,4 @@ def local_folder_problem(path: str) -> str | None:
         if folder.parent == folder:
             return None
         folder = folder.parent
-    try:
-        stats = os.statvfs(folder)
-    except OSError:
-        return None
-    if stats.f_flag & os.ST_RDONLY:
-        return READ_ONLY
-    if not os.access(folder, os.W_OK):
-        return NOT_WRITABLE
-    if stats.f_bavail == 0 or stats.f_favail == 0:
-        return NO_SPACE
-    return None
+    return folder_problem(folder)
