@@ -12,31 +12,21 @@ from sqlalchemy.engine import URL
 
 from ledger.host.folders import NO_SPACE, NOT_WRITABLE, READ_ONLY, folder_problem
 
-#: What SQLite and PostgreSQL say when the ledger cannot write, and the line's cause and
-#: advice for it (the words resources/failures/causes.py uses for the tables' folders).
-_CANNOT_WRITE: tuple[tuple[re.Pattern[str], str, str], ...] = (
-    (
-        re.compile(r"database or disk is full|No space left on device|Disk quota exceeded", re.I),
-        NO_SPACE,
-        "free space there",
-    ),
-    (
-        re.compile(r"attempt to write a readonly database|Read-only file system", re.I),
-        READ_ONLY,
-        "make it writable",
-    ),
-)
-
-
-#: SQLite's words when it cannot open its file, whatever the reason: a missing folder, a
-#: read-only one (a WAL ledger writes beside its file to open it), one this user cannot write
-_CANNOT_OPEN = re.compile(r"unable to open database file", re.I)
-#: What the line asks of the operator, by the cause the folder shows.
+#: What the line asks of the operator, by the cause.
 _ADVICE = {
     NO_SPACE: "free space there",
     READ_ONLY: "make it writable",
     NOT_WRITABLE: "give this user access there",
 }
+#: What SQLite and PostgreSQL say when the ledger cannot write, and the cause it is.
+_CANNOT_WRITE: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"database or disk is full|No space left on device|Disk quota exceeded", re.I),
+     NO_SPACE),
+    (re.compile(r"attempt to write a readonly database|Read-only file system", re.I), READ_ONLY),
+)  # fmt: skip
+#: SQLite's words when it cannot open its file, whatever the reason: a missing folder, a
+#: read-only one (a WAL ledger writes beside its file to open it), one this user cannot write
+_CANNOT_OPEN = re.compile(r"unable to open database file", re.I)
 
 
 def sqlite_file(url: URL) -> Path | None:
@@ -47,13 +37,10 @@ def sqlite_file(url: URL) -> Path | None:
     return None if database == ":memory:" else Path(database)
 
 
-def _folder_cause(file: Path) -> tuple[str, str] | None:
-    """Why SQLite cannot open `file`, from its folder (ledger/host/folders.py), with what to
-    do; None when the folder is missing or shows no cause (SQLite's words then stand)."""
-    if not file.parent.is_dir():
-        return None
-    cause = folder_problem(file.parent)
-    return (cause, _ADVICE[cause]) if cause is not None else None
+def _folder_cause(file: Path) -> str | None:
+    """Why SQLite cannot open `file`, from its folder (ledger/host/folders.py); None when
+    the folder is missing or shows no cause (SQLite's words then stand)."""
+    return folder_problem(file.parent) if file.parent.is_dir() else None
 
 
 def ledger_failure(
@@ -65,13 +52,12 @@ def ledger_failure(
     `file` its folder does not let SQLite open. Anything else is the database's own words
     after `ledger database <url><fallback>`."""
     text = " ".join(str(error).split())
-    found = next(((c, a) for p, c, a in _CANNOT_WRITE if p.search(text)), None)
-    if found is None and file is not None and _CANNOT_OPEN.search(text):
-        found = _folder_cause(file)
-    if found is not None:
-        cause, advice = found
+    cause = next((c for p, c in _CANNOT_WRITE if p.search(text)), None)
+    if cause is None and file is not None and _CANNOT_OPEN.search(text):
+        cause = _folder_cause(file)
+    if cause is not None:
         return (
-            f"{cause}: ledger database {safe_url} ({text}); {advice}, then run again "
+            f"{cause}: ledger database {safe_url} ({text}); {_ADVICE[cause]}, then run again "
             "(nothing is lost: the batch is taken up again)"
         )
     return f"ledger database {safe_url}{fallback} {error}"
