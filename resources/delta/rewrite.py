@@ -93,7 +93,7 @@ def _files_touching(table: DeltaTable, ranges: Sequence[OffsetRange]) -> list[di
 def in_ranges(data: pa.Table, ranges: Sequence[OffsetRange]) -> pa.ChunkedArray:
     """Per row: do its coordinates fall in one of `ranges`? The rule a replace removes rows
     by, here and in every derived output (jobs/derived/replace.py `in_ranges`)."""
-    hit = pa.chunked_array([pa.array([False] * data.num_rows)])
+    hit = pa.chunked_array([pa.array([False] * data.num_rows, pa.bool_())])
     for r in ranges:
         one = pc.and_(
             pc.and_(
