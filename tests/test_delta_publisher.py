@@ -10,10 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from jobs.derived.replace import in_ranges
 from jobs.publish.delta_publisher import DeltaPublisher
 from jobs.stage import parquet_files
 from jobs.stage.staging import attempt_folder
 from ledger.core.batch import Batch, StagedFile
+from ledger.core.errors import RefusedBatchError
 from ledger.core.layout import QUARANTINE, TABLE
 from ledger.core.protocol import BatchState, OffsetRange
 from ledger.host.process import this_owner
@@ -381,3 +383,52 @@ def test_a_derived_table_deleted_after_the_vote_is_not_re_created_by_another_app
     with pytest.raises(InconsistencyError, match=r"per_partition .*exactly derived rebuild"):
         publisher.publish(fill, fill_files)
     assert not (Path(spec.table_uri) / "_delta_log").exists()
+
+
+def test_a_replace_that_would_delete_rows_it_does_not_stage_again_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A replace's staged rows against the rows its ranges hold in both tables: a held row
+    whose record is not staged again (the compacted topic no longer holds it) refuses the
+    replace before the vote; the rows all staged again, or a live batch, pass."""
+    publisher = DeltaPublisher(
+        DeltaTarget(str(tmp_path / "table")), DeltaTarget(str(tmp_path / "quarantine"))
+    )
+    first = batch(1, [OffsetRange(TOPIC, 0, 0, 10)])
+    files = [
+        *stage(tmp_path / "table", TABLE, first, list(range(8))),
+        *stage(tmp_path / "quarantine", QUARANTINE, first, [8, 9]),
+    ]
+    schema = encode_schema(pq.read_schema(tmp_path / "table" / files[0].path))
+    first = Batch(**{**first.__dict__, "schemas": {TABLE: schema, QUARANTINE: schema}})
+    assert publisher.publish(first, files).published
+    publisher.check_replace(first, files)  # not a replace: nothing read
+
+    def replace(token: str, table_offsets: list[int], quarantined: list[int]) -> None:
+        b = batch(1, [OffsetRange(TOPIC, 0, 2, 10)], token=token)
+        b = Batch(**{**b.__dict__, "app_id": f"{APP}.backfill", "params": {"mode": "replace"}})
+        staged = stage(tmp_path / "table", TABLE, b, table_offsets)
+        staged += stage(tmp_path / "quarantine", QUARANTINE, b, quarantined)
+        publisher.check_replace(b, staged)
+
+    replace("all", [2, 3, 4, 5, 6, 7, 9], [8])  # every held row staged again, 9 now good
+    with pytest.raises(RefusedBatchError) as refused:
+        replace("gone", [3, 7], [9])  # 2, 4, 5, 6 and 8 are no longer in Kafka
+    assert (
+        f"the replace would delete 5 row(s) whose records Kafka no longer holds, e.g. {TOPIC}-0@2 "
+    ) in str(refused.value)
+
+
+def test_no_row_of_an_empty_table_is_in_a_replace_s_ranges() -> None:
+    """A replace over offsets whose every record was quarantined finds no raw row there:
+    an empty answer (an untyped empty array made pyarrow refuse, and the voted replace's
+    derived corrections failed at every commit)."""
+    empty = pa.table(
+        {
+            "_kafka_topic": pa.array([], pa.string()),
+            "_kafka_partition": pa.array([], pa.int32()),
+            "_kafka_offset": pa.array([], pa.int64()),
+        }
+    )
+    hit = in_ranges(empty, [OffsetRange(TOPIC, 0, 0, 5)])
+    assert hit.type == pa.bool_() and len(hit) == 0

@@ -36,6 +36,7 @@ from jobs.publish.postgres_outputs import (
     postgres_outcome,
 )
 from jobs.publish.raw_rows import publish_rows, rows_held_in
+from jobs.publish.replace_keeps import refuse_replace_losing_rows
 from jobs.publish.restore_check import refuse_restored
 from jobs.publish.voted_files import files_by_target
 from ledger.coordinator.crash import crashpoint
@@ -253,6 +254,13 @@ class DeltaPublisher:
         for target, pg in self.postgres.items():
             if target in schemas:
                 pg.check_schema(decode_schema(schemas[target]))
+
+    def check_replace(self, batch: Batch, files: Sequence[StagedFile]) -> None:
+        """Refuse, before the vote, a replace that would delete rows it does not stage again
+        (records Kafka no longer holds: jobs/publish/replace_keeps.py)."""
+        refuse_replace_losing_rows(
+            batch, files, ((QUARANTINE, self.quarantine), (TABLE, self.table))
+        )
 
     def replace_refusals(self) -> list[str]:
         """Why the raw table or the quarantine as they are now cannot take a replace (one

@@ -87,10 +87,14 @@ def rows_held_in(
     return held
 
 
-def rows_in_ranges(dataset: Any, ranges: Sequence[OffsetRange]) -> pa.Table:
+def rows_in_ranges(
+    dataset: Any, ranges: Sequence[OffsetRange], columns: Sequence[str] | None = None
+) -> pa.Table:
     """The raw rows whose coordinates fall in `ranges` (jobs/derived/replace.py `in_ranges`, the
-    raw table's replace's own rule), files pruned by partition and offset first."""
-    rows = dataset.to_table(filter=offsets_filter(ranges))
+    raw table's replace's own rule), files pruned by partition and offset first; `columns`
+    (the coordinates among them) or every column."""
+    wanted = None if columns is None else list(columns)
+    rows = dataset.to_table(columns=wanted, filter=offsets_filter(ranges))
     return rows.filter(in_ranges(rows, ranges))
 
 

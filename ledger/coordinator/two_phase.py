@@ -291,10 +291,12 @@ class TwoPhaseCommit:
         """The vote: one ledger transaction records the files, the schemas and PREPARED.
 
         From here the batch must commit (invariant 5), so a schema the tables cannot take
-        is refused first (invariant 14) and the batch abandoned instead.
+        (invariant 14), or a replace that would delete rows it does not put back (invariant
+        1), is refused first and the batch abandoned instead.
         """
         try:
             self.publisher.check_schemas(output.schemas)
+            self.publisher.check_replace(batch, output.files)
         except RefusedBatchError as exc:
             raise self._refuse(batch, exc) from exc
         batch = self.store.transition(

@@ -123,6 +123,10 @@ class Publisher(Protocol):
     def check_schemas(self, schemas: Mapping[str, str]) -> None:
         """Raise RefusedBatchError if a table cannot take its staged schema (invariant 14)."""
 
+    def check_replace(self, batch: Batch, files: Sequence[StagedFile]) -> None:
+        """Raise RefusedBatchError if `batch`, a replace, would delete a row whose record its
+        `files` do not stage again (a record Kafka no longer holds); nothing otherwise."""
+
     def replace_refusals(self) -> list[str]:
         """Why the outputs as they are now cannot take a replace, one sentence each (a table
         whose change data feed a rewrite would misreport); empty when they can."""
