@@ -192,26 +192,23 @@ def check_replace(
             )
 
 
-def check_replace_keeps(
-    held: Iterable[tuple[str, int, int]], staged: Iterable[tuple[str, int, int]]
-) -> None:
+def check_replace_keeps(lost: int, first: tuple[str, int, int] | None) -> None:
     """A replace removes every row its ranges hold and adds the rows it staged, so a row
-    held whose record it did not stage again would be deleted with nothing in its place.
+    held whose record it did not stage again would be deleted with nothing in its place:
+    `lost` such rows, `first` the lowest one's (topic, partition, offset).
 
     The stage reads the ranges from Kafka and stages every record it read exactly once
     (invariant 13), so such a row is a record Kafka no longer holds: a compacted topic's
     log cleaner keeps only the newest record of each key, at any offset behind the active
     segment, without moving the partition's earliest offset (which is how retention's
     losses are caught when the replace is planned). Deleting those rows would lose records
-    the table committed (invariant 1) for a replace that meant to rewrite them. `held` and
-    `staged` are (topic, partition, offset) of the rows in the ranges and of the staged
-    rows; raised before the vote, so the replace is abandoned and nothing changes.
+    the table committed (invariant 1) for a replace that meant to rewrite them. Raised
+    before the vote, so the replace is abandoned and nothing changes.
     """
-    lost = sorted(set(held) - set(staged))
     if lost:
-        topic, partition, offset = lost[0]
+        topic, partition, offset = first or ("?", -1, -1)
         raise RefusedBatchError(
-            f"the replace would delete {len(lost)} row(s) whose records Kafka no longer "
+            f"the replace would delete {lost} row(s) whose records Kafka no longer "
             f"holds, e.g. {topic}-{partition}@{offset} (a compacted topic's log cleaner "
             "removed them after they were committed), and put nothing in their place; "
             "replace ranges whose records Kafka still holds, or leave these rows as they are"
