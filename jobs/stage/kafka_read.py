@@ -108,14 +108,14 @@ def read_ranges(
         .option("assign", json.dumps(assign))
         .option("startingOffsets", json.dumps(starting))
         .option("endingOffsets", json.dumps(ending))
-        .option("kafka.isolation.level", "read_committed")
         .option("failOnDataLoss", "true")
         .option("kafka.fetch.max.wait.ms", FETCH_MAX_WAIT_MS)
     )
-    # the config's options come last: an operator's fetch.max.wait.ms wins over ours
+    # the config's options next: an operator's fetch.max.wait.ms wins over ours; never the
+    # isolation level (the config refuses another, resources/config/kafka_settings.py)
     for key, value in (options or {}).items():
         reader = reader.option(f"kafka.{key}", value)
-    return reader.load()
+    return reader.option("kafka.isolation.level", "read_committed").load()
 
 
 def read_tasks(ranges: Sequence[OffsetRange], parallelism: int | None) -> int:

@@ -64,6 +64,32 @@ def _jaas_quoted(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+#: Java consumer settings Spark's Kafka source raises on inside a stage (its offsets,
+#: deserializers and commits are its own): refused in the config first.
+_SPARK_SOURCE_REFUSES = frozenset(
+    {
+        "auto.offset.reset",
+        "enable.auto.commit",
+        "interceptor.classes",
+        "key.deserializer",
+        "value.deserializer",
+    }
+)
+
+
+def _refuse_uncommitted_reads(options: Mapping[str, Any]) -> None:
+    """Only read_committed: with read_uncommitted (the Java consumer's default, so often in
+    a copied properties file) Spark's source reads the records of aborted transactions,
+    which were never part of the topic, and the batch lands them. A value only an
+    environment variable knows is refused too: the config must say it."""
+    level = options.get("isolation.level")
+    if level is not None and level != "read_committed":
+        raise ValueError(
+            f"isolation.level: exactly reads read_committed only, not {level!r}: any other "
+            "level reads the records of aborted transactions and lands them; remove it"
+        )
+
+
 def _refuse_other_clients_keys(
     options: Mapping[str, Any], others: frozenset[str], other: str, their_map: str
 ) -> None:
@@ -175,12 +201,20 @@ class KafkaSettings(_Strict):
     @classmethod
     def _librdkafka_keys(cls, value: dict[str, OptionValue]) -> dict[str, OptionValue]:
         _refuse_other_clients_keys(value, _JAVA_ONLY, "Java client", "kafka.spark_options")
+        _refuse_uncommitted_reads(value)
         return value
 
     @field_validator("spark_options")
     @classmethod
     def _java_keys(cls, value: dict[str, OptionValue]) -> dict[str, OptionValue]:
         _refuse_other_clients_keys(value, _LIBRDKAFKA_ONLY, "librdkafka", "kafka.options")
+        _refuse_uncommitted_reads(value)
+        refused = sorted(set(value) & _SPARK_SOURCE_REFUSES)
+        if refused:
+            raise ValueError(
+                f"{', '.join(refused)}: Spark's Kafka source sets these itself and refuses "
+                "them (a batch's offsets are its plan's, and exactly commits them); remove them"
+            )
         prefixed = sorted(k for k in value if k.startswith("kafka."))
         if prefixed:
             raise ValueError(f"{', '.join(prefixed)}: give Java client keys without 'kafka.'")
