@@ -15,10 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 import yaml
 from deltalake import DeltaTable, write_deltalake
 
 from jobs.examples.sample_data import pageviews
+from jobs.wiring.pipeline import build
+from ledger.core.errors import InconsistencyError
 from ledger.core.layout import OFFSET, PARTITION, TOPIC
 from ledger.core.other_writers import (
     first_commit_refusal,
@@ -28,7 +31,12 @@ from ledger.core.other_writers import (
 )
 from resources.delta.log import topics_in_rows
 from tests.fixtures.paused import let_go, paused_at
-from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
+from tests.fixtures.pipeline import (
+    assert_exactly_once,
+    config_path,
+    save_config,
+    shared_spark_env,
+)
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
 OTHERS = {"pageviews": {"pipeline": "pageviews", "batch_id": 7, "topics": {"pv", "clicks"}}}
@@ -285,3 +293,47 @@ def test_rows_of_a_topic_read_that_no_commit_names_are_refused_with_the_tables()
     line = str(refusal)
     assert "pipeline pv2 holds no batch" in line and "/lake/q: pv; /lake/t: pv, x" in line, line
     assert "a second time" in line and "tables of its own" in line, line
+
+
+def test_a_second_ledger_for_the_same_pipeline_and_table_is_refused_at_its_commit(
+    spark: Any, kafka_client: Any, pipeline_factory: Any, topic_factory: Any, tmp_path: Path
+) -> None:
+    """The same pipeline (one application id) run from two ledgers into one table: a SQLite
+    ledger at a relative path on two hosts, a laptop's run beside the scheduled one. Each
+    ledger planned its own ranges under the same batch ids; the second's batch 2 found the
+    table's transaction at 2 and was recorded committed with nothing published: 20 records
+    lost and 10 committed twice (by hand, before the fix). Here the second ledger's run
+    passes the check before its commit and waits at its data table's commit while the
+    first commits the same id: its publish finds the id held with other ranges and is
+    refused in one line; started again, the check before the commit refuses it."""
+    topic = topic_factory(1)
+
+    def config(name: str, max_records: int) -> Any:
+        url = f"sqlite:///{tmp_path / name}.db"
+        return pipeline_factory(1, max_records=max_records, topic=topic, ledger_url=url)
+
+    first, second = config("first", 30), config("second", 50)
+    kafka_client.produce(topic, pageviews(100), partition=0)
+    one = build(first, spark_factory=lambda: spark)
+    one.recover_and_commit()
+    assert one.run_batch() is not None  # [0, 30)
+    pauses = tmp_path / "pauses"
+    argv = [*EXACTLY, "run", "-c", str(save_config(second, tmp_path / "second.yaml"))]
+    held = paused_at(argv, pauses, "between_table_commits")  # its batch 2, [30, 80)
+    assert one.run_batch() is not None  # [30, 60)
+    code, printed = let_go(held, pauses, "between_table_commits")
+    lines = [line for line in printed.splitlines() if line.startswith("exactly: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in printed, printed
+    assert (
+        f"holds this batch id already, committed with other ranges ({topic}-0[30,60) there, "
+        f"{topic}-0[30,80) here): another ledger runs this pipeline into the same table"
+    ) in lines[0], lines[0]
+    # the first ledger goes on alone: every record once
+    while one.run_batch() is not None:
+        pass
+    assert sum(assert_exactly_once(first, kafka_client)) == 100
+    # started again, the second is refused before its voted batch touches any output
+    other = build(second, spark_factory=lambda: spark)
+    with pytest.raises(InconsistencyError, match="another ledger runs this pipeline"):
+        other.recover_and_commit()
+    assert sum(assert_exactly_once(first, kafka_client)) == 100

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from jobs.publish.config_targets import config_targets
 from jobs.publish.derived_outputs import (
     behind,
     merge_batch,
     merge_outcome,
-    partitioning,
     read_partial,
     table_schema,
 )
@@ -40,12 +40,12 @@ from jobs.publish.replace_keeps import refuse_replace_losing_rows
 from jobs.publish.restore_check import refuse_restored
 from jobs.publish.voted_files import files_by_target
 from ledger.coordinator.crash import crashpoint
-from ledger.core.backfill import backfill_app_id
 from ledger.core.batch import Batch, StagedFile
 from ledger.core.errors import InconsistencyError, RefusedBatchError
 from ledger.core.layout import QUARANTINE, TABLE, derived_target, is_derived
 from ledger.core.ports import PublishResult
-from resources.config.derived_spec import AggregateOutput, PostgresOutput, UpsertOutput
+from ledger.core.protocol import OffsetRange
+from resources.config.derived_spec import AggregateOutput, UpsertOutput
 from resources.config.pipeline_config import PipelineConfig
 from resources.delta.features import refuse_unwritable
 from resources.delta.figures import TableLayout, TableStats
@@ -60,11 +60,6 @@ from resources.postgres.target import PostgresTarget
 
 #: The batch metrics key of what each derived output's commit did (`merge_outcome`).
 DERIVED_METRICS = "derived"
-#: a quarantine's layout refusal: its field, and the one way out (it has no partition_by)
-QUARANTINE_LAYOUT = (
-    "delta.quarantine_uri",
-    "a quarantine is never partitioned, give a new quarantine_uri",
-)
 T = TypeVar("T")
 
 
@@ -98,25 +93,7 @@ class DeltaPublisher:
     @classmethod
     def for_config(cls, config: PipelineConfig) -> DeltaPublisher:
         """The pipeline's tables, all opened with its storage options."""
-        options = config.delta.resolved_storage_options()
-        return cls(
-            DeltaTarget(config.delta.table_uri, options, config.delta.partition_by),
-            # exactly creates the quarantine unpartitioned and stages its files so: one
-            # partitioned by another writer is refused before the vote, not at the commit
-            DeltaTarget(config.delta.quarantine_uri, options, (), layout_words=QUARANTINE_LAYOUT),
-            [
-                (spec, DeltaTarget(spec.table_uri, options, **partitioning(spec)))
-                for spec in config.derived
-                if not isinstance(spec, PostgresOutput)
-            ],
-            [
-                PostgresTarget(spec, config.delta.table_uri)
-                for spec in config.derived
-                if isinstance(spec, PostgresOutput)
-            ],
-            [derived_target(spec.name) for spec in config.derived],
-            (config.app_id, backfill_app_id(config.pipeline)),
-        )
+        return cls(**config_targets(config))
 
     def _outputs(self) -> tuple[tuple[str, DeltaTarget], ...]:
         """Every output, in the order a batch is published to them: the quarantine, the
@@ -149,6 +126,11 @@ class DeltaPublisher:
     def table_holds(self, batch: Batch) -> bool:
         held = self.table.transaction_version(batch.app_id)
         return held is not None and held >= batch.batch_id
+
+    def committed_ranges(self, batch: Batch) -> list[OffsetRange] | None:
+        """The ranges of the data table's commit of the batch's id (None: no such commit)."""
+        found = self.table.batch_commit(batch.app_id, batch.batch_id)
+        return None if found is None else [OffsetRange.from_dict(r) for r in found["ranges"]]
 
     def other_writers(self) -> dict[str, dict[str, Any]]:
         """Other pipelines' batches in the quarantine or the data table, by application id

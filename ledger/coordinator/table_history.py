@@ -13,9 +13,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ledger.coordinator import topics as topics_coordinator
+from ledger.core.batch import Batch
 from ledger.core.errors import InconsistencyError
 from ledger.core.layout import QUARANTINE
-from ledger.core.other_writers import shared_topics_refusal, unattributed_rows_refusal
+from ledger.core.other_writers import (
+    another_ledger_refusal,
+    shared_topics_refusal,
+    unattributed_rows_refusal,
+)
 from ledger.core.protocol import BatchState
 
 if TYPE_CHECKING:
@@ -45,6 +50,41 @@ def refuse_a_table_without_its_batches(tpc: TwoPhaseCommit) -> None:
         "delta.table_uri at the table that holds the pipeline's batches (to start a new "
         "table from the topics' first records, give the pipeline a new ledger.url too)"
     )
+
+
+def refuse_before_commit(tpc: TwoPhaseCommit, batch: Batch) -> None:
+    """Whether `batch` may be published into the data table as it is now: refused, the
+    batch waiting voted, when the table lacks the batches before it (deleted under this
+    process, the publish would create it again without them) or holds its id with another
+    ledger's ranges."""
+    refuse_a_table_without_its_batches(tpc)
+    refuse_another_ledgers_batch(tpc, batch)
+
+
+def refuse_another_ledgers_batch(tpc: TwoPhaseCommit, batch: Batch) -> None:
+    """Before `batch`'s commit touches any output: refuse it when the data table holds its
+    id already with other ranges (ledger/core/other_writers.py `another_ledger_refusal`).
+
+    Cases: the table does not hold the id (the usual commit): one read of its app
+    transaction, nothing else. It holds the id with the same ranges (this batch committed
+    before a crash, the ledger not told): the commit goes on and is idempotent. It holds it
+    with other ranges: another ledger's batch, refused here, before the quarantine or a
+    derived output takes this batch's rows; the batch stays voted and the alert and the
+    start's line say why. The commit is no longer in the log's newest entries (retention,
+    a table far ahead): nothing to compare, the commit goes on as before. What this cannot
+    see is two ledgers committing the same id at the same moment: each passes this check
+    before the other's data-table commit; the second's publish then finds the id held and asks
+    again (two_phase.py `commit`): refused then, its quarantine and derived outputs may hold
+    its rows already."""
+    if tpc.publisher.table_holds(batch):
+        refusal = another_ledger_refusal(
+            batch.label,
+            tpc.publisher.table_location(),
+            batch.ranges,
+            tpc.publisher.committed_ranges(batch),
+        )
+        if refusal is not None:
+            raise refusal
 
 
 def refuse_a_quarantine_without_its_rows(tpc: TwoPhaseCommit) -> None:

@@ -319,15 +319,15 @@ class TwoPhaseCommit:
             raise InconsistencyError(
                 f"batch {batch.label}: commit needs PREPARED, not {batch.state}"
             )
-        # a data table deleted under this process would be created again by the publish,
-        # without the batches before this one: refused, the batch waits voted
-        table_history.refuse_a_table_without_its_batches(self)
+        table_history.refuse_before_commit(self, batch)
         batch, files, check = restage.checked_vote(self, batch)
         if batch.voted_once and check.already_committed:
             restage.check_same_split(self, batch, files, check)
         with liveness.heartbeat(self, batch):
             try:
                 result = self.publisher.publish(batch, files)
+                if not result.published:  # the data table held its id: whose batch was it?
+                    table_history.refuse_another_ledgers_batch(self, batch)
             except InconsistencyError as exc:
                 self.alert(publish_refused(self.pipeline, batch, exc))
                 raise

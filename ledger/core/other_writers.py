@@ -12,10 +12,11 @@ a table; the same topic twice, never.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
-from ledger.core.errors import ConfigError
+from ledger.core.errors import ConfigError, InconsistencyError
+from ledger.core.protocol import OffsetRange
 
 
 def _shared(
@@ -115,4 +116,39 @@ def first_commit_refusal(
         f"{refusal} (found at the commit of batch {metadata.get('app_id')}/"
         f"{metadata.get('batch_id')}, voted before the other pipeline's first commit "
         "landed; it is not committed there)"
+    )
+
+
+def another_ledger_refusal(
+    label: str, table: str, ours: Sequence[OffsetRange], theirs: Sequence[OffsetRange] | None
+) -> InconsistencyError | None:
+    """The refusal to commit batch `label` (ranges `ours`) when the data table at `table`
+    holds its application id and batch id already, committed with other ranges (`theirs`,
+    None when the table's log has no such commit); None when the ranges are the same.
+
+    The same id with the same ranges is this batch committed before a crash (or by another
+    attempt): the commit is idempotent and the ledger records it. With other ranges it is
+    another ledger's batch: a second ledger.url for the same pipeline and table (a SQLite
+    ledger at a relative path on two hosts, a laptop's run beside the scheduled one). Each
+    ledger plans its own ranges under the same batch ids, and the Delta transaction
+    version, which says which ids the table holds, cannot tell them apart: recorded as
+    committed, this batch's records would be skipped and the next ones read twice. Empty
+    ranges are left out of the comparison: they hold no record.
+    """
+
+    def spans(ranges: Iterable[OffsetRange]) -> list[tuple[str, int, int, int]]:
+        return sorted((r.topic, r.partition, r.start, r.end) for r in ranges if r.span)
+
+    if theirs is None or spans(ours) == spans(theirs):
+        return None
+
+    def text(ranges: Iterable[OffsetRange]) -> str:
+        return " ".join(f"{t}-{p}[{s},{e})" for t, p, s, e in spans(ranges)) or "none"
+
+    return InconsistencyError(
+        f"batch {label}: the data table at {table} holds this batch id already, committed "
+        f"with other ranges ({text(theirs)} there, {text(ours)} here): another ledger runs "
+        "this pipeline into the same table (a second ledger.url, or a SQLite ledger on "
+        "another host), and going on would skip or repeat records; run the pipeline from one "
+        "ledger only; this batch waits voted, its records not added to the data table"
     )

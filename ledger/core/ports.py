@@ -95,6 +95,10 @@ class Publisher(Protocol):
         """Whether the data table's app transaction of the batch's application id is at or
         past its id (the data table alone: it is published last)."""
 
+    def committed_ranges(self, batch: Batch) -> list[OffsetRange] | None:
+        """The ranges the data table's commit of the batch's application id and batch id
+        carries; None when the table's log has no such commit (yet, or any more)."""
+
     def other_writers(self) -> dict[str, dict[str, Any]]:
         """Application ids other than the pipeline's with batches in its tables, each with
         `pipeline`, `batch_id` (its newest) and `topics` (every topic its batches read)."""

@@ -58,6 +58,21 @@ def committed_batches(table: DeltaTable, app_id: str) -> list[dict[str, Any]]:
     return found
 
 
+def batch_commit(
+    uri: str, table: DeltaTable, app_id: str, batch_id: int, depth: int = 100
+) -> dict[str, Any] | None:
+    """exactly's metadata of the commit of `app_id`'s batch `batch_id` in the table at `uri`,
+    looked for from the newest log entry back (a batch the table has just taken is at the
+    head, one a recovery finds is near it), within `depth` entries; None when not found
+    (gone with the log's retention, or further back)."""
+    newest = table.version()
+    for version in range(newest, max(-1, newest - depth), -1):
+        meta = exactly_metadata(commit_info(storage.read_bytes(entry_uri(uri, version))))
+        if meta is not None and (meta.get("app_id"), meta.get("batch_id")) == (app_id, batch_id):
+            return meta
+    return None
+
+
 def other_writers(tables: Iterable[DeltaTable], own: Collection[str]) -> dict[str, dict[str, Any]]:
     """Every application id outside `own` whose exactly batches the logs of `tables` hold:
     its pipeline, its newest batch id, every topic its batches read and the newest log

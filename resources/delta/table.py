@@ -409,6 +409,12 @@ class DeltaTarget:
         table = self.load()
         return {} if table is None else log.offset_reach(table, self.uri, topic)
 
+    def batch_commit(self, app_id: str, batch_id: int) -> dict[str, Any] | None:
+        """The exactly metadata of the commit of `app_id`'s batch `batch_id`, if the log has
+        it (resources/delta/log.py `batch_commit`)."""
+        table = self.load()
+        return None if table is None else log.batch_commit(self.uri, table, app_id, batch_id)
+
     def committed_batches(self, app_id: str) -> list[dict[str, Any]]:
         """The exactly metadata of every commit by `app_id` still in the log, oldest first
         (resources/delta/log.py `committed_batches`); empty while the table does not exist."""
