@@ -82,7 +82,7 @@ def keyed(values: list[bytes], start: int) -> list[tuple[int, bytes, bytes]]:
 def roll_and_compact(kafka_client: Any, topic: str, survivors_below: int) -> None:
     """Roll every partition's segment (a record after segment.ms) until the cleaner has
     left fewer than `survivors_below` committed records, then wait until it is done: the
-    survivors the same over two seconds with nothing produced (only the active segment,
+    survivors the same over a second (two of the cleaner's wake-ups) with nothing produced (only the active segment,
     which nothing rolls any more, is left dirty)."""
     for _ in range(120):
         time.sleep(0.5)
@@ -94,8 +94,8 @@ def roll_and_compact(kafka_client: Any, topic: str, survivors_below: int) -> Non
     else:
         raise AssertionError(f"the log cleaner did not compact {topic} within a minute")
     survivors = produced_coordinates(kafka_client, topic)
-    for _ in range(30):
-        time.sleep(2)
+    for _ in range(60):
+        time.sleep(1)
         if survivors == (survivors := produced_coordinates(kafka_client, topic)):
             return
     raise AssertionError(f"the log cleaner did not settle on {topic} within a minute")
@@ -131,7 +131,7 @@ def test_a_compacted_topic_lands_every_survivor_once_and_replaces_only_what_surv
 ) -> None:
     topic = f"compacted-{uuid.uuid4().hex[:8]}"
     kafka_client.create_topic(topic, PARTITIONS, config=COMPACTED)
-    config = pipeline_factory(PARTITIONS, topic=topic, max_records=4)
+    config = pipeline_factory(PARTITIONS, topic=topic, max_records=6)
     first = list(pageviews(36, malformed_every=9))
     kafka_client.produce_records(topic, keyed(first, 0))
 
