@@ -82,8 +82,8 @@ def keyed(values: list[bytes], start: int) -> list[tuple[int, bytes, bytes]]:
 def roll_and_compact(kafka_client: Any, topic: str, survivors_below: int) -> None:
     """Roll every partition's segment (a record after segment.ms) until the cleaner has
     left fewer than `survivors_below` committed records, then wait until it is done: the
-    survivors the same over a second (two of the cleaner's wake-ups) with nothing produced (only the active segment,
-    which nothing rolls any more, is left dirty)."""
+    survivors the same over a second (two of the cleaner's wake-ups) with nothing produced
+    (only the active segment, which nothing rolls any more, is left dirty)."""
     for _ in range(120):
         time.sleep(0.5)
         kafka_client.produce_records(
