@@ -54,10 +54,11 @@ S = BatchState
 #: fill's in `make test` or `make test-wide` (below).
 #: A fill commits as a live batch does (tests/test_crash.py crashes that at every point) and
 #: as a replace does from its vote on, but for the removal: so `make test` crashes a fill
-#: before its vote, once with nothing staged (after_plan) and once staged (after_stage), and
-#: `make test-wide` at every other point, each left where `make test` has the same state
-#: and the same recovery: before_stage leaves what after_plan leaves; during_stage the half
-#: written attempt on the same shared server that the live batch's during_stage leaves
+#: before its vote (after_plan), and `make test-wide` at every other point, each left where
+#: `make test` has the same state and the same recovery: before_stage leaves what after_plan
+#: leaves; after_stage a staged, unvoted attempt, abandoned as after_plan's batch is, its
+#: files as the live batch's after_stage leaves them (tests/test_crash.py); during_stage the
+#: half written attempt on the same shared server that the live batch's during_stage leaves
 #: (tests/test_crash.py), abandoned as after_stage's is; a voted fill (after_prepare) is
 #: finished by the plain run as the replace's after_prepare is, and published as a live
 #: batch is; its derived outputs' points are the live batch's (tests/test_crash.py's
@@ -66,6 +67,7 @@ STAGE_SIDE = ("after_plan", "before_stage", "during_stage", "after_stage")
 FILL_WIDE = (
     "before_stage",
     "during_stage",
+    "after_stage",
     "after_prepare",
     "between_derived_commits",
     FIRST_DERIVED_ONLY,

@@ -31,12 +31,7 @@ from ledger.core.other_writers import (
 )
 from resources.delta.log import topics_in_rows
 from tests.fixtures.paused import let_go, paused_at
-from tests.fixtures.pipeline import (
-    assert_exactly_once,
-    config_path,
-    save_config,
-    shared_spark_env,
-)
+from tests.fixtures.pipeline import assert_exactly_once, config_path, shared_spark_env
 
 EXACTLY = [sys.executable, "-m", "exactly_cli"]
 OTHERS = {"pageviews": {"pipeline": "pageviews", "batch_id": 7, "topics": {"pv", "clicks"}}}
@@ -296,16 +291,22 @@ def test_rows_of_a_topic_read_that_no_commit_names_are_refused_with_the_tables()
 
 
 def test_a_second_ledger_for_the_same_pipeline_and_table_is_refused_at_its_commit(
-    spark: Any, kafka_client: Any, pipeline_factory: Any, topic_factory: Any, tmp_path: Path
+    spark: Any,
+    kafka_client: Any,
+    pipeline_factory: Any,
+    topic_factory: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same pipeline (one application id) run from two ledgers into one table: a SQLite
     ledger at a relative path on two hosts, a laptop's run beside the scheduled one. Each
     ledger planned its own ranges under the same batch ids; the second's batch 2 found the
     table's transaction at 2 and was recorded committed with nothing published: 20 records
-    lost and 10 committed twice (by hand, before the fix). Here the second ledger's run
-    passes the check before its commit and waits at its data table's commit while the
-    first commits the same id: its publish finds the id held with other ranges and is
-    refused in one line; started again, the check before the commit refuses it."""
+    lost and 10 committed twice (by hand; this test's batch was ACKED before the fix).
+    Here the second ledger's batch passes the check before its commit, and the first
+    commits the same id just before the second's publish (the race): the publish finds the
+    id held with other ranges and is refused; started again, the check before the commit
+    refuses it."""
     topic = topic_factory(1)
 
     def config(name: str, max_records: int) -> Any:
@@ -317,23 +318,27 @@ def test_a_second_ledger_for_the_same_pipeline_and_table_is_refused_at_its_commi
     one = build(first, spark_factory=lambda: spark)
     one.recover_and_commit()
     assert one.run_batch() is not None  # [0, 30)
-    pauses = tmp_path / "pauses"
-    argv = [*EXACTLY, "run", "-c", str(save_config(second, tmp_path / "second.yaml"))]
-    held = paused_at(argv, pauses, "between_table_commits")  # its batch 2, [30, 80)
-    assert one.run_batch() is not None  # [30, 60)
-    code, printed = let_go(held, pauses, "between_table_commits")
-    lines = [line for line in printed.splitlines() if line.startswith("exactly: error:")]
-    assert code == 2 and len(lines) == 1 and "Traceback" not in printed, printed
+    other = build(second, spark_factory=lambda: spark)
+    other.recover_and_commit()  # takes batch 1 from the table's log
+    publish = other.publisher.publish
+
+    def first_commits_the_same_id_first(batch: Any, files: Any) -> Any:
+        assert one.run_batch() is not None  # the first ledger's batch 2: [30, 60)
+        return publish(batch, files)
+
+    monkeypatch.setattr(other.publisher, "publish", first_commits_the_same_id_first)
+    with pytest.raises(InconsistencyError) as refused:
+        other.run_batch()  # the second ledger's batch 2: [30, 80)
     assert (
         f"holds this batch id already, committed with other ranges ({topic}-0[30,60) there, "
         f"{topic}-0[30,80) here): another ledger runs this pipeline into the same table"
-    ) in lines[0], lines[0]
+    ) in str(refused.value), refused.value
+    monkeypatch.undo()
     # the first ledger goes on alone: every record once
     while one.run_batch() is not None:
         pass
     assert sum(assert_exactly_once(first, kafka_client)) == 100
     # started again, the second is refused before its voted batch touches any output
-    other = build(second, spark_factory=lambda: spark)
     with pytest.raises(InconsistencyError, match="another ledger runs this pipeline"):
-        other.recover_and_commit()
+        build(second, spark_factory=lambda: spark).recover_and_commit()
     assert sum(assert_exactly_once(first, kafka_client)) == 100
